@@ -1,0 +1,368 @@
+"""User Configuration: read and validate HPCAI500.dat, expand the sweep into tests.
+
+Positional like HPL.dat: line N always means the same thing (see LINES); each line
+is its value(s) followed by free text, which is ignored. Lines 1-2 are free titles.
+A count line (6, 9, 13, 16) says how many values the next line(s) carry: exactly
+that many tokens are taken, and the token after them must not look like one more
+value. The parser is strict and stops at the first error, raising DatError.
+Pure parsing: no MPI here, rank 0 parses and the caller broadcasts the Config.
+
+T/V code (Test.tv), HPL-like, encodes the variant of a test in five fields:
+    sampler      B = bootstrap, P = poisson, N = none
+    precision    32 = fp32, 16 = fp16 (mixed), BF = bf16 (mixed)
+    comm         C32 = fp32, C16 = fp16 compression
+    optimizer    S = sgd, A = adam, G = adagrad, L = lars, M = lamb
+    all-reduce   R = ring, H = hierarchical
+e.g. B32C32SR = bootstrap, fp32, fp32 communication, SGD, ring all-reduce.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+# Every value the input format knows (first = default) ...
+KNOWN = {
+    "workload": ("digits", "ic", "ewa"),
+    "precision": ("fp32", "fp16", "bf16"),
+    "optimizer": ("sgd", "adam", "adagrad", "lars", "lamb"),
+    "comm_precision": ("fp32", "fp16"),
+    "allreduce": ("ring", "hierarchical"),
+    "sampler": ("bootstrap", "poisson", "none"),
+    "aggregation": ("mean", "vote"),
+}
+# ... and the ones built so far. Known but unsupported values are refused with
+# "not supported yet"; a feature that lands only widens this table.
+SUPPORTED = {
+    "workload": {"digits"},
+    "precision": {"fp32"},
+    "optimizer": {"sgd"},
+    "comm_precision": {"fp32"},
+    "allreduce": {"ring"},
+    "sampler": {"bootstrap", "poisson", "none"},
+    "aggregation": {"mean", "vote"},
+    "staging": {"none"},        # add "path" once node-local staging is built
+    "repetitions": {1},         # e.g. range(1, 101) once repeats are built
+    "roofline": {0},
+}
+
+MAX_BYTES = 1 << 20
+NLINES = 30
+LINES = (None,  # what line N holds, 1-based (used when the file is short)
+    "a title line", "a title line", "output file name", "device out (6=stdout,7=stderr,file)",
+    "results directory", "# of workloads", "workloads (digits, ic, ewa)",
+    "dataset (embedded, synthetic[:SAMPLES[:SIDE]], or a path)",
+    "# of ensemble layouts (M x P)", "Ms (base models; 0 = world size / P)",
+    "Ps (P_degree: ranks per base model)", "PMAP job mapping (0=node-packed, 1=round-robin)",
+    "# of batch sizes", "Bs (per-rank batch size)", "epochs", "# of training precisions",
+    "PRECs (fp32, fp16, bf16)", "optimizer (sgd, adam, adagrad, lars, lamb)",
+    "base learning rate", "warm-up epochs", "communication precision (fp32, fp16)",
+    "all-reduce (ring, hierarchical)", "sampler (bootstrap, poisson, none)",
+    "aggregation (mean, vote)", "target quality (-1 = workload default)",
+    "penalty exponent n (-1 = workload default)", "repetitions",
+    "staging directory (none, or a node-local path)", "seed",
+    "roofline micro-kernels (0=skip, 1=run)")
+TV_CODES = {"sampler": {"bootstrap": "B", "poisson": "P", "none": "N"},
+            "precision": {"fp32": "32", "fp16": "16", "bf16": "BF"},
+            "comm_precision": {"fp32": "C32", "fp16": "C16"},
+            "optimizer": {"sgd": "S", "adam": "A", "adagrad": "G", "lars": "L", "lamb": "M"},
+            "allreduce": {"ring": "R", "hierarchical": "H"}}
+# the report prints "T/V     : Encoded variant ({TV_LEGEND})"
+TV_LEGEND = "sampler B|P|N, prec 32|16|BF, comm C32|C16, opt S|A|G|L|M, AR R|H"
+SEED_MAX = 2**32 - 1
+_INT = re.compile(r"[+-]?\d+\Z")
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
+
+
+class _Bare(str):
+    """A 'found' description printed without quotes (end of file, an empty line)."""
+    def __repr__(self):
+        return str(self)
+
+
+class DatError(ValueError):
+    """One-line error: '<path>:<line>: found <token>, expected <what>'."""
+    def __init__(self, path, line_no, found, expected, unsupported=False):
+        self.path, self.line_no, self.found, self.expected = path, line_no, found, expected
+        self.unsupported = unsupported
+        sep = ": " if unsupported else ", expected "
+        super().__init__(f"{path}:{line_no}: found {found!r}{sep}{expected}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole parsed file (keywords lowercase; -1 = workload default)."""
+    path: str                             # as given to parse()
+    text: str                             # the file verbatim (for results.json)
+    output_file: str                      # line 3
+    device_out: int                       # line 4: 6 stdout, 7 stderr, else output_file
+    results_dir: str                      # line 5
+    workloads: tuple[str, ...]            # lines 6-7
+    dataset: str                          # line 8: embedded | synthetic[:S[:SIDE]] | path
+    layouts: tuple[tuple[int, int], ...]  # lines 9-11: (M, P), M = 0: world size / P
+    pmap: int                             # line 12: 0 node-packed, 1 round-robin
+    batch_sizes: tuple[int, ...]          # lines 13-14, per rank
+    epochs: int                           # line 15
+    precisions: tuple[str, ...]           # lines 16-17
+    optimizer: str                        # line 18
+    base_lr: float                        # line 19, per rank, x P
+    warmup_epochs: float                  # line 20, <= epochs
+    comm_precision: str                   # line 21
+    allreduce: str                        # line 22
+    sampler: str                          # line 23
+    aggregation: str                      # line 24
+    target_quality: float                 # line 25
+    penalty_n: float                      # line 26
+    repetitions: int                      # line 27
+    staging: str                          # line 28: 'none' or a path
+    seed: int                             # line 29
+    roofline: int                         # line 30
+
+
+@dataclass(frozen=True)
+class Test:
+    """One combination of the sweep; index is 1-based in sweep order."""
+    index: int
+    workload: str
+    M: int  # as given: 0 is resolved by the topology
+    P: int
+    batch: int
+    precision: str
+
+    def tv(self, cfg: Config) -> str:
+        c = TV_CODES
+        return (c["sampler"][cfg.sampler] + c["precision"][self.precision]
+                + c["comm_precision"][cfg.comm_precision] + c["optimizer"][cfg.optimizer]
+                + c["allreduce"][cfg.allreduce])
+
+
+def _n(k, noun):
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
+def _int(tok):
+    return int(tok) if _INT.match(tok) else None
+
+
+def _num(tok):
+    v = float(tok) if _FLOAT.match(tok) else None
+    return v if v is not None and math.isfinite(v) else None
+
+
+class _Reader:
+    def __init__(self, text, path):
+        self.path = path
+        self.lines = [ln.rstrip("\r") for ln in text.split("\n")]
+        if self.lines[-1] == "":
+            self.lines.pop()
+
+    def err(self, n, found, expected, unsupported=False):
+        return DatError(self.path, n, found, expected, unsupported)
+
+    def tokens(self, n):
+        if n > len(self.lines):
+            raise self.err(n, _Bare("end of file"), f"line {n}: {LINES[n]}")
+        return self.lines[n - 1].split()
+
+    def first(self, n, what):
+        toks = self.tokens(n)
+        if not toks:
+            raise self.err(n, _Bare("an empty line"), what)
+        return toks[0]
+
+    def number(self, n, what, ok, conv=_int):
+        tok = self.first(n, what)
+        v = conv(tok)
+        if v is None or not ok(v):
+            raise self.err(n, tok, what)
+        return v
+
+    def supported(self, n, tok, kind, value, label):
+        if value not in SUPPORTED[kind]:
+            ok = [v for v in KNOWN.get(kind, sorted(SUPPORTED[kind])) if v in SUPPORTED[kind]]
+            ok = ", ".join(map(str, ok)) if len(ok) < 8 else f"{ok[0]}..{ok[-1]}"
+            shown = repr(value) if isinstance(value, str) else value
+            raise self.err(n, tok, f"{label} {shown} not supported yet (supported: {ok})",
+                           unsupported=True)
+
+    def keyword(self, n, kind, label, article="a"):
+        what = f"{article} {label} ({', '.join(KNOWN[kind])})"
+        tok = self.first(n, what)
+        if tok.lower() not in KNOWN[kind]:
+            raise self.err(n, tok, what)
+        self.supported(n, tok, kind, tok.lower(), label)
+        return tok.lower()
+
+    def values(self, n, count_line, what, conv, looks):
+        """The values of line n, as many as line count_line says (an integer >= 1).
+        conv(tok) -> value or None if invalid; looks(tok): tok would be one more value."""
+        count = self.number(count_line, f"a {LINES[count_line]}: an integer >= 1",
+                            lambda v: v >= 1)
+        toks, out = self.tokens(n), []
+        for i in range(count):
+            where = f" as value {i + 1} of {count} (line {count_line} says {count})" \
+                if count > 1 else ""
+            if i >= len(toks):
+                found = f"only {_n(i, 'value')} {' '.join(toks)!r}" if toks else "an empty line"
+                raise self.err(n, _Bare(found), what + where)
+            v = conv(toks[i])
+            if v is None:
+                raise self.err(n, toks[i], what + where)
+            out.append(v)
+        extra = 0
+        while count + extra < len(toks) and looks(toks[count + extra]):
+            extra += 1
+        if extra:
+            raise self.err(n, toks[count], f"{_n(count, 'value')}, as line {count_line} says "
+                           f"(count says {count} but found {count + extra} values)")
+        return out
+
+    def ints(self, n, count_line, what, ok):
+        return self.values(n, count_line, what, lambda t: v if (v := _int(t)) is not None
+                           and ok(v) else None, lambda t: _int(t) is not None)
+
+    def keywords(self, n, count_line, kind, label):
+        """Keyword sweep: known, each once, supported; lowercase."""
+        vals = self.values(n, count_line, f"a {label} ({', '.join(KNOWN[kind])})",
+                           lambda t: t.lower() if t.lower() in KNOWN[kind] else None,
+                           lambda t: t.lower() in KNOWN[kind])
+        self.unique(n, vals, label)
+        for tok, v in zip(self.tokens(n), vals):
+            self.supported(n, tok, kind, v, label)
+        return tuple(vals)
+
+    def unique(self, n, vals, what):
+        for i, v in enumerate(vals):
+            if v in vals[:i]:
+                raise self.err(n, self.tokens(n)[i], f"each {what} once ({v!r} is listed twice)")
+
+
+def _dataset(r: _Reader, n: int) -> str:
+    what = ("a dataset (embedded, synthetic[:SAMPLES[:SIDE]] with SAMPLES >= 2 "
+            "and SIDE >= 4, or a path)")
+    tok = r.first(n, what)
+    low = tok.lower()
+    if low == "embedded":
+        return "embedded"
+    if low != "synthetic" and not low.startswith("synthetic:"):
+        return tok  # a path; the workload checks that it exists
+    nums = [_int(p) for p in tok.split(":")[1:]]
+    if (len(nums) > 2 or None in nums or (nums and nums[0] < 2)
+            or (len(nums) == 2 and nums[1] < 4)):
+        raise r.err(n, tok, what)
+    return ":".join(["synthetic"] + [str(v) for v in nums])
+
+
+def dataset_spec(dataset: str) -> tuple[str, int | None, int | None]:
+    """A validated Config.dataset as (kind, samples, side), kind embedded|synthetic|path."""
+    if dataset != "synthetic" and not dataset.startswith("synthetic:"):
+        return ("embedded" if dataset == "embedded" else "path"), None, None
+    nums = [int(v) for v in dataset.split(":")[1:]] + [None, None]
+    return "synthetic", nums[0], nums[1]
+
+
+def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
+    """Validate the text of an input file; raises DatError at the first error."""
+    r = _Reader(text, path)
+    r.tokens(1), r.tokens(2)  # free title lines, but they must be there
+    output_file = r.first(3, "an output file name")
+    device_out = r.number(4, "a device out: an integer >= 0 (6=stdout, 7=stderr, "
+                          "other=the file on line 3)", lambda v: v >= 0)
+    results_dir = r.first(5, "a results directory")
+    workloads = r.keywords(7, 6, "workload", "workload")
+    dataset = _dataset(r, 8)
+    ms = r.ints(10, 9, "an M: an integer >= 0 (0 = world size / P)", lambda v: v >= 0)
+    ps = r.ints(11, 9, "a P: an integer >= 1", lambda v: v >= 1)
+    layouts = tuple(zip(ms, ps))
+    r.unique(11, layouts, "(M, P) layout")
+    pmap = r.number(12, "a PMAP: 0 (node-packed) or 1 (round-robin)", lambda v: v in (0, 1))
+    batch_sizes = tuple(r.ints(14, 13, "a batch size: an integer >= 1", lambda v: v >= 1))
+    r.unique(14, batch_sizes, "batch size")
+    epochs = r.number(15, "epochs: an integer >= 1", lambda v: v >= 1)
+    precisions = r.keywords(17, 16, "precision", "training precision")
+    optimizer = r.keyword(18, "optimizer", "optimizer", "an")
+    base_lr = r.number(19, "a base learning rate: a number > 0", lambda v: v > 0, _num)
+    warmup = r.number(20, f"warm-up epochs: a number >= 0 and <= epochs ({epochs}, line 15)",
+                      lambda v: 0 <= v <= epochs, _num)
+    comm_precision = r.keyword(21, "comm_precision", "communication precision")
+    allreduce = r.keyword(22, "allreduce", "all-reduce", "an")
+    sampler = r.keyword(23, "sampler", "sampler")
+    aggregation = r.keyword(24, "aggregation", "aggregation", "an")
+    target = r.number(25, "a target quality: -1 (workload default) or a number in (0, 1]",
+                      lambda v: v == -1 or 0 < v <= 1, _num)
+    penalty_n = r.number(26, "a penalty exponent n: -1 (workload default) or a number >= 0",
+                         lambda v: v == -1 or v >= 0, _num)
+    repetitions = r.number(27, "repetitions: an integer >= 1", lambda v: v >= 1)
+    r.supported(27, r.first(27, ""), "repetitions", repetitions, "repetitions")
+    tok = r.first(28, "a staging directory (none, or a node-local path)")
+    staging = "none" if tok.lower() == "none" else tok
+    if staging != "none" and "path" not in SUPPORTED["staging"]:
+        raise r.err(28, tok, "staging to a node-local path not supported yet (supported: "
+                    "none)", unsupported=True)
+    seed = r.number(29, f"a seed: an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
+    roofline = r.number(30, "roofline micro-kernels: 0 (skip) or 1 (run)", lambda v: v in (0, 1))
+    r.supported(30, r.first(30, ""), "roofline", roofline, "roofline")
+    for n in range(NLINES + 1, len(r.lines) + 1):
+        if r.lines[n - 1].strip():
+            raise r.err(n, r.lines[n - 1].split()[0], f"end of file (unexpected line {n}: "
+                        f"the input has {NLINES} lines)")
+    return Config(
+        path=path, text=text, output_file=output_file, device_out=device_out,
+        results_dir=results_dir, workloads=workloads, dataset=dataset, layouts=layouts,
+        pmap=pmap, batch_sizes=batch_sizes, epochs=epochs, precisions=precisions,
+        optimizer=optimizer, base_lr=base_lr, warmup_epochs=warmup,
+        comm_precision=comm_precision, allreduce=allreduce, sampler=sampler,
+        aggregation=aggregation, target_quality=target, penalty_n=penalty_n,
+        repetitions=repetitions, staging=staging, seed=seed, roofline=roofline)
+
+
+def parse(path: str) -> Config:
+    """Read `path` (UTF-8, at most 1 MiB) and parse it; reading errors are line 0."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except IsADirectoryError:
+        raise DatError(path, 0, _Bare("a directory"), "an HPCAI500.dat input file") from None
+    except FileNotFoundError:
+        raise DatError(path, 0, _Bare("no such file"), "an HPCAI500.dat input file") from None
+    except OSError as e:
+        raise DatError(path, 0, _Bare(f"an unreadable file ({e.strerror or e})"),
+                       "a readable HPCAI500.dat input file") from None
+    if len(data) > MAX_BYTES:
+        raise DatError(path, 0, _Bare("a file over 1 MiB"), "an HPCAI500.dat input file "
+                       "(at most 1 MiB)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DatError(path, 0, _Bare(f"a non-UTF-8 byte {data[e.start]:#04x} on line {line}"),
+                       "UTF-8 text") from None
+    return parse_text(text.removeprefix("\ufeff"), path)
+
+
+def expand(cfg: Config) -> list[Test]:
+    """One Test per combination: workload (outer), layout, batch, precision (inner)."""
+    combos = [(w, m, p, b, pr) for w in cfg.workloads for m, p in cfg.layouts
+              for b in cfg.batch_sizes for pr in cfg.precisions]
+    return [Test(i, *c) for i, c in enumerate(combos, 1)]
+
+
+def describe(cfg: Config) -> list[str]:
+    """HPL-like 'The following parameter values will be used:' lines."""
+    w = max(len(str(v)) for lay in cfg.layouts for v in lay)
+    dflt = lambda v: "workload default" if v == -1 else f"{v:g}"  # noqa: E731
+    dev = {6: "stdout", 7: "stderr"}.get(cfg.device_out, f"file {cfg.output_file}")
+    rows = [("WL", " ".join(cfg.workloads)), ("DATASET", cfg.dataset),
+            ("M", " ".join(f"{m:>{w}}" for m, _ in cfg.layouts)),
+            ("P", " ".join(f"{p:>{w}}" for _, p in cfg.layouts)),
+            ("PMAP", ("Node-packed", "Round-robin")[cfg.pmap]),
+            ("B", " ".join(map(str, cfg.batch_sizes))), ("EPOCHS", str(cfg.epochs)),
+            ("PREC", " ".join(cfg.precisions)), ("OPTIM", cfg.optimizer),
+            ("LR", f"{cfg.base_lr:g} per rank, x P (linear scaling)"),
+            ("WARMUP", f"{cfg.warmup_epochs:g} epochs"), ("COMM", cfg.comm_precision),
+            ("ALLRED", cfg.allreduce), ("SAMPLER", cfg.sampler), ("AGGR", cfg.aggregation),
+            ("TARGET", dflt(cfg.target_quality)), ("N", dflt(cfg.penalty_n)),
+            ("REPS", str(cfg.repetitions)), ("STAGING", cfg.staging), ("SEED", str(cfg.seed)),
+            ("ROOFLINE", ("skip", "run")[cfg.roofline]), ("OUTPUT", dev),
+            ("RESULTS", cfg.results_dir)]
+    return [f"{k:<8}: {v}" for k, v in rows]

@@ -1,0 +1,188 @@
+"""Driver (HPL_pddriver / HPL_pdtest): the data flows one way,
+dat -> topology -> sampler -> train -> ensemble -> metrics -> report.
+
+Every failure that can be known before training (input, layout, data) is agreed on by
+all ranks and ends the run with exit status 1 and one message from rank 0. A failure
+during a test calls MPI_Abort, so no rank is left blocked in a collective.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import secrets
+import sys
+import time
+
+import numpy as np
+
+VERSION = "0.1"
+
+
+class RunError(Exception):
+    """An error every rank agreed on; printed once by rank 0."""
+
+
+def say(msg: str) -> None:
+    print(f"hpcai500: {msg}", file=sys.stderr, flush=True)
+
+
+def agree(world, fn, what: str):
+    """Run fn on every rank; if it fails on any rank, raise RunError on all of them
+    with the lowest failing rank's message (a lone failing rank would hang the rest)."""
+    try:
+        value, err = fn(), None
+    except Exception as e:  # noqa: BLE001 - turned into an agreed error below
+        value, err = None, f"{what}: {e}"
+    errors = world.allgather(err)
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    if failed:
+        r, e = failed[0]
+        raise RunError(e if world.size == 1 else f"rank {r}: {e}")
+    return value
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="hpcai500.py", description="HPC AI500 V3.0 bagging benchmark")
+    p.add_argument("dat", nargs="?", default="HPCAI500.dat", help="input file (default HPCAI500.dat)")
+    p.add_argument("--check", action="store_true",
+                   help="validate the input and print the tests and the job-to-rank-to-node map, without training")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    state = {"phase": "start-up"}
+    try:
+        return _run(args, world, state)
+    except RunError as e:
+        if world.rank == 0:
+            say(f"error: {e}")
+        return 1
+    except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
+        say(f"rank {world.rank} failed during {state['phase']}: {type(e).__name__}: {e}")
+        sys.stderr.flush()
+        world.Abort(1)
+        return 1
+
+
+def _run(args, world, state) -> int:
+    from harness import dat, topology
+
+    state["phase"] = "input"
+    cfg, tests, err = None, None, None
+    if world.rank == 0:
+        try:
+            cfg = dat.parse(args.dat)
+            tests = dat.expand(cfg)
+        except dat.DatError as e:
+            err = str(e)
+    cfg, tests, err = world.bcast((cfg, tests, err), root=0)
+    if err:
+        raise RunError(err)
+
+    nodes = topology.discover(world)
+    layouts = {}
+    for t in tests:
+        try:
+            M, warnings = topology.resolve(world.size, t.M, t.P)
+            layouts[(t.M, t.P)] = (topology.map_jobs(nodes.node_of_rank, M, t.P, cfg.pmap), warnings)
+        except topology.TopologyError as e:
+            raise RunError(f"{cfg.path}:10-11: layout M={t.M}, P={t.P} on {world.size} ranks: {e}")
+
+    if args.check:
+        if world.rank == 0:
+            _print_check(cfg, tests, layouts, nodes, world.size)
+        return 0
+
+    from harness import workloads
+    state["phase"] = "data loading"
+    datas = {}
+    for name in cfg.workloads:
+        wl = workloads.get(name)
+        node_comm = _node_comm(world)
+        datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
+                                                   node_comm.rank, node_comm.Barrier), f"workload {name}")
+        node_comm.Free()
+    for t in tests:
+        small = datas[t.workload].n_train < t.P * t.batch
+        if small:
+            raise RunError(f"{cfg.path}:14: B={t.batch} with P={t.P} needs at least {t.P * t.batch} "
+                           f"training samples, {t.workload} has {datas[t.workload].n_train}")
+
+    from harness import train as training
+    state["phase"] = "device set-up"
+    devices = training.setup_devices(nodes.local_rank, nodes.local_size)
+    run_dir = _make_run_dir(world, cfg.results_dir)
+    from harness.run import Run
+    run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION)
+    for t in tests:
+        state["phase"] = f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})"
+        layout, warnings = layouts[(t.M, t.P)]
+        run.test(t, layout, warnings, datas[t.workload], state)
+    run.finish()
+    return 0
+
+
+def _node_comm(world):
+    from mpi4py import MPI
+    return world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+
+
+def _make_run_dir(world, results_dir: str) -> str:
+    """runs/<date>-<time>-<random>: created by rank 0 only; exclusive creation, so two
+    jobs started in the same second never share a folder."""
+    path, err = None, None
+    if world.rank == 0:
+        try:
+            os.makedirs(results_dir, exist_ok=True)
+            while path is None:
+                candidate = os.path.join(results_dir, time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3))
+                try:
+                    os.mkdir(candidate)
+                    path = candidate
+                except FileExistsError:
+                    continue
+        except OSError as e:
+            err = f"results directory {results_dir!r}: {e}"
+    path, err = world.bcast((path, err), root=0)
+    if err:
+        raise RunError(err)
+    return path
+
+
+def _print_check(cfg, tests, layouts, nodes, world_size) -> None:
+    from harness import dat, topology
+    print(f"{cfg.path}: valid. {len(tests)} test(s) on {world_size} rank(s), {len(nodes.hosts)} node(s):")
+    for line in dat.describe(cfg):
+        print(f"  {line}")
+    for t in tests:
+        layout, warnings = layouts[(t.M, t.P)]
+        print(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")
+        for line in topology.describe(layout, nodes):
+            print(f"  {line}")
+        for w in warnings:
+            print(f"  warning: {w}")
+    sys.stdout.flush()
+
+
+def environment(world, nodes, devices) -> dict:
+    """Versions and inventory recorded in results.json."""
+    import horovod
+    import mpi4py
+    import tensorflow as tf
+    from mpi4py import MPI
+    return {
+        "python": platform.python_version(), "numpy": np.__version__, "tensorflow": tf.__version__,
+        "horovod": horovod.__version__, "mpi4py": mpi4py.__version__,
+        "mpi_library": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
+        "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
+        "machine": platform.machine(), "cpu_count": os.cpu_count(), "rank0_devices": devices,
+    }
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

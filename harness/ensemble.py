@@ -1,0 +1,60 @@
+"""Job Controller (Bagging Management): the base models' predictions -> the ensemble.
+
+Both aggregations are a sum over models of a per-model score matrix, so the world
+needs one reduction, never a gather of all M models' predictions on one rank:
+  mean: scores = class probabilities; ensemble = argmax of their average;
+  vote: scores = one-hot of each model's predicted class; ensemble = majority class
+        (ties go to the lowest class index).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+AGGREGATIONS = ("mean", "vote")
+_REDUCE_ROWS_ELEMENTS = 1 << 22   # reduce in slices of ~32 MB (float64) to bound memory
+
+
+def model_scores(probs: np.ndarray, method: str) -> np.ndarray:
+    """One base model's contribution to the ensemble sum."""
+    if method == "mean":
+        return probs.astype(np.float64)
+    if method == "vote":
+        votes = np.zeros(probs.shape, np.float64)
+        votes[np.arange(len(probs)), np.argmax(probs, axis=1)] = 1.0
+        return votes
+    raise ValueError(f"unknown aggregation {method!r} (expected one of {', '.join(AGGREGATIONS)})")
+
+
+def combine(per_model_probs: list[np.ndarray], method: str) -> np.ndarray:
+    """Ensemble scores from every model's probabilities (the pure form of `reduce_scores`)."""
+    return sum(model_scores(p, method) for p in per_model_probs) / len(per_model_probs)
+
+
+def my_rows(n: int, rank: int, size: int) -> slice:
+    """The contiguous block of the validation set that rank `rank` of a job predicts."""
+    bounds = np.linspace(0, n, size + 1).astype(int)
+    return slice(bounds[rank], bounds[rank + 1])
+
+
+def gather_job(job_comm, local: np.ndarray, n: int) -> np.ndarray | None:
+    """The job's full prediction matrix on the job's root (None elsewhere)."""
+    from mpi4py import MPI
+    counts = [(my_rows(n, r, job_comm.size).stop - my_rows(n, r, job_comm.size).start) * local.shape[1]
+              for r in range(job_comm.size)]
+    full = np.empty((n, local.shape[1]), np.float64) if job_comm.rank == 0 else None
+    job_comm.Gatherv(np.ascontiguousarray(local, np.float64),
+                     [full, counts, None, MPI.DOUBLE] if full is not None else None, root=0)
+    return full
+
+
+def reduce_scores(world, scores: np.ndarray | None, shape: tuple[int, int]) -> np.ndarray | None:
+    """Sum of every job root's score matrix, on world rank 0, in bounded slices.
+    Ranks that are not job roots (and idle ranks) contribute zeros."""
+    from mpi4py import MPI
+    mine = np.zeros(shape, np.float64) if scores is None else np.ascontiguousarray(scores, np.float64)
+    total = np.empty(shape, np.float64) if world.rank == 0 else None
+    step = max(1, _REDUCE_ROWS_ELEMENTS // max(1, shape[1]))
+    for lo in range(0, shape[0], step):
+        hi = min(shape[0], lo + step)
+        world.Reduce(mine[lo:hi], None if total is None else total[lo:hi], op=MPI.SUM, root=0)
+    return total

@@ -1,0 +1,48 @@
+"""FLOPS, VFLOPS and summaries: the paper's Eq. 4-8 as pure functions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def total_flops(samples_per_job: list[int], training_flops_per_sample: float) -> float:
+    """Eq. 4 summed over the N/|B| iterations of Eq. 6: the analytic FLOPs of every
+    sample every base model trained on (all jobs, all epochs)."""
+    return float(sum(samples_per_job)) * training_flops_per_sample
+
+
+def flops(total: float, seconds: float) -> float:
+    """Eq. 6: total FLOPs / training time (the slowest rank's, all jobs run at once)."""
+    if seconds <= 0:
+        raise ValueError(f"training time must be positive, got {seconds}")
+    return total / seconds
+
+
+def penalty(achieved: float, target: float, n: float) -> float:
+    """Eq. 8: (achieved / target)^n. Not capped: the paper penalises *or awards*."""
+    if target <= 0:
+        raise ValueError(f"target quality must be positive, got {target}")
+    return (max(achieved, 0.0) / target) ** n
+
+
+def vflops(flops_value: float, achieved: float, target: float, n: float) -> float:
+    """Eq. 7: Valid FLOPS."""
+    return flops_value * penalty(achieved, target, n)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    scale_from: int
+    scale_to: int
+    speedup: float
+    efficiency: float
+
+
+def weak_scaling(points: list[tuple[int, float]]) -> Scaling | None:
+    """Bagging scales by adding base models: from the smallest to the largest Sys_scale,
+    FLOPS ratio and efficiency = ratio / (scale ratio). None with fewer than 2 scales."""
+    pts = sorted(points)
+    if len(pts) < 2 or pts[0][0] == pts[-1][0]:
+        return None
+    (s0, f0), (s1, f1) = pts[0], pts[-1]
+    speedup = f1 / f0
+    return Scaling(s0, s1, speedup, speedup / (s1 / s0))

@@ -1,0 +1,104 @@
+"""Output: the HPL-like report, results.json, written whole or not at all.
+
+Text rendering is pure (strings from dictionaries); writing goes through
+`atomic_write`, so a crash at any moment leaves the previous complete file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+RULE = "=" * 80
+THIN = "-" * 80
+TOLERANCE = 1e-6          # replica consistency: max |w - w_root| allowed
+
+LEGEND = """\
+An explanation of the input/output parameters follows:
+T/V     : Encoded variant ({tv})
+WL      : Workload
+M       : Base models in the ensemble (bagging jobs)
+P       : Ranks per base model (P_degree)
+B       : Per-rank batch size
+Time    : Training seconds, max over all ranks of all jobs (barrier to last step)
+Tflops  : FLOPS, analytic, forward + backward, all base models (Eq. 6)
+VTflops : Valid FLOPS = FLOPS * (achieved/target)^n (Eq. 7-8)
+Quality : Ensemble quality on the validation set"""
+
+HEADER = f"{'T/V':<15} {'WL':<8} {'M':>4} {'P':>4} {'B':>5} {'Time':>12} {'Tflops':>12} {'VTflops':>11} {'Quality':>9}"
+
+
+def atomic_write(path: str, text: str) -> None:
+    """Write a file whole or not at all: temporary file in the same folder, then rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, obj) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
+
+
+def header(version: str, tv_legend: str, params: list[str], conventions: list[str]) -> str:
+    lines = [RULE, f"HPC AI500 V3.0  --  bagging-based scalable HPC AI benchmark  --  hpcai500 {version}",
+             RULE, LEGEND.format(tv=tv_legend), "",
+             "The following parameter values will be used:", "", *params, THIN,
+             *[f"- {c}" for c in conventions], RULE]
+    return "\n".join(lines) + "\n"
+
+
+def row(t: dict) -> str:
+    """One test's result block, like HPL's result line and residual check."""
+    q = t["quality"]
+    base = t["base_quality"]
+    mean_base = sum(base) / len(base)
+    verdict = "PASSED" if t["consistency"]["passed"] else "FAILED"
+    lines = [
+        HEADER, THIN,
+        f"{t['tv']:<15} {t['workload']:<8} {t['M']:>4} {t['P']:>4} {t['B']:>5} "
+        f"{t['train_seconds']:>12.2f} {t['flops'] / 1e12:>12.4e} {t['vflops'] / 1e12:>11.3e} {q:>9.4f}",
+        f"Base models : {t['quality_name']} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ;"
+        f" ensemble {100 * (q - mean_base):+.1f} pts",
+        f"Quality     : target {t['target_quality']:.4f}, n {t['penalty_n']:g}, penalty {t['penalty']:.4f} ;"
+        f" {t['aggregation']} of {t['M']} model(s) on {t['val_samples']} samples",
+        f"Work        : {t['samples_trained']} samples trained, {t['total_flops']:.4e} FLOPs ;"
+        f" eval {t['eval_seconds']:.2f} s ; resample {t['sampler_seconds']:.2f} s",
+        *[f"Warning     : {w}" for w in t["warnings"]],
+        THIN,
+        f"Replica consistency = {t['consistency']['max_diff']:.8e} ...... {verdict}",
+        RULE,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def footer(tests: list[dict], skipped: int, scaling_lines: list[str], interrupted: bool = False) -> str:
+    passed = sum(t["consistency"]["passed"] for t in tests)
+    lines = ["", f"Finished {len(tests):6d} tests with the following results:",
+             f"         {passed:6d} tests completed and passed consistency checks,",
+             f"         {len(tests) - passed:6d} tests completed and failed consistency checks,",
+             f"         {skipped:6d} tests skipped because of illegal input values.", THIN,
+             *scaling_lines, "End of Tests." if not interrupted else "Tests interrupted.", RULE]
+    return "\n".join(lines) + "\n"
+
+
+def scaling_lines(tests: list[dict], weak_scaling) -> list[str]:
+    """One line per (workload, B, precision) group whose tests span several Sys_scales."""
+    groups: dict[tuple, list[tuple[int, float]]] = {}
+    for t in tests:
+        groups.setdefault((t["workload"], t["B"], t["precision"]), []).append((t["M"] * t["P"], t["flops"]))
+    out = []
+    for (wl, b, prec), pts in groups.items():
+        s = weak_scaling(pts)
+        if s:
+            out.append(f"Scaling ({wl}, B {b}, {prec}): Sys_scale {s.scale_from} -> {s.scale_to} :"
+                       f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}")
+    return out

@@ -1,0 +1,175 @@
+"""One invocation: the tests of the sweep in order (HPL_pdtest), results kept as they finish.
+
+After each test, world rank 0 rewrites report.txt and results.json atomically, so the
+finished tests survive whatever happens to the next one.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from harness.report import TOLERANCE
+
+
+class Run:
+    def __init__(self, cfg, tests, nodes, devices, run_dir, world, version):
+        from harness import dat, driver, flops
+        self.cfg, self.tests, self.nodes, self.world = cfg, tests, nodes, world
+        self.run_dir, self.version = run_dir, version
+        self.results: list[dict] = []
+        self.conventions = [
+            flops.CONVENTION,
+            "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
+            " evaluation and resampling timed apart",
+            "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
+            "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
+            f" base model; PASSED at <= {TOLERANCE:.0e}",
+            f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
+        ]
+        self.meta = {"hpcai500": version, "status": "running", "run_dir": run_dir,
+                     "input": {"path": cfg.path, "sha256": driver.sha256(cfg.text), "text": cfg.text},
+                     "config": _plain(cfg), "environment": driver.environment(world, nodes, devices),
+                     "conventions": self.conventions, "tests": self.results}
+        self.head = self._header(dat)
+        if world.rank == 0:
+            self._emit(self.head)
+            self._save()
+
+    # -- one test ---------------------------------------------------------------------
+    def test(self, t, layout, warnings, data, state) -> None:
+        from harness import ensemble, flops, metrics, sampler, topology, train, workloads
+        cfg, world = self.cfg, self.world
+        wl = workloads.get(t.workload)
+        job, job_comm = topology.split(world, layout)
+        seed = cfg.seed
+
+        t0 = time.perf_counter()
+        indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train,
+                                     cfg.sampler, seed, job_comm, job)
+        sampler_seconds = time.perf_counter() - t0
+        rec = {"rank": world.rank, "job": job, "seconds": 0.0}
+        scores = None
+        eval_seconds = 0.0
+        if job is None:
+            world.Barrier()  # the start barrier the jobs' ranks enter inside train()
+        else:
+            import horovod.tensorflow as hvd
+            import tensorflow as tf
+            hvd.init(comm=job_comm)
+            model = train.build(wl, data, seed, job)
+            progress = self._progress(t) if world.rank == 0 else None
+            state["phase"] = f"training, test {t.index}"
+            res = train.train(wl, data, model, indices, seed=seed, job=job, batch=t.batch,
+                              epochs=cfg.epochs, base_lr=cfg.base_lr, warmup_epochs=cfg.warmup_epochs,
+                              world_barrier=world.Barrier, progress=progress)
+            state["phase"] = f"evaluation, test {t.index}"
+            t1 = time.perf_counter()
+            rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)
+            probs = wl.predict(model, data.x_val[rows])
+            full = ensemble.gather_job(job_comm, probs, len(data.y_val))
+            if job_comm.rank == 0:
+                rec["quality"] = wl.quality(full, data.y_val)
+                scores = ensemble.model_scores(full, cfg.aggregation)
+                rec["index_digest"] = sampler.digest(indices)
+                rec["resample_size"] = int(len(indices))
+                rec["out_of_bag"] = sampler.out_of_bag_fraction(indices, data.n_train)
+            rec.update(seconds=res.seconds, samples=res.samples, steps_per_epoch=res.steps_per_epoch,
+                       loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
+                       flops=flops.count(model))
+            eval_seconds = time.perf_counter() - t1
+            hvd.shutdown()
+            tf.keras.backend.clear_session()
+            job_comm.Free()
+        t2 = time.perf_counter()
+        total = ensemble.reduce_scores(world, scores, (len(data.y_val), data.num_classes))
+        rec["eval_seconds"] = eval_seconds + time.perf_counter() - t2
+        records = world.gather(rec, root=0)
+        if world.rank == 0:
+            result = self._result(t, layout, warnings, wl, data, records, total, sampler_seconds, metrics)
+            self.results.append(result)
+            from harness import report
+            self._emit(report.row(result))
+            self._save()
+
+    def _result(self, t, layout, warnings, wl, data, records, total, sampler_seconds, metrics) -> dict:
+        cfg = self.cfg
+        roots = sorted((r for r in records if "quality" in r), key=lambda r: r["job"])
+        workers = [r for r in records if r["job"] is not None]
+        fc = workers[0]["flops"]
+        seconds = max(r["seconds"] for r in records)
+        total_flops = metrics.total_flops([r["samples"] for r in roots], fc.training)
+        quality = wl.quality(total / layout.M, data.y_val)
+        target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
+        n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
+        fl = metrics.flops(total_flops, seconds)
+        max_diff = max(r["diff"] for r in workers)
+        return {
+            "index": t.index, "tv": t.tv(cfg), "workload": t.workload, "M": layout.M, "P": layout.P,
+            "B": t.batch, "precision": t.precision, "sampler": cfg.sampler, "aggregation": cfg.aggregation,
+            "seed": cfg.seed, "epochs": cfg.epochs, "jobs": [list(j) for j in layout.jobs],
+            "idle_ranks": list(layout.idle), "warnings": warnings, "data": data.source,
+            "train_samples": data.n_train, "val_samples": int(len(data.y_val)),
+            "forward_flops_per_sample": fc.forward, "training_flops_per_sample": fc.training,
+            "flops_by_operator": fc.by_operator,
+            "steps_per_epoch": [r["steps_per_epoch"] for r in roots],
+            "samples_trained": int(sum(r["samples"] for r in roots)), "total_flops": total_flops,
+            "train_seconds": seconds, "train_seconds_min": min(r["seconds"] for r in workers),
+            "eval_seconds": max(r["eval_seconds"] for r in records), "sampler_seconds": sampler_seconds,
+            "flops": fl, "vflops": metrics.vflops(fl, quality, target, n),
+            "quality_name": wl.QUALITY, "quality": quality, "base_quality": [r["quality"] for r in roots],
+            "target_quality": target, "penalty_n": n, "penalty": metrics.penalty(quality, target, n),
+            "final_loss": [r["loss"] for r in roots],
+            "consistency": {"max_diff": max_diff, "tolerance": TOLERANCE, "passed": bool(max_diff <= TOLERANCE)},
+            "resample": [{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
+                          "digest": r["index_digest"]} for r in roots],
+            "weights_digest": [[r["weights"] for r in sorted(workers, key=lambda r: r["rank"])
+                                if r["job"] == j] for j in range(layout.M)],
+        }
+
+    # -- output -----------------------------------------------------------------------
+    def finish(self, interrupted: bool = False) -> None:
+        if self.world.rank != 0:
+            return
+        from harness import metrics, report
+        self.meta["status"] = "interrupted" if interrupted else "complete"
+        self._emit(report.footer(self.results, 0, report.scaling_lines(self.results, metrics.weak_scaling),
+                                 interrupted))
+        self._save(final=True)
+        print(f"hpcai500: results in {self.run_dir}/ (report.txt, results.json)", file=sys.stderr, flush=True)
+
+    def _header(self, dat) -> str:
+        from harness import report
+        return report.header(self.version, dat.TV_LEGEND, dat.describe(self.cfg), self.conventions)
+
+    def _emit(self, text: str) -> None:
+        """Append to the report; the device of lines 3-4 gets it as it grows (stdout and
+        stderr at once, a file rewritten whole)."""
+        self.text = getattr(self, "text", "") + text
+        dev = self.cfg.device_out
+        if dev in (6, 7):
+            stream = sys.stdout if dev == 6 else sys.stderr
+            stream.write(text)
+            stream.flush()
+
+    def _save(self, final: bool = False) -> None:
+        import os
+        from harness import report
+        report.atomic_write(os.path.join(self.run_dir, "report.txt"), self.text)
+        report.write_json(os.path.join(self.run_dir, "results.json"), self.meta)
+        if self.cfg.device_out not in (6, 7):
+            report.atomic_write(self.cfg.output_file, self.text)
+
+    def _progress(self, t):
+        total = len(self.tests)
+
+        def line(epoch, epochs, loss, elapsed):
+            print(f"hpcai500: test {t.index}/{total} M={t.M} P={t.P} B={t.batch} : epoch {epoch}/{epochs}"
+                  f"  job 0 loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
+        return line
+
+
+def _plain(cfg) -> dict:
+    from dataclasses import asdict
+    d = asdict(cfg)
+    d.pop("text", None)
+    return d

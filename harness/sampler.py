@@ -1,0 +1,98 @@
+"""Data Sampler (Bagging Management): one resample of the training set per base model.
+
+The math is pure numpy; `distribute` is the MPI edge. World rank 0 draws every
+job's indices (one seeded generator per job, so a job's resample does not depend on
+M) and sends each job's array to that job's root only, which broadcasts it inside
+the job: no rank ever holds another job's indices.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+METHODS = ("bootstrap", "poisson", "none")
+
+
+def rng_for(seed: int, job: int, *stream: int) -> np.random.Generator:
+    """Independent, reproducible stream per (seed, job[, epoch...]) via SeedSequence."""
+    return np.random.default_rng([seed, job, *stream])
+
+
+def resample(n: int, method: str, seed: int, job: int) -> np.ndarray:
+    """Indices (int64) of job `job`'s training resample of a training set of n samples.
+
+    bootstrap: n draws with replacement (each sample appears Binomial(n, 1/n) ~ Poisson(1)
+               times; a fraction (1-1/n)^n ~ 36.8 % is out of bag).
+    poisson:   each sample kept Poisson(1) times independently (online bagging, as the
+               BenchCouncil reference does); the resample size varies around n.
+    none:      the whole training set, shuffled per job (pure data parallelism baseline).
+    """
+    if n < 1:
+        raise ValueError(f"cannot resample an empty training set (n={n})")
+    rng = rng_for(seed, job)
+    if method == "bootstrap":
+        return rng.integers(0, n, size=n, dtype=np.int64)
+    if method == "poisson":
+        idx = np.repeat(np.arange(n, dtype=np.int64), rng.poisson(1.0, size=n))
+        rng.shuffle(idx)
+        return idx
+    if method == "none":
+        return rng.permutation(n).astype(np.int64)
+    raise ValueError(f"unknown sampler {method!r} (expected one of {', '.join(METHODS)})")
+
+
+def out_of_bag_fraction(indices: np.ndarray, n: int) -> float:
+    """Fraction of the n training samples that the resample never uses."""
+    return 1.0 - np.unique(indices).size / n
+
+
+def digest(indices: np.ndarray) -> str:
+    """Short content hash of a resample, recorded in results.json for reproducibility."""
+    return hashlib.sha256(np.ascontiguousarray(indices, dtype="<i8").tobytes()).hexdigest()[:16]
+
+
+def epoch_shard(indices: np.ndarray, seed: int, job: int, epoch: int,
+                rank: int, size: int, batch: int) -> np.ndarray:
+    """The sample indices rank `rank` of a job of `size` ranks trains on in `epoch`.
+
+    Every rank of the job shuffles the job's resample with the same (seed, job, epoch)
+    stream, then takes every size-th sample. The shard is cut to steps*batch where
+    steps = len(indices) // (size*batch) is the same on every rank: Horovod's
+    all-reduce needs the same number of steps everywhere, or the job hangs.
+    """
+    steps = len(indices) // (size * batch)
+    order = rng_for(seed, job, 1 + epoch).permutation(len(indices))
+    return indices[order[rank::size][: steps * batch]]
+
+
+def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
+               job_comm, my_job: int | None) -> np.ndarray | None:
+    """Rank 0 draws each job's resample and sends it to the job's root (world rank
+    jobs[j][0]); the root broadcasts it on the job's communicator. Ranks outside
+    any job (idle) return None."""
+    from mpi4py import MPI
+    tag = 0x5A3
+    mine = None
+    if world.rank == 0:
+        reqs, keep = [], []
+        for j, ranks in enumerate(jobs):
+            idx = resample(n, method, seed, j)
+            if ranks[0] == 0:
+                mine = idx
+            else:
+                keep.append(idx)  # the buffer must live until the send completes
+                reqs.append(world.Isend([idx, MPI.INT64_T], dest=ranks[0], tag=tag))
+        MPI.Request.Waitall(reqs)
+    elif my_job is not None and jobs[my_job][0] == world.rank:
+        status = MPI.Status()
+        world.Probe(source=0, tag=tag, status=status)
+        mine = np.empty(status.Get_count(MPI.INT64_T), dtype=np.int64)
+        world.Recv([mine, MPI.INT64_T], source=0, tag=tag)
+    if my_job is None:
+        return None
+    count = job_comm.bcast(None if mine is None else len(mine), root=0)
+    if mine is None:
+        mine = np.empty(count, dtype=np.int64)
+    job_comm.Bcast([mine, MPI.INT64_T], root=0)
+    return mine

@@ -1,0 +1,123 @@
+"""Base-model training: Horovod data parallelism on one job's sub-communicator.
+
+Each job is its own Horovod world (`hvd.init(comm=job_comm)`): its all-reduces never
+leave the job, so the M base models train independently, as bagging requires.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness import sampler
+
+
+def setup_devices(local_rank: int, local_size: int) -> dict:
+    """Pin this rank before TensorFlow starts its runtime: one GPU per local rank where
+    there are GPUs, and cores / ranks-on-node threads so that ranks do not fight."""
+    import tensorflow as tf
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, min(cores, (os.cpu_count() or 1) // local_size))
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1 if threads == 1 else 2)
+    gpus = tf.config.list_physical_devices("GPU")
+    device = "CPU"
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.set_visible_devices([gpu], "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+        device = f"GPU {local_rank % len(gpus)} of {len(gpus)}"
+    return {"threads": threads, "device": device, "gpus_on_node": len(gpus)}
+
+
+def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
+    """Linear warm-up to `peak` (base LR x P, the linear scaling rule), then cosine decay
+    to zero. Works on Python numbers and on TensorFlow scalars alike."""
+    import tensorflow as tf
+    step = tf.cast(step, tf.float32)
+    warm = peak * (step + 1.0) / max(1, warmup_steps)
+    frac = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    decay = 0.5 * peak * (1.0 + tf.cos(math.pi * tf.minimum(frac, 1.0)))
+    return tf.where(step < warmup_steps, warm, decay)
+
+
+@dataclass
+class TrainResult:
+    seconds: float            # this rank's wall time, barrier to end of the last epoch
+    steps_per_epoch: int
+    samples: int              # samples this job processed (all its ranks, all epochs)
+    final_loss: float         # last epoch's mean loss on this rank
+    weights_diff: float       # max |w - w_root| over this rank's trainable weights
+    weights_digest: str       # hash of this rank's trainable weights
+
+
+def build(workload, data, seed: int, job: int):
+    """The job's model, initialised from (seed, job): base models start differently,
+    and the job's ranks are then made equal by broadcasting from the job's root."""
+    import tensorflow as tf
+    tf.keras.utils.set_random_seed((seed * 1_000_003 + job) % 2**31)
+    return workload.build_model(data)
+
+
+def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
+          batch: int, epochs: int, base_lr: float, warmup_epochs: float,
+          world_barrier, progress=None) -> TrainResult:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    rank, size = hvd.rank(), hvd.size()
+    steps = len(indices) // (size * batch)
+    if steps < 1:
+        raise ValueError(f"job {job}: resample of {len(indices)} samples is smaller than "
+                         f"P x B = {size} x {batch}; lower B or P, or use more data")
+    schedule = lambda s: learning_rate(s, steps * epochs, int(round(warmup_epochs * steps)), base_lr * size)
+    opt = tf.keras.optimizers.SGD(learning_rate=schedule(0), momentum=0.9)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+    @tf.function
+    def step(x, y, i):
+        opt.learning_rate.assign(schedule(i))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(workload.loss(y, model(x, training=True)))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    x_train, y_train = data.x_train, data.y_train
+    # Trace the step (and create the optimizer's slots) before the clock starts: graph
+    # building is set-up, like MLPerf's init phase, not training.
+    step.get_concrete_function(tf.TensorSpec((batch, *x_train.shape[1:]), tf.as_dtype(x_train.dtype)),
+                               tf.TensorSpec((batch, *y_train.shape[1:]), tf.as_dtype(y_train.dtype)),
+                               tf.TensorSpec((), tf.int32))
+    world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        shard = sampler.epoch_shard(indices, seed, job, epoch, rank, size, batch)
+        losses = []
+        for s in range(steps):
+            idx = shard[s * batch:(s + 1) * batch]
+            losses.append(step(x_train[idx], y_train[idx], tf.constant(epoch * steps + s)))
+        mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
+        if progress:
+            progress(epoch + 1, epochs, mean_loss, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+
+    diff, digest = _consistency(model, hvd)
+    # Horovod averages gradients only: batch-norm statistics differ per replica. Every
+    # rank of the job predicts with the root's model.
+    hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
+    return TrainResult(seconds, steps, steps * epochs * batch * size, mean_loss, diff, digest)
+
+
+def _consistency(model, hvd) -> tuple[float, str]:
+    """Replica consistency, this benchmark's residual check: the largest difference
+    between this rank's trainable weights and the job root's."""
+    import hashlib
+    mine = np.concatenate([v.numpy().ravel() for v in model.trainable_variables]).astype(np.float64)
+    root = hvd.broadcast(mine, root_rank=0, name="consistency_check").numpy()
+    digest = hashlib.sha256(mine.tobytes()).hexdigest()[:16]
+    return float(np.max(np.abs(mine - root))) if mine.size else 0.0, digest

@@ -1,0 +1,138 @@
+"""digits: a small CNN on handwritten digits, the laptop-sized workload.
+
+Real data is scikit-learn's embedded digits (1797 images of 8x8, 10 classes; no
+download). On disk the workload reads a directory holding `train.h5` and `val.h5`,
+each with datasets `images` (N, H, W) float32 in [0, 1] and `labels` (N,) integers in
+[0, classes). `synthetic[:SAMPLES[:SIDE]]` writes such a directory (class templates
+plus noise, so quality means something) and reads it back through the same reader.
+"""
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from harness.workloads import Data, DataError
+
+NAME = "digits"
+QUALITY = "Top-1"
+TARGET_QUALITY = 0.95      # ours: a 3-epoch ensemble reaches it on the embedded data
+PENALTY_N = 5              # as Image Classification in HPC AI500 V2.0
+VAL_FRACTION = 0.2
+SYNTHETIC_DEFAULT = (2000, 8)
+CLASSES = 10
+
+
+def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> Data:
+    if dataset == "embedded":
+        return _embedded()
+    if dataset.split(":")[0] == "synthetic":
+        samples, side = _synthetic_args(dataset)
+        path = os.path.join(cache_dir, f"digits-synthetic-{samples}-{side}")
+        if node_rank == 0 and not os.path.exists(os.path.join(path, "val.h5")):
+            write_synthetic(path, samples, side)
+        node_barrier()  # one writer per node; the others read what it wrote
+        return read(path, source=dataset)
+    return read(dataset, source=dataset)
+
+
+def _embedded() -> Data:
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x, y = (d.images / 16.0).astype(np.float32)[..., None], d.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(y))  # fixed split, independent of the run's seed
+    n_val = int(round(VAL_FRACTION * len(y)))
+    val, train = order[:n_val], order[n_val:]
+    return Data(x[train], y[train], x[val], y[val], CLASSES, "scikit-learn digits (embedded, real)")
+
+
+def _synthetic_args(token: str) -> tuple[int, int]:
+    parts = token.split(":")[1:]
+    samples = int(parts[0]) if parts else SYNTHETIC_DEFAULT[0]
+    side = int(parts[1]) if len(parts) > 1 else SYNTHETIC_DEFAULT[1]
+    return samples, side
+
+
+def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> None:
+    """Digits-like data in the on-disk format: one smooth template per class plus noise."""
+    rng = np.random.default_rng(seed)
+    k = np.ones(3) / 3.0
+    raw = rng.random((CLASSES, side, side))
+    smooth = np.apply_along_axis(lambda r: np.convolve(r, k, "same"), 1, raw)
+    templates = np.apply_along_axis(lambda r: np.convolve(r, k, "same"), 2, smooth)
+    templates = (templates - templates.min()) / np.ptp(templates)
+    labels = rng.integers(0, CLASSES, samples)
+    images = np.clip(templates[labels] + 0.35 * rng.standard_normal((samples, side, side)), 0, 1)
+    n_val = max(1, int(round(VAL_FRACTION * samples)))
+    os.makedirs(path, exist_ok=True)
+    _write(os.path.join(path, "train.h5"), images[n_val:], labels[n_val:])
+    _write(os.path.join(path, "val.h5"), images[:n_val], labels[:n_val])
+
+
+def _write(file: str, images: np.ndarray, labels: np.ndarray) -> None:
+    tmp = f"{file}.tmp{os.getpid()}"
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("images", data=images.astype(np.float32))
+        f.create_dataset("labels", data=labels.astype(np.int64))
+    os.replace(tmp, file)  # readers never see a half-written file
+
+
+def read(path: str, source: str | None = None) -> Data:
+    if not os.path.isdir(path):
+        raise DataError(f"digits dataset {path!r}: not a directory holding train.h5 and val.h5")
+    x_train, y_train = _read(os.path.join(path, "train.h5"))
+    x_val, y_val = _read(os.path.join(path, "val.h5"))
+    if x_train.shape[1:] != x_val.shape[1:]:
+        raise DataError(f"{path}: train images are {x_train.shape[1:]}, val images {x_val.shape[1:]}")
+    return Data(x_train, y_train, x_val, y_val, CLASSES, source or path)
+
+
+def _read(file: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with h5py.File(file, "r") as f:
+            for name in ("images", "labels"):
+                if name not in f:
+                    raise DataError(f"{file}: no dataset '{name}'")
+            images, labels = f["images"][...], f["labels"][...]
+    except OSError as e:
+        raise DataError(f"{file}: cannot read HDF5 ({e})") from None
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels) or len(labels) == 0:
+        raise DataError(f"{file}: expected images (N, H, W) and labels (N,) with N > 0, "
+                        f"found {images.shape} and {labels.shape}")
+    if labels.min() < 0 or labels.max() >= CLASSES:
+        raise DataError(f"{file}: labels must lie in [0, {CLASSES}), found {labels.min()}..{labels.max()}")
+    return images.astype(np.float32)[..., None], labels.astype(np.int64)  # channels-last
+
+
+def build_model(data: Data):
+    import tensorflow as tf
+    layers = tf.keras.layers
+    return tf.keras.Sequential([
+        layers.Input(data.x_train.shape[1:]),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.BatchNormalization(),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Flatten(),
+        layers.Dense(128, activation="relu"),
+        layers.Dropout(0.25),
+        layers.Dense(data.num_classes),
+    ], name="digits_cnn")
+
+
+def loss(labels, logits):
+    import tensorflow as tf
+    return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+def predict(model, x: np.ndarray, batch: int = 512) -> np.ndarray:
+    import tensorflow as tf
+    out = [tf.nn.softmax(model(x[i:i + batch], training=False)).numpy()
+           for i in range(0, len(x), batch)]
+    return np.concatenate(out) if out else np.zeros((0, CLASSES), np.float32)
+
+
+def quality(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Top-1 accuracy; ties in the scores go to the lowest class index."""
+    return float(np.mean(np.argmax(scores, axis=1) == labels))
