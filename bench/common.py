@@ -1,0 +1,79 @@
+"""Shared helpers of the benchmarks: edit HPCAI500.dat, run mpirun, read results.json."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = os.path.join(ROOT, ".venv", "bin", "python")
+NP = 2                                      # ranks: this machine has 2 cores
+WORK = os.path.join(tempfile.gettempdir(), "hpcai500-bench")  # results + cached synthetic data
+ENV = dict(os.environ, PATH=os.path.join(ROOT, ".venv", "bin") + os.pathsep + os.environ.get("PATH", ""),
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+COUNTS = {7: 6, 10: 9, 11: 9, 14: 13, 17: 16}  # sweep line -> the line holding its count
+
+
+def make_dat(name: str, **lines) -> str:
+    """A copy of the shipped HPCAI500.dat with the value token(s) of some lines replaced,
+    e.g. make_dat("x", l8="synthetic:20000:16", l10="1 2"); line 5 -> a temp results dir.
+    The free text after the values is kept."""
+    text = open(os.path.join(ROOT, "HPCAI500.dat")).read().splitlines()
+    new = {5: WORK, **{int(k[1:]): str(v) for k, v in lines.items()}}
+    old_count = {n: int(text[COUNTS[n] - 1].split()[0]) if n in COUNTS else 1 for n in new}
+    for n, value in new.items():
+        rest = re.sub(r"^\s*(?:\S+(?:\s+|$)){%d}" % old_count[n], "", text[n - 1])
+        text[n - 1] = f"{value:<13} {rest}".rstrip()
+    os.makedirs(WORK, exist_ok=True)
+    path = os.path.join(WORK, f"{name}.dat")
+    with open(path, "w") as f:
+        f.write("\n".join(text) + "\n")
+    return path
+
+
+def mpirun(*args: str, np: int = NP) -> str:
+    """Run `mpirun -np NP python ARGS...` from the repo root; stdout, or exit on failure."""
+    cmd = ["mpirun", "--oversubscribe", "-np", str(np), PY, *args]
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    return p.stdout
+
+
+def run_harness(dat: str) -> list[dict]:
+    """Run hpcai500.py on `dat`; the `tests` of the results.json it wrote."""
+    before = set(glob.glob(os.path.join(WORK, "*", "results.json")))
+    mpirun("hpcai500.py", dat)
+    (new,) = set(glob.glob(os.path.join(WORK, "*", "results.json"))) - before
+    with open(new) as f:
+        return json.load(f)["tests"]
+
+
+def throughput(test: dict) -> float:
+    return test["samples_trained"] / test["train_seconds"]
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def machine() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                  if line.startswith("model name")), "unknown CPU") if os.path.exists("/proc/cpuinfo") else "?"
+    gpu = "GPU present" if glob.glob("/dev/nvidia[0-9]*") else "no GPU"
+    return f"{cores} usable core(s) of {os.cpu_count()} logical CPU(s) ({model}), {gpu}, {NP} MPI ranks"
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """A markdown table."""
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"
+    return "\n".join([line(cells[0]), "|" + "|".join("-" * (x + 2) for x in w) + "|"] + [line(r) for r in cells[1:]])

@@ -1,0 +1,49 @@
+"""Aggregation and the paper's metrics as pure functions."""
+import numpy as np
+import pytest
+
+from harness import ensemble, metrics
+
+
+def test_mean_aggregation_averages_probabilities():
+    a = np.array([[0.6, 0.4], [0.2, 0.8]])
+    b = np.array([[0.1, 0.9], [0.3, 0.7]])
+    assert np.allclose(ensemble.combine([a, b], "mean"), [[0.35, 0.65], [0.25, 0.75]])
+
+
+def test_vote_counts_predicted_classes():
+    m = [np.array([[0.9, 0.1, 0.0]]), np.array([[0.4, 0.5, 0.1]]), np.array([[0.1, 0.6, 0.3]])]
+    assert np.allclose(ensemble.combine(m, "vote"), [[1 / 3, 2 / 3, 0]])
+    # mean and vote can disagree: one confident model outweighs two lukewarm ones
+    assert np.argmax(ensemble.combine(m, "mean")) == 0 and np.argmax(ensemble.combine(m, "vote")) == 1
+
+
+def test_unknown_aggregation():
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        ensemble.model_scores(np.ones((1, 2)), "median")
+
+
+@pytest.mark.parametrize("n,size", [(10, 3), (3, 4), (359, 2), (0, 2)])
+def test_rows_split_the_validation_set_exactly(n, size):
+    parts = [ensemble.my_rows(n, r, size) for r in range(size)]
+    assert sum(p.stop - p.start for p in parts) == n
+    assert all(parts[i].stop == parts[i + 1].start for i in range(size - 1))
+
+
+def test_flops_and_vflops():
+    total = metrics.total_flops([1000, 1200], 3e6)
+    assert total == 2200 * 3e6
+    f = metrics.flops(total, 2.0)
+    assert f == pytest.approx(3.3e9)
+    assert metrics.vflops(f, 0.9, 0.9, 5) == pytest.approx(f)
+    assert metrics.vflops(f, 0.45, 0.9, 2) == pytest.approx(f / 4)
+    assert metrics.penalty(0.99, 0.9, 5) > 1.0          # awarded, not capped (Eq. 8)
+    with pytest.raises(ValueError):
+        metrics.flops(1.0, 0.0)
+
+
+def test_weak_scaling():
+    s = metrics.weak_scaling([(1, 10.0), (2, 19.0), (4, 36.0)])
+    assert (s.scale_from, s.scale_to) == (1, 4)
+    assert s.speedup == pytest.approx(3.6) and s.efficiency == pytest.approx(0.9)
+    assert metrics.weak_scaling([(2, 1.0)]) is None

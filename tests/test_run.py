@@ -1,0 +1,88 @@
+"""The benchmark for real: hpcai500.py under mpirun --oversubscribe, real Horovod, real TF."""
+import json
+
+import numpy as np
+import pytest
+
+from harness import sampler
+from harness.workloads import digits
+from tests.conftest import ROOT, mpirun, results
+
+
+def test_shipped_file_end_to_end(tmp_path):
+    """The README's `make run`: HPCAI500.dat as shipped, 4 ranks, M = 1, 2, 4."""
+    text = (ROOT / "HPCAI500.dat").read_text().replace("runs          results", f"{str(tmp_path / 'r'):<13} results")
+    (tmp_path / "HPCAI500.dat").write_text(text)
+    p = mpirun(4, ["HPCAI500.dat"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("...... PASSED") == 3 and "FAILED" not in p.stdout
+    assert "3 tests completed and passed consistency checks" in p.stdout
+    assert "End of Tests." in p.stdout
+    assert p.stderr.count("epoch 3/3") == 3            # one progress line per epoch per test
+    res = results(tmp_path / "r")
+    assert res["status"] == "complete" and len(res["tests"]) == 3
+    run_dir = tmp_path / "r" / next(d for d in (tmp_path / "r").iterdir() if not d.name.startswith(".")).name
+    assert (run_dir / "report.txt").read_text() == p.stdout  # device 6: the same report on stdout
+    for t in res["tests"]:
+        assert t["consistency"]["passed"] and t["consistency"]["max_diff"] == 0.0
+        assert len(t["base_quality"]) == t["M"]
+        assert t["quality"] > 0.5                        # 10 classes: chance is 0.1
+        assert t["quality"] >= np.mean(t["base_quality"])  # bagging on real data
+        assert t["flops"] == pytest.approx(t["total_flops"] / t["train_seconds"])
+        assert t["total_flops"] == t["samples_trained"] * t["training_flops_per_sample"]
+        assert t["training_flops_per_sample"] == 3 * t["forward_flops_per_sample"]
+    assert [t["M"] for t in res["tests"]] == [1, 2, 4]
+    assert "Scaling (digits, B 32, fp32): Sys_scale 1 -> 4" in p.stdout
+
+
+def test_jobs_of_two_ranks_keep_replicas_equal_and_models_different(run_dat, tmp_path):
+    """M = 2, P = 2: Horovod all-reduce inside each job; each job its own resample."""
+    out = tmp_path / "report.out"
+    p = run_dat(4, l3=out, l4=8, l9=1, l10=2, l11=2, l15=2, l23="poisson", l24="vote")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "PASSED" not in p.stdout                       # device 8: the report goes to the file
+    assert "...... PASSED" in out.read_text()
+    t = results(tmp_path / "runs")["tests"][0]
+    assert t["jobs"] == [[0, 1], [2, 3]]
+    w = t["weights_digest"]
+    assert w[0][0] == w[0][1] and w[1][0] == w[1][1]      # replicas identical inside a job
+    assert w[0][0] != w[1][0]                             # base models differ across jobs
+    n = digits.load("embedded", "").n_train
+    for job in (0, 1):                                    # rank 0 drew them; each job got its own
+        expect = sampler.resample(n, "poisson", 42, job)
+        assert t["resample"][job]["digest"] == sampler.digest(expect)
+        assert t["resample"][job]["size"] == len(expect)
+        assert t["steps_per_epoch"][job] == len(expect) // (2 * 32)
+    assert t["resample"][0]["size"] != t["resample"][1]["size"]
+    assert t["samples_trained"] == sum(s * 2 * 32 * 2 for s in t["steps_per_epoch"])
+
+
+def test_check_prints_the_map_without_training(run_dat, tmp_path):
+    p = run_dat(4, ["--check"], l9=2, l10="0 1", l11="2 2", timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "job    0 : ranks 0-1" in p.stdout and "job    1 : ranks 2-3" in p.stdout
+    assert "idle     : ranks 2-3" in p.stdout               # M=1, P=2 on 4 ranks
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("lines,message", [
+    ({"l18": "lamb"}, ":18: found 'lamb': optimizer 'lamb' not supported yet"),
+    ({"l14": "x"}, ":14: found 'x'"),
+    ({"l9": 1, "l10": 3, "l11": 2}, "M x P = 3 x 2 = 6 exceeds the world size 4"),
+    ({"l8": "/nonexistent/digits"}, "/nonexistent/digits"),
+    ({"l14": 2000}, ":14: B=2000 with P=1 needs at least 2000 training samples"),
+])
+def test_bad_input_stops_every_rank_with_one_message(run_dat, tmp_path, lines, message):
+    p = run_dat(4, timeout=120, **lines)
+    assert p.returncode == 1, (p.returncode, p.stderr[-2000:])
+    assert p.stderr.count(message) == 1, p.stderr[-2000:]  # printed once, by rank 0
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "runs").exists() or not any(
+        d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+
+
+def test_command_line_misuse(tmp_path):
+    p = mpirun(2, ["--frobnicate", "x.dat"], tmp_path, timeout=60)
+    assert p.returncode != 0 and "unrecognized arguments: --frobnicate" in p.stderr
+    p = mpirun(2, [str(tmp_path / "missing.dat")], tmp_path, timeout=60)
+    assert p.returncode == 1 and p.stderr.count("missing.dat:0: found no such file") == 1, p.stderr
