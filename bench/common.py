@@ -5,10 +5,12 @@ import glob
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.join(ROOT, ".venv", "bin", "python")
@@ -37,10 +39,42 @@ def make_dat(name: str, **lines) -> str:
     return path
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_quiet(limit: float = 0.25, patience: float = 120.0) -> float:
+    """Wait (up to `patience` s) until the machine is nearly idle: less than `limit` cores
+    busy over 2 s. Other people's tests share this machine. Returns the last reading."""
+    end = time.time() + patience
+    while True:
+        b0 = _busy_seconds()
+        time.sleep(2.0)
+        load = (_busy_seconds() - b0) / 2.0
+        if load < limit or time.time() > end:
+            return load
+
+
+OTHER_LOAD: list[float] = []  # per mpirun: cores kept busy by processes that are not ours
+
+
 def mpirun(*args: str, np: int = NP) -> str:
-    """Run `mpirun -np NP python ARGS...` from the repo root; stdout, or exit on failure."""
+    """Run `mpirun -np NP python ARGS...` from the repo root; stdout, or exit on failure.
+    Appends to OTHER_LOAD the mean number of cores other processes used meanwhile
+    (machine busy time minus our ranks' CPU time, over the wall time): a noise gauge."""
     cmd = ["mpirun", "--oversubscribe", "-np", str(np), PY, *args]
+    t0, busy0, ours0 = time.perf_counter(), _busy_seconds(), _children_seconds()
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
+    other = (_busy_seconds() - busy0) - (_children_seconds() - ours0)
+    OTHER_LOAD.append(max(0.0, other / (time.perf_counter() - t0)))
     if p.returncode:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
     return p.stdout

@@ -37,7 +37,7 @@ class Run:
 
     # -- one test ---------------------------------------------------------------------
     def test(self, t, layout, warnings, data, state) -> None:
-        from harness import ensemble, flops, metrics, sampler, topology, train, workloads
+        from harness import ensemble, fault, flops, metrics, sampler, topology, train, workloads
         cfg, world = self.cfg, self.world
         wl = workloads.get(t.workload)
         job, job_comm = topology.split(world, layout)
@@ -61,7 +61,8 @@ class Run:
             state["phase"] = f"training, test {t.index}"
             res = train.train(wl, data, model, indices, seed=seed, job=job, batch=t.batch,
                               epochs=cfg.epochs, base_lr=cfg.base_lr, warmup_epochs=cfg.warmup_epochs,
-                              world_barrier=world.Barrier, progress=progress)
+                              world_barrier=world.Barrier, progress=progress,
+                              fault=fault.injector(world.rank))
             state["phase"] = f"evaluation, test {t.index}"
             t1 = time.perf_counter()
             rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)

@@ -64,7 +64,7 @@ def build(workload, data, seed: int, job: int):
 
 def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
           batch: int, epochs: int, base_lr: float, warmup_epochs: float,
-          world_barrier, progress=None) -> TrainResult:
+          world_barrier, progress=None, fault=None) -> TrainResult:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -100,6 +100,8 @@ def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
         losses = []
         for s in range(steps):
             idx = shard[s * batch:(s + 1) * batch]
+            if fault is not None:
+                fault(epoch * steps + s)
             losses.append(step(x_train[idx], y_train[idx], tf.constant(epoch * steps + s)))
         mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
         if progress:

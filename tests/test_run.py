@@ -86,3 +86,18 @@ def test_command_line_misuse(tmp_path):
     assert p.returncode != 0 and "unrecognized arguments: --frobnicate" in p.stderr
     p = mpirun(2, [str(tmp_path / "missing.dat")], tmp_path, timeout=60)
     assert p.returncode == 1 and p.stderr.count("missing.dat:0: found no such file") == 1, p.stderr
+
+
+@pytest.mark.parametrize("fault,expect", [("1:5", "rank 1 failed during training, test 1: RuntimeError"),
+                                          ("0:5:kill", None)])
+def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, monkeypatch, fault, expect):
+    """No rank may be left blocked in a Horovod all-reduce when its partner dies."""
+    monkeypatch.setenv("HPCAI500_FAULT", fault)
+    p = run_dat(2, timeout=120, l9=1, l10=1, l11=2, l15=2)
+    assert p.returncode != 0
+    if expect:
+        assert expect in p.stderr, p.stderr[-2000:]
+    else:  # SIGKILL: mpirun itself reports the process that died
+        assert "signal 9" in p.stderr or "Killed" in p.stderr, p.stderr[-2000:]
+    t = results(tmp_path / "runs")
+    assert t["status"] == "running" and t["tests"] == []   # nothing finished, nothing half-written

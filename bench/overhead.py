@@ -1,0 +1,47 @@
+"""Harness overhead: training throughput of hpcai500.py against a bare Horovod loop.
+
+    .venv/bin/python bench/overhead.py
+
+M=1, P=2, B=32 on 2 ranks, synthetic digits (16000 training images of 16x16, 3 epochs
+= 750 steps). The bare loop (bench/bare_horovod.py) runs the same model, batch, ranks
+and number of steps. Runs alternate harness / bare, RUNS times each; medians compared.
+"""
+import json
+
+import common
+
+RUNS, B, SIDE, EPOCHS, GOAL = 3, 32, 16, 3, 0.98
+DATASET = f"synthetic:20000:{SIDE}"
+
+
+def main() -> None:
+    print(f"machine: {common.machine()}")
+    dat = common.make_dat("overhead", l8=DATASET, l9=1, l10=1, l11=2, l13=1, l14=B, l15=EPOCHS)
+    rows, harness, bare = [], [], []
+    for i in range(RUNS):
+        (t,) = common.run_harness(dat)
+        steps = t["steps_per_epoch"][0] * EPOCHS
+        harness.append(common.throughput(t))
+        rows.append([i + 1, "harness", steps, t["samples_trained"], f"{t['train_seconds']:.2f}",
+                     f"{harness[-1]:.0f}", f"{common.OTHER_LOAD[-1]:.2f}"])
+        out = common.mpirun("bench/bare_horovod.py", "--steps", str(steps), "--batch", str(B), "--side", str(SIDE))
+        r = json.loads(out.strip().splitlines()[-1])
+        bare.append(r["samples_per_s"])
+        rows.append([i + 1, "bare Horovod", steps, r["samples"], f"{r['seconds']:.2f}",
+                     f"{bare[-1]:.0f}", f"{common.OTHER_LOAD[-1]:.2f}"])
+    print(f"\nper run (M=1, P=2, B={B}, {DATASET}, {EPOCHS} epochs; other load = cores used by "
+          "other processes during the run):")
+    print(common.table(["run", "what", "steps", "samples", "seconds", "samples/s", "other load"], rows))
+    h, b = common.median(harness), common.median(bare)
+    print()
+    print(common.table(["what", "samples/s (median)", "runs"],
+                       [["harness (hpcai500.py)", f"{h:.0f}", RUNS], ["bare Horovod loop", f"{b:.0f}", RUNS]]))
+    ratio = h / b
+    print(f"\nratio harness/bare = {ratio:.3f} (goal >= {GOAL}): {'MET' if ratio >= GOAL else 'NOT MET'}")
+    if max(common.OTHER_LOAD) > 0.1:
+        print(f"warning: other processes used up to {max(common.OTHER_LOAD):.2f} cores during the runs; "
+              "the figures are noisy")
+
+
+if __name__ == "__main__":
+    main()
