@@ -68,9 +68,10 @@ OTHER_LOAD: list[float] = []  # per mpirun: cores kept busy by processes that ar
 
 def mpirun(*args: str, np: int = NP) -> str:
     """Run `mpirun -np NP python ARGS...` from the repo root; stdout, or exit on failure.
-    Appends to OTHER_LOAD the mean number of cores other processes used meanwhile
+    Waits for a quiet machine first; appends to OTHER_LOAD the mean number of cores other processes used meanwhile
     (machine busy time minus our ranks' CPU time, over the wall time): a noise gauge."""
     cmd = ["mpirun", "--oversubscribe", "-np", str(np), PY, *args]
+    wait_quiet()
     t0, busy0, ours0 = time.perf_counter(), _busy_seconds(), _children_seconds()
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
     other = (_busy_seconds() - busy0) - (_children_seconds() - ours0)

@@ -25,10 +25,12 @@ CLASSES = 10
 
 
 def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> Data:
-    if dataset == "embedded":
+    from harness.dat import dataset_spec
+    kind, samples, side = dataset_spec(dataset)
+    if kind == "embedded":
         return _embedded()
-    if dataset.split(":")[0] == "synthetic":
-        samples, side = _synthetic_args(dataset)
+    if kind == "synthetic":
+        samples, side = samples or SYNTHETIC_DEFAULT[0], side or SYNTHETIC_DEFAULT[1]
         path = os.path.join(cache_dir, f"digits-synthetic-{samples}-{side}")
         if node_rank == 0 and not os.path.exists(os.path.join(path, "val.h5")):
             write_synthetic(path, samples, side)
@@ -45,13 +47,6 @@ def _embedded() -> Data:
     n_val = int(round(VAL_FRACTION * len(y)))
     val, train = order[:n_val], order[n_val:]
     return Data(x[train], y[train], x[val], y[val], CLASSES, "scikit-learn digits (embedded, real)")
-
-
-def _synthetic_args(token: str) -> tuple[int, int]:
-    parts = token.split(":")[1:]
-    samples = int(parts[0]) if parts else SYNTHETIC_DEFAULT[0]
-    side = int(parts[1]) if len(parts) > 1 else SYNTHETIC_DEFAULT[1]
-    return samples, side
 
 
 def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> None:
