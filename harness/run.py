@@ -37,60 +37,74 @@ class Run:
 
     # -- one test ---------------------------------------------------------------------
     def test(self, t, layout, warnings, data, state) -> None:
-        from harness import ensemble, fault, flops, metrics, sampler, topology, train, workloads
+        from harness import ensemble, sampler, topology, workloads
         cfg, world = self.cfg, self.world
         wl = workloads.get(t.workload)
         job, job_comm = topology.split(world, layout)
-        seed = cfg.seed
 
         t0 = time.perf_counter()
         indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train,
-                                     cfg.sampler, seed, job_comm, job)
+                                     cfg.sampler, cfg.seed, job_comm, job)
         sampler_seconds = time.perf_counter() - t0
-        rec = {"rank": world.rank, "job": job, "seconds": 0.0}
+        rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
         scores = None
-        eval_seconds = 0.0
         if job is None:
             world.Barrier()  # the start barrier the jobs' ranks enter inside train()
         else:
-            import horovod.tensorflow as hvd
-            import tensorflow as tf
-            hvd.init(comm=job_comm)
-            model = train.build(wl, data, seed, job)
-            progress = self._progress(t) if world.rank == 0 else None
-            state["phase"] = f"training, test {t.index}"
-            res = train.train(wl, data, model, indices, seed=seed, job=job, batch=t.batch,
-                              epochs=cfg.epochs, base_lr=cfg.base_lr, warmup_epochs=cfg.warmup_epochs,
-                              world_barrier=world.Barrier, progress=progress,
-                              fault=fault.injector(world.rank))
-            state["phase"] = f"evaluation, test {t.index}"
-            t1 = time.perf_counter()
-            rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)
-            probs = wl.predict(model, data.x_val[rows])
-            full = ensemble.gather_job(job_comm, probs, len(data.y_val))
-            if job_comm.rank == 0:
-                rec["quality"] = wl.quality(full, data.y_val)
-                scores = ensemble.model_scores(full, cfg.aggregation)
-                rec["index_digest"] = sampler.digest(indices)
-                rec["resample_size"] = int(len(indices))
-                rec["out_of_bag"] = sampler.out_of_bag_fraction(indices, data.n_train)
-            rec.update(seconds=res.seconds, samples=res.samples, steps_per_epoch=res.steps_per_epoch,
-                       loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
-                       flops=flops.count(model))
-            eval_seconds = time.perf_counter() - t1
-            hvd.shutdown()
-            tf.keras.backend.clear_session()
-            job_comm.Free()
+            scores = self._base_model(t, layout, wl, data, job, job_comm, indices, rec, state)
         t2 = time.perf_counter()
         total = ensemble.reduce_scores(world, scores, (len(data.y_val), data.num_classes))
-        rec["eval_seconds"] = eval_seconds + time.perf_counter() - t2
+        rec["eval_seconds"] += time.perf_counter() - t2
         records = world.gather(rec, root=0)
         if world.rank == 0:
+            from harness import metrics, report
             result = self._result(t, layout, warnings, wl, data, records, total, sampler_seconds, metrics)
             self.results.append(result)
-            from harness import report
+            self._write_mllogs(t, records)
             self._emit(report.row(result))
             self._save()
+
+    def _base_model(self, t, layout, wl, data, job, job_comm, indices, rec, state):
+        """Train and evaluate this rank's share of base model `job`; fills `rec` and returns
+        the model's score matrix on the job's root (None on its other ranks)."""
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+        from harness import ensemble, fault, flops, sampler, train
+        cfg, world = self.cfg, self.world
+        root = job_comm.rank == 0
+        hvd.init(comm=job_comm)
+        log = None
+        if root:
+            from harness.mllog import BaseModelLog
+            log = BaseModelLog(t.index, job)
+            log.init(seed=cfg.seed, global_batch=t.P * t.batch, train_samples=len(indices),
+                     eval_samples=len(data.y_val), nodes=len({self.nodes.node_of_rank[r] for r in layout.jobs[job]}),
+                     per_node=self.nodes.local_size, workload=t.workload)
+        model = train.build(wl, data, cfg.seed, job)
+        state["phase"] = f"training, test {t.index}"
+        res = train.train(wl, data, model, indices, seed=cfg.seed, job=job, batch=t.batch,
+                          epochs=cfg.epochs, base_lr=cfg.base_lr, warmup_epochs=cfg.warmup_epochs,
+                          world_barrier=world.Barrier, hooks=_Hooks(t, len(self.tests), log, world.rank == 0),
+                          fault=fault.injector(world.rank))
+        state["phase"] = f"evaluation, test {t.index}"
+        t1 = time.perf_counter()
+        rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)
+        full = ensemble.gather_job(job_comm, wl.predict(model, data.x_val[rows]), len(data.y_val))
+        scores = None
+        if root:
+            rec["quality"] = wl.quality(full, data.y_val)
+            scores = ensemble.model_scores(full, cfg.aggregation)
+            rec.update(index_digest=sampler.digest(indices), resample_size=int(len(indices)),
+                       out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train))
+            log.finish(rec["quality"], cfg.epochs, ok=res.weights_diff <= TOLERANCE)
+            rec["mllog"] = log.lines
+        rec.update(seconds=res.seconds, samples=res.samples, steps_per_epoch=res.steps_per_epoch,
+                   loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
+                   flops=flops.count(model), eval_seconds=time.perf_counter() - t1)
+        hvd.shutdown()
+        tf.keras.backend.clear_session()
+        job_comm.Free()
+        return scores
 
     def _result(self, t, layout, warnings, wl, data, records, total, sampler_seconds, metrics) -> dict:
         cfg = self.cfg
@@ -160,13 +174,39 @@ class Run:
         if self.cfg.device_out not in (6, 7):
             report.atomic_write(self.cfg.output_file, self.text)
 
-    def _progress(self, t):
-        total = len(self.tests)
+    def _write_mllogs(self, t, records) -> None:
+        import os
+        from harness import mllog, report
+        folder = os.path.join(self.run_dir, "mllog")
+        os.makedirs(folder, exist_ok=True)
+        for r in records:
+            if "mllog" in r:
+                report.atomic_write(os.path.join(folder, mllog.filename(t.index, r["job"])),
+                                    "\n".join(r["mllog"]) + "\n")
 
-        def line(epoch, epochs, loss, elapsed):
-            print(f"hpcai500: test {t.index}/{total} M={t.M} P={t.P} B={t.batch} : epoch {epoch}/{epochs}"
+
+class _Hooks:
+    """Training-loop callbacks of one rank: MLLOG events on a job's root, progress
+    lines on world rank 0 (stderr, so that stdout stays the pasteable report)."""
+
+    def __init__(self, t, total, log, progress: bool):
+        self.t, self.total, self.log, self.progress = t, total, log, progress
+
+    def run_start(self):
+        if self.log:
+            self.log.run_start()
+
+    def epoch_start(self, epoch):
+        if self.log:
+            self.log.epoch_start(epoch)
+
+    def epoch_stop(self, epoch, epochs, loss, elapsed):
+        if self.log:
+            self.log.epoch_stop(epoch)
+        if self.progress:
+            t = self.t
+            print(f"hpcai500: test {t.index}/{self.total} M={t.M} P={t.P} B={t.batch} : epoch {epoch}/{epochs}"
                   f"  job 0 loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
-        return line
 
 
 def _plain(cfg) -> dict:

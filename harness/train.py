@@ -64,7 +64,9 @@ def build(workload, data, seed: int, job: int):
 
 def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
           batch: int, epochs: int, base_lr: float, warmup_epochs: float,
-          world_barrier, progress=None, fault=None) -> TrainResult:
+          world_barrier, hooks=None, fault=None) -> TrainResult:
+    """Train one base model. `hooks` (optional) gets run_start(), epoch_start(epoch) and
+    epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted from 1."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -95,7 +97,11 @@ def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
                                tf.TensorSpec((), tf.int32))
     world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
     start = time.perf_counter()
+    if hooks:
+        hooks.run_start()
     for epoch in range(epochs):
+        if hooks:
+            hooks.epoch_start(epoch + 1)
         shard = sampler.epoch_shard(indices, seed, job, epoch, rank, size, batch)
         losses = []
         for s in range(steps):
@@ -104,8 +110,8 @@ def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
                 fault(epoch * steps + s)
             losses.append(step(x_train[idx], y_train[idx], tf.constant(epoch * steps + s)))
         mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
-        if progress:
-            progress(epoch + 1, epochs, mean_loss, time.perf_counter() - start)
+        if hooks:
+            hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start)
     seconds = time.perf_counter() - start
 
     diff, digest = _consistency(model, hvd)

@@ -55,6 +55,26 @@ def test_jobs_of_two_ranks_keep_replicas_equal_and_models_different(run_dat, tmp
         assert t["steps_per_epoch"][job] == len(expect) // (2 * 32)
     assert t["resample"][0]["size"] != t["resample"][1]["size"]
     assert t["samples_trained"] == sum(s * 2 * 32 * 2 for s in t["steps_per_epoch"])
+    _check_mllogs(tmp_path / "runs", tests=1, models=2, epochs=2)
+
+
+def _check_mllogs(results_dir, tests, models, epochs):
+    """One MLLOG file per base model, read back by mlperf-logging's own parser."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+    run = next(d for d in results_dir.iterdir() if not d.name.startswith("."))
+    files = sorted((run / "mllog").iterdir())
+    assert len(files) == tests * models
+    for job, f in enumerate(files):
+        lines, errors = parse_file(str(f), ruleset="3.0.0")
+        assert errors == []
+        keys = [ln.key for ln in lines]
+        for key in ("init_start", "init_stop", "run_start", "run_stop", "seed", "global_batch_size",
+                    "train_samples", "eval_samples", "number_of_nodes", "accelerators_per_node", "eval_accuracy"):
+            assert key in keys, (f.name, key)
+        assert keys.count("epoch_start") == keys.count("epoch_stop") == epochs
+        assert {ln.value["metadata"]["instance_id"] for ln in lines} == {job % models}
+        stop = next(ln for ln in lines if ln.key == "run_stop")
+        assert stop.value["metadata"]["status"] == "success"
 
 
 def test_check_prints_the_map_without_training(run_dat, tmp_path):

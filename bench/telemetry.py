@@ -1,0 +1,121 @@
+"""Telemetry overhead: throughput of a TensorFlow training loop with and without the
+harness's background Sampler.
+
+    .venv/bin/python bench/telemetry.py
+
+One process, a small Keras CNN (32x32x3 random images, batch 64) trained by a
+tf.function step on tensors made once in memory; the number of steps is calibrated to
+about RUN_S seconds. Modes: no sampler, Sampler(interval=1.0) (the default) and
+Sampler(interval=0.1); RUNS rounds, the mode order rotated each round, medians
+compared. Also the sampler's own cost per sample, timed directly (no GPU path here).
+"""
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import psutil  # noqa: E402
+
+import common  # noqa: E402
+from harness.telemetry import Sampler, _busy_all  # noqa: E402
+
+RUNS, RUN_S, B, GOAL = 3, 6.0, 64, 0.99
+MODES = [("no sampler", None), ("Sampler 1 s", 1.0), ("Sampler 0.1 s", 0.1)]
+
+
+def build_step():
+    import tensorflow as tf
+    keras = tf.keras
+    model = keras.Sequential([
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu", input_shape=(32, 32, 3)),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10)])
+    opt = keras.optimizers.SGD(0.01, momentum=0.9)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x = tf.random.uniform((B, 32, 32, 3), seed=1)
+    y = tf.random.uniform((B,), maxval=10, dtype=tf.int32, seed=2)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    def run(steps: int) -> float:
+        """Seconds for `steps` steps, synchronised on the last loss."""
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = step()
+        loss.numpy()
+        return time.perf_counter() - t0
+    return run
+
+
+def other_load(fn):
+    """fn()'s result and the cores other processes kept busy meanwhile (a noise gauge)."""
+    me = psutil.Process()
+    b0, c0, t0 = _busy_all(psutil.cpu_times())[0], sum(me.cpu_times()[:2]), time.perf_counter()
+    out = fn()
+    other = (_busy_all(psutil.cpu_times())[0] - b0) - (sum(me.cpu_times()[:2]) - c0)
+    return out, max(0.0, other / (time.perf_counter() - t0))
+
+
+def timed(run, steps: int, interval):
+    if interval is None:
+        return run(steps), None
+    with Sampler(interval=interval) as s:
+        seconds = run(steps)
+    return seconds, s.summary
+
+
+def sample_cost(n: int = 2000) -> tuple[float, float]:
+    """Wall and CPU microseconds of one Sampler._sample() (psutil only: no GPU here)."""
+    s = Sampler(interval=3600)
+    s.start()
+    w0, c0 = time.perf_counter(), time.thread_time()
+    for _ in range(n):
+        s._sample()
+    w, c = time.perf_counter() - w0, time.thread_time() - c0
+    s.stop()
+    return 1e6 * w / n, 1e6 * c / n
+
+
+def main() -> None:
+    print(f"machine: {common.machine().rsplit(',', 1)[0]}, 1 process")
+    run = build_step()
+    run(20)                                   # trace and warm up
+    steps = max(50, int(RUN_S * 50 / run(50)))
+    rows, speed = [], {name: [] for name, _ in MODES}
+    for r in range(RUNS):
+        for name, interval in MODES[r % 3:] + MODES[:r % 3]:
+            common.wait_quiet()
+            (seconds, summary), load = other_load(lambda: timed(run, steps, interval))
+            speed[name].append(steps * B / seconds)
+            rows.append([r + 1, name, steps, f"{seconds:.2f}", f"{speed[name][-1]:.0f}",
+                         summary["samples"] if summary else "-",
+                         f"{summary['cpu_process_percent']['mean']:.0f}" if summary else "-", f"{load:.2f}"])
+    print(f"\nper run (batch {B}, {steps} steps; other load = cores used by other processes):")
+    print(common.table(["round", "mode", "steps", "seconds", "samples/s", "samples taken", "process CPU %",
+                        "other load"], rows))
+    base = common.median(speed["no sampler"])
+    out = []
+    for name, interval in MODES:
+        m = common.median(speed[name])
+        verdict = "" if interval is None else ("MET" if m / base >= GOAL else "NOT MET")
+        out.append([name, f"{m:.1f}", f"{m / base:.4f}", f"{(1 - m / base) * 100:+.2f} %", verdict])
+    print()
+    print(common.table(["mode", "samples/s (median)", "ratio", "overhead", f"goal: overhead <= {(1 - GOAL) * 100:.0f} %"],
+                       out))
+    wall, cpu = sample_cost()
+    print(f"\none sample (psutil, no GPU): {wall:.0f} us wall, {cpu:.0f} us CPU -> "
+          f"{cpu / 1e4:.3f} % of one core at 1 s, {cpu / 1e3:.3f} % at 0.1 s")
+
+
+if __name__ == "__main__":
+    main()

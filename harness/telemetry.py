@@ -1,0 +1,280 @@
+"""Telemetry: a per-rank background sampler (psutil, and pynvml where a driver works),
+the reduction of the per-rank summaries on rank 0, and host / GPU inventories.
+
+Conventions (the report and results.json inherit them):
+* cpu_process_percent is top's convention: 100 = one core busy, so a process with
+  several busy threads (TensorFlow's pools) can exceed 100. cpu_node_percent is the
+  whole node, 0-100 over all its logical CPUs.
+* GPU utilisation and memory used are device-wide as NVML reports them (every process
+  on that GPU), not this rank's share. Power is W, energy J.
+* GPU energy comes from NVML's total-energy counter (Volta and later) where it works,
+  else from integrating the sampled power over time (energy_source says which).
+* Nothing here raises into the training run: no pynvml, no driver, no device or an
+  unsupported query only makes that metric None.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import statistics
+import threading
+import time
+
+import psutil
+
+GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
+
+
+def _nvml():
+    """pynvml, initialised, or None. Imported lazily: the package or the driver may be
+    missing (CPU nodes), and tests swap the module in sys.modules."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # ImportError, NVMLError_LibraryNotFound / DriverNotLoaded, OSError
+        return None
+
+
+def _handle(nv, index: int):
+    """The NVML handle of CUDA device `index` as TensorFlow numbers it. NVML ignores
+    CUDA_VISIBLE_DEVICES, so map through it (entries are indices or GPU-/MIG- UUIDs)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    entry = visible[index] if index < len(visible) else str(index)
+    if entry.startswith(("GPU-", "MIG-")):
+        return nv.nvmlDeviceGetHandleByUUID(entry)
+    return nv.nvmlDeviceGetHandleByIndex(int(entry))
+
+
+def _busy_all(t) -> tuple[float, float]:
+    """(busy, total) CPU seconds of a psutil.cpu_times(); Linux's guest time is already
+    inside user/nice, and iowait is idle time (psutil's own convention)."""
+    total = sum(t) - getattr(t, "guest", 0) - getattr(t, "guest_nice", 0)
+    return total - t.idle - getattr(t, "iowait", 0), total
+
+
+def _stats(xs: list) -> dict | None:
+    return {"mean": float(statistics.fmean(xs)), "max": float(max(xs))} if xs else None
+
+
+class Sampler:
+    """Samples this process and node (and GPU `gpu_index`, where NVML works) every
+    `interval` s on a daemon thread, from start() to stop(). Also a context manager:
+    `with Sampler(1.0, 0) as s: train()`, then `s.summary`."""
+
+    def __init__(self, interval: float = 1.0, gpu_index: int | None = None):
+        self.interval, self.gpu_index = float(interval), gpu_index
+        self.summary: dict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cpu_proc, self._cpu_node, self._rss = [], [], []
+        self._gpu = {m: [] for m in GPU_METRICS}
+        self._errors = 0
+        self._nv = self._h = self._gpu_info = None
+        self._unsupported: set[str] = set()
+        self._e0 = self._e1 = None          # energy counter (mJ) at start and at the last read
+        self._pwr_joules, self._t_last = 0.0, 0.0
+
+    def __enter__(self) -> "Sampler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("Sampler already started")
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)        # baselines: the first real sample covers start -> now
+        self._node_last = psutil.cpu_times()
+        self._t0 = self._t_last = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="hpcai500-telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict:
+        """Stop (the thread wakes at once), join, and return this rank's summary."""
+        if self.summary is not None:
+            return self.summary
+        if self._thread is None:
+            raise RuntimeError("Sampler not started")
+        seconds = time.perf_counter() - self._t0
+        self._stop.set()
+        # NVML calls can hang on a sick GPU: do not let that hang the run.
+        self._thread.join(timeout=5.0)
+        self.summary = self._summarise(seconds)
+        return self.summary
+
+    # -- the thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self.gpu_index is not None:
+                self._open_gpu()
+            while not self._stop.wait(self.interval):
+                self._sample()
+            if not self._cpu_proc:          # a run shorter than interval: one sample anyway
+                self._sample()
+            if self._e0 is not None:        # the counter's value at stop: exact energy
+                self._e1 = self._query("energy", lambda: self._nv.nvmlDeviceGetTotalEnergyConsumption(self._h), self._e1)
+        except Exception:
+            self._errors += 1
+        finally:
+            if self._nv is not None:
+                try:
+                    self._nv.nvmlShutdown()
+                except Exception:
+                    pass
+
+    def _open_gpu(self) -> None:
+        nv = _nvml()
+        if nv is None:
+            return
+        self._nv = nv
+        try:
+            self._h = _handle(nv, self.gpu_index)
+        except Exception:                   # no such device, bad CUDA_VISIBLE_DEVICES
+            return
+        self._gpu_info = {"index": self.gpu_index,
+                          "name": self._query("name", lambda: nv.nvmlDeviceGetName(self._h)),
+                          "uuid": self._query("uuid", lambda: nv.nvmlDeviceGetUUID(self._h))}
+        self._e0 = self._e1 = self._query("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(self._h))
+
+    def _query(self, name: str, fn, default=None):
+        """fn() or `default`; a query the GPU does not support is not asked again."""
+        if name in self._unsupported:
+            return default
+        try:
+            return fn()
+        except self._nv.NVMLError_NotSupported:
+            self._unsupported.add(name)
+        except Exception:                   # other NVMLError: skip this sample only
+            self._errors += 1
+        return default
+
+    def _sample(self) -> None:
+        try:
+            with self._proc.oneshot():
+                self._cpu_proc.append(self._proc.cpu_percent(None))
+                self._rss.append(self._proc.memory_info().rss)
+            # Node CPU from our own cpu_times deltas: psutil.cpu_percent keeps module state.
+            now = psutil.cpu_times()
+            (busy1, all1), (busy0, all0) = _busy_all(now), _busy_all(self._node_last)
+            self._cpu_node.append(100.0 * (busy1 - busy0) / (all1 - all0) if all1 > all0 else 0.0)
+            self._node_last = now
+        except Exception:
+            self._errors += 1
+        if self._gpu_info is None:
+            return
+        nv, h, t = self._nv, self._h, time.perf_counter()
+        util = self._query("util", lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        mem = self._query("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h).used)
+        mw = self._query("power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+        for key, v in zip(GPU_METRICS, (util, mem, None if mw is None else mw / 1000.0)):
+            if v is not None:
+                self._gpu[key].append(float(v))
+        if mw is not None:                  # fallback energy: power held over the last interval
+            self._pwr_joules += mw / 1000.0 * (t - self._t_last)
+        self._t_last = t
+        if self._e0 is not None:
+            self._e1 = self._query("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), self._e1)
+
+    def _summarise(self, seconds: float) -> dict:
+        out = {"samples": len(self._cpu_proc), "seconds": seconds, "interval": self.interval,
+               "errors": self._errors, "cpu_process_percent": _stats(self._cpu_proc),
+               "cpu_node_percent": _stats(self._cpu_node), "rss_bytes": _stats(self._rss), "gpu": None}
+        if self._gpu_info is not None:
+            gpu = dict(self._gpu_info, **{k: _stats(v) for k, v in self._gpu.items()})
+            if self._e0 is not None:
+                gpu["energy_joules"], gpu["energy_source"] = (self._e1 - self._e0) / 1000.0, "counter"
+            elif self._gpu["power_watts"]:
+                gpu["energy_joules"], gpu["energy_source"] = self._pwr_joules, "power integral"
+            else:
+                gpu["energy_joules"], gpu["energy_source"] = None, None
+            gpu["available"] = [k for k in GPU_METRICS if self._gpu[k]] + (["energy_counter"] if self._e0 is not None else [])
+            out["gpu"] = gpu
+        return out
+
+
+# -- rank 0: reduce the gathered summaries --------------------------------------------
+def _over_ranks(stats: list) -> dict | None:
+    stats = [s for s in stats if s]
+    if not stats:
+        return None
+    means = [s["mean"] for s in stats]
+    return {"min": min(means), "mean": statistics.fmean(means), "max": max(means),
+            "max_of_max": max(s["max"] for s in stats), "ranks": len(stats)}
+
+
+def reduce(summaries: list[dict]) -> dict:
+    """Per metric: min/mean/max over ranks of the per-rank means, max of the per-rank
+    maxima. Energy and power totals count each physical GPU once (by UUID), since ranks
+    of a node may share a GPU (train.setup_devices pins local_rank % GPUs)."""
+    summaries = [s for s in summaries if s]
+    gpus = [s["gpu"] for s in summaries if s.get("gpu")]
+    out = {"ranks": len(summaries), "ranks_with_gpu": len(gpus),
+           "samples": sum(s["samples"] for s in summaries),
+           "seconds": max((s["seconds"] for s in summaries), default=0.0)}
+    for key in ("cpu_process_percent", "cpu_node_percent", "rss_bytes"):
+        out[key] = _over_ranks([s.get(key) for s in summaries])
+    for key in GPU_METRICS:
+        out["gpu_" + key] = _over_ranks([g.get(key) for g in gpus])
+    distinct = list({g.get("uuid") or f"rank{i}": g for i, g in enumerate(gpus)}.values())
+    energy = [g["energy_joules"] for g in distinct if g.get("energy_joules") is not None]
+    power = [g["power_watts"]["mean"] for g in distinct if g.get("power_watts")]
+    out["gpus"] = len(distinct)
+    out["energy_joules_total"] = float(sum(energy)) if energy else None
+    out["power_watts_total"] = float(sum(power)) if power else None
+    return out
+
+
+def device_utilisation(reduced: dict) -> float | None:
+    """Mean GPU utilisation over ranks, in percent (0-100); None without GPUs."""
+    util = reduced.get("gpu_util_percent")
+    return util["mean"] if util else None
+
+
+def power_watts(reduced: dict) -> float | None:
+    """Sum over the distinct GPUs of their mean power (W), for VFLOPS per watt; None if unknown."""
+    return reduced.get("power_watts_total")
+
+
+# -- inventories for results.json -------------------------------------------------------
+def gpu_inventory() -> list[dict]:
+    """Every NVIDIA GPU NVML sees on this node (all of them: NVML ignores
+    CUDA_VISIBLE_DEVICES); [] without pynvml or a driver."""
+    nv = _nvml()
+    if nv is None:
+        return []
+    def get(fn, *args):
+        try:
+            return fn(*args)
+        except Exception:
+            return None
+    try:
+        driver = get(nv.nvmlSystemGetDriverVersion)
+        out = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = get(nv.nvmlDeviceGetMemoryInfo, h)
+            out.append({"index": i, "name": get(nv.nvmlDeviceGetName, h), "uuid": get(nv.nvmlDeviceGetUUID, h),
+                        "memory_total_bytes": mem.total if mem else None, "driver_version": driver})
+        return out
+    except Exception:
+        return []
+    finally:
+        get(nv.nvmlShutdown)
+
+
+def host_inventory() -> dict:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith(("model name", "Model", "cpu model"))), model)
+    except OSError:
+        pass
+    return {"hostname": socket.gethostname(), "cpu_model": model,
+            "cores_logical": psutil.cpu_count(), "cores_physical": psutil.cpu_count(logical=False),
+            "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count(),
+            "memory_total_bytes": psutil.virtual_memory().total}

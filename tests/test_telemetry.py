@@ -1,0 +1,189 @@
+"""harness/telemetry.py: real psutil sampling, the no-NVML paths, the GPU arithmetic on a
+stub pynvml (pure logic: no driver here), reduce(), promptness of stop()."""
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from harness import telemetry
+from harness.telemetry import Sampler
+
+
+def busy(seconds: float) -> None:
+    a = np.random.default_rng(0).random((200, 200))
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = np.tanh(a @ a.T / 200.0)
+
+
+def telemetry_threads():
+    return [t for t in threading.enumerate() if t.name == "hpcai500-telemetry"]
+
+
+def test_real_sampling_under_load():
+    with Sampler(interval=0.05) as s:
+        busy(0.6)
+    r = s.summary
+    assert r["samples"] > 3 and r["errors"] == 0 and r["gpu"] is None
+    assert 0.5 < r["seconds"] < 5
+    assert r["cpu_process_percent"]["max"] > 0 and r["cpu_process_percent"]["mean"] > 0
+    assert 0 < r["cpu_node_percent"]["max"] <= 100
+    assert r["rss_bytes"]["mean"] > 10e6 and r["rss_bytes"]["max"] >= r["rss_bytes"]["mean"]
+    assert not telemetry_threads()
+
+
+def test_stop_is_prompt_and_takes_one_sample():
+    s = Sampler(interval=10.0)
+    s.start()
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    r = s.stop()
+    assert time.perf_counter() - t0 < 1.0
+    assert r["samples"] == 1 and r["rss_bytes"]["max"] > 0   # never empty
+    assert not s._thread.is_alive() and not telemetry_threads()
+    assert s.stop() is r                                       # idempotent
+
+
+def test_no_driver(monkeypatch):
+    pynvml = pytest.importorskip("pynvml")
+
+    def missing():
+        raise pynvml.NVMLError_LibraryNotFound(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    monkeypatch.setattr(pynvml, "nvmlInit", missing)
+    r = Sampler(interval=0.02, gpu_index=0).__enter__().stop()
+    assert r["gpu"] is None and r["samples"] >= 1
+    assert telemetry.gpu_inventory() == []
+
+
+def test_no_pynvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)   # `import pynvml` raises ImportError
+    with Sampler(interval=0.02, gpu_index=0) as s:
+        time.sleep(0.05)
+    assert s.summary["gpu"] is None
+    assert telemetry.gpu_inventory() == []
+
+
+# -- a stub pynvml: the few calls the module makes --------------------------------------
+def fake_nvml(energy=True, util=False, count=2):
+    nv = types.ModuleType("pynvml")
+    nv.NVMLError = type("NVMLError", (Exception,), {})
+    nv.NVMLError_NotSupported = type("NVMLError_NotSupported", (nv.NVMLError,), {})
+    nv.calls = {"util": 0, "energy": 0, "shutdown": 0, "handle": []}
+
+    def not_supported(*_):
+        raise nv.NVMLError_NotSupported()
+
+    def utilisation(h):
+        nv.calls["util"] += 1
+        if not util:
+            not_supported()
+        return types.SimpleNamespace(gpu=75, memory=30)
+
+    def energy_mj(h):
+        if not energy:
+            not_supported()
+        nv.calls["energy"] += 1
+        return 1_000_000 + 5000 * nv.calls["energy"]    # +5 J per read
+
+    nv.nvmlInit = lambda: None
+    nv.nvmlShutdown = lambda: nv.calls.__setitem__("shutdown", nv.calls["shutdown"] + 1)
+    nv.nvmlDeviceGetCount = lambda: count
+    nv.nvmlDeviceGetHandleByIndex = lambda i: nv.calls["handle"].append(i) or f"h{i}"
+    nv.nvmlDeviceGetHandleByUUID = lambda u: nv.calls["handle"].append(u) or u
+    nv.nvmlDeviceGetName = lambda h: "Fake A100"
+    nv.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
+    nv.nvmlDeviceGetUtilizationRates = utilisation
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=2 << 30, total=40 << 30)
+    nv.nvmlDeviceGetPowerUsage = lambda h: 250_000           # mW
+    nv.nvmlDeviceGetTotalEnergyConsumption = energy_mj
+    nv.nvmlSystemGetDriverVersion = lambda: "550.54.15"
+    return nv
+
+
+def test_gpu_path_counter_and_unsupported_query(monkeypatch):
+    nv = fake_nvml(energy=True, util=False)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with Sampler(interval=0.02, gpu_index=1) as s:
+        time.sleep(0.2)
+    g = s.summary["gpu"]
+    n = s.summary["samples"]
+    assert n >= 2 and s.summary["errors"] == 0
+    assert g["index"] == 1 and g["name"] == "Fake A100" and g["uuid"] == "GPU-h1" and nv.calls["handle"] == [1]
+    assert g["power_watts"] == {"mean": 250.0, "max": 250.0}           # mW -> W
+    assert g["memory_bytes"]["max"] == 2 << 30
+    assert g["util_percent"] is None and nv.calls["util"] == 1          # unsupported: asked once
+    assert g["available"] == ["memory_bytes", "power_watts", "energy_counter"]
+    # reads: one at start, one a sample, one at stop; each +5 J
+    assert nv.calls["energy"] == n + 2
+    assert g["energy_joules"] == pytest.approx(5.0 * (n + 1)) and g["energy_source"] == "counter"
+    assert nv.calls["shutdown"] == 1
+
+
+def test_gpu_path_power_integral(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(energy=False, util=True))
+    with Sampler(interval=0.02, gpu_index=0) as s:
+        time.sleep(0.3)
+    g, secs = s.summary["gpu"], s.summary["seconds"]
+    assert g["util_percent"]["mean"] == 75.0 and "energy_counter" not in g["available"]
+    assert g["energy_source"] == "power integral"
+    # 250 W from start to the last sample, which is at most about one interval before stop
+    assert 250 * (secs - 0.1) <= g["energy_joules"] <= 250 * secs + 1e-9
+
+
+def test_cuda_visible_devices_mapping(monkeypatch):
+    nv = fake_nvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    assert Sampler(0.02, gpu_index=1).__enter__().stop()["gpu"]["uuid"] == "GPU-h2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc")
+    assert Sampler(0.02, gpu_index=0).__enter__().stop()["gpu"]["uuid"] == "GPU-GPU-abc"
+    assert nv.calls["handle"] == [2, "GPU-abc"]
+
+
+def test_inventories(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(count=2))
+    inv = telemetry.gpu_inventory()
+    assert [g["index"] for g in inv] == [0, 1]
+    assert inv[0] == {"index": 0, "name": "Fake A100", "uuid": "GPU-h0",
+                      "memory_total_bytes": 40 << 30, "driver_version": "550.54.15"}
+    h = telemetry.host_inventory()
+    assert h["hostname"] and h["cpu_model"] and h["cores_logical"] >= 1 and h["memory_total_bytes"] > 0
+
+
+# -- reduce() ---------------------------------------------------------------------------
+def rank(cpu, rss, gpu=None):
+    return {"samples": 10, "seconds": 10.0, "interval": 1.0, "errors": 0,
+            "cpu_process_percent": {"mean": cpu, "max": cpu * 2}, "cpu_node_percent": {"mean": 50.0, "max": 60.0},
+            "rss_bytes": {"mean": rss, "max": rss + 1}, "gpu": gpu}
+
+
+def gpu(uuid, util, watts, joules):
+    return {"index": 0, "name": "X", "uuid": uuid, "util_percent": util and {"mean": util, "max": util + 10},
+            "memory_bytes": {"mean": 1e9, "max": 2e9}, "power_watts": {"mean": watts, "max": watts + 50},
+            "energy_joules": joules, "energy_source": "counter", "available": []}
+
+
+def test_reduce_math():
+    r = telemetry.reduce([rank(100, 1e9, gpu("GPU-a", 80, 200, 2000)),
+                          rank(200, 2e9, gpu("GPU-b", 60, 300, None)),
+                          rank(300, 3e9, gpu("GPU-a", None, 200, 2000)),   # shares GPU-a
+                          rank(400, 4e9)])
+    assert r["ranks"] == 4 and r["ranks_with_gpu"] == 3 and r["gpus"] == 2 and r["samples"] == 40
+    assert r["cpu_process_percent"] == {"min": 100, "mean": 250, "max": 400, "max_of_max": 800, "ranks": 4}
+    assert r["rss_bytes"]["mean"] == 2.5e9 and r["rss_bytes"]["max_of_max"] == 4e9 + 1
+    assert r["gpu_util_percent"] == {"min": 60, "mean": 70, "max": 80, "max_of_max": 90, "ranks": 2}
+    assert r["energy_joules_total"] == 2000          # GPU-a once; GPU-b unknown
+    assert r["power_watts_total"] == 500             # GPU-a once + GPU-b
+    assert telemetry.device_utilisation(r) == 70 and telemetry.power_watts(r) == 500
+
+
+def test_reduce_without_gpus():
+    r = telemetry.reduce([rank(100, 1e9), None])
+    assert r["ranks"] == 1 and r["ranks_with_gpu"] == 0 and r["gpu_power_watts"] is None
+    assert telemetry.device_utilisation(r) is None and telemetry.power_watts(r) is None
+    assert r["energy_joules_total"] is None
+    assert telemetry.reduce([])["ranks"] == 0
