@@ -48,11 +48,21 @@ def parse_args(argv):
     p.add_argument("dat", nargs="?", default="HPCAI500.dat", help="input file (default HPCAI500.dat)")
     p.add_argument("--check", action="store_true",
                    help="validate the input and print the tests and the job-to-rank-to-node map, without training")
+    p.add_argument("--summarize", nargs="+", metavar="RUN",
+                   help="reprint the result tables of earlier runs (runs/<id> folders) side by side")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.summarize:  # reads results.json files only: no MPI, no TensorFlow
+        from harness import report
+        try:
+            print(report.summarize(args.summarize), end="")
+        except (OSError, ValueError, KeyError) as e:
+            say(f"error: {e}")
+            return 1
+        return 0
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     state = {"phase": "start-up"}

@@ -62,6 +62,7 @@ _RULED = _WEIGHTED + _MERGE + _ACTIVATION + (L.Activation,) + _POOL + _GLOBAL_PO
 _NO_ARITHMETIC = (L.Embedding,)
 # Softmax is a row-wise normalisation of the logits, not in Table 3: ignored.
 _NOT_ELEMENTWISE = ("linear", "softmax", "log_softmax")
+_ACTIVATIONS = "_activations"  # walk-internal key: output elements, not an operator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,8 @@ class FlopCount:
     """FLOPs of one sample: the forward total and its split by Table 3 operator."""
     forward: int
     by_operator: dict
+    activations: int = 0   # elements of every layer output, per sample (for the roofline)
+    weights: int = 0       # parameters of the model
 
     @property
     def training(self) -> int:
@@ -82,9 +85,12 @@ def count(model) -> FlopCount:
                          "functional or Sequential model with a known input shape; "
                          "build it on a keras.Input of fixed shape")
     totals = dict.fromkeys(OPERATORS, 0)
-    for op, flops in _walk(model).items():
+    walked = _walk(model)
+    activations = walked.pop(_ACTIVATIONS, 0)
+    for op, flops in walked.items():
         totals[op] += flops
-    return FlopCount(forward=sum(totals.values()), by_operator=totals)
+    return FlopCount(forward=sum(totals.values()), by_operator=totals,
+                     activations=activations, weights=model.count_params())
 
 
 def forward_flops(model) -> int:
@@ -102,6 +108,9 @@ def _walk(model) -> dict:
             outs = [_shape(t) for t in tf.nest.flatten(node.output_tensors)]
             for op, flops in _layer_flops(node.layer, ins, outs).items():
                 totals[op] = totals.get(op, 0) + flops
+            if not isinstance(node.layer, (keras.Model, L.InputLayer)):  # nested models count inside
+                totals[_ACTIVATIONS] = totals.get(_ACTIVATIONS, 0) + sum(
+                    math.prod(d for d in o if d) for o in outs)
     return totals
 
 

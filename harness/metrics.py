@@ -29,6 +29,19 @@ def vflops(flops_value: float, achieved: float, target: float, n: float) -> floa
     return flops_value * penalty(achieved, target, n)
 
 
+def intensity(forward_flops: float, activations: float, weights: float, batch: int,
+              bytes_per_element: int = 4) -> float:
+    """Arithmetic intensity (FLOP/byte) of one training step, for the roofline chart.
+
+    Estimate: 3 x forward FLOPs per sample over the memory traffic of a step when every
+    tensor is touched once per pass and nothing stays in cache between layers: weights
+    read in the forward and backward passes and their gradients written (3 W), every
+    activation written, read back and its gradient written (3 A B). Hence
+    3 F B / (s (3 W + 3 A B)) = F B / (s (W + A B)).
+    """
+    return forward_flops * batch / (bytes_per_element * (weights + activations * batch))
+
+
 @dataclass(frozen=True)
 class Scaling:
     scale_from: int

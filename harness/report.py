@@ -102,3 +102,29 @@ def scaling_lines(tests: list[dict], weak_scaling) -> list[str]:
             out.append(f"Scaling ({wl}, B {b}, {prec}): Sys_scale {s.scale_from} -> {s.scale_to} :"
                        f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}")
     return out
+
+
+def summarize(run_dirs: list[str]) -> str:
+    """The result rows of earlier runs side by side, one table, read from results.json."""
+    head = f"{'run':<24} {'T/V':<10} {'WL':<7} {'M':>4} {'P':>4} {'B':>5} {'Time':>9} {'Tflops':>11} {'VTflops':>10} {'Quality':>8} Check"
+    lines = [RULE, head, THIN]
+    for d in run_dirs:
+        if not os.path.isdir(d):
+            raise ValueError(f"{d}: not a folder; give runs/<id> folders, e.g. runs/2*")
+        path = os.path.join(d, "results.json")
+        try:
+            with open(path) as f:
+                res = json.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"{d}: no results.json (not a runs/<id> folder?)") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        name = os.path.basename(os.path.normpath(d))
+        if not res.get("tests"):
+            lines.append(f"{name:<24} (no finished test; status {res.get('status', '?')})")
+        for t in res.get("tests", []):
+            check = "PASSED" if t["consistency"]["passed"] else "FAILED"
+            lines.append(f"{name:<24} {t['tv']:<10} {t['workload']:<7} {t['M']:>4} {t['P']:>4} {t['B']:>5} "
+                         f"{t['train_seconds']:>9.2f} {t['flops'] / 1e12:>11.4e} {t['vflops'] / 1e12:>10.3e} "
+                         f"{t['quality']:>8.4f} {check}")
+    return "\n".join(lines + [RULE]) + "\n"

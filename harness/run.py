@@ -125,7 +125,8 @@ class Run:
             "idle_ranks": list(layout.idle), "warnings": warnings, "data": data.source,
             "train_samples": data.n_train, "val_samples": int(len(data.y_val)),
             "forward_flops_per_sample": fc.forward, "training_flops_per_sample": fc.training,
-            "flops_by_operator": fc.by_operator,
+            "flops_by_operator": fc.by_operator, "activations_per_sample": fc.activations,
+            "weights": fc.weights, "intensity": metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch),
             "steps_per_epoch": [r["steps_per_epoch"] for r in roots],
             "samples_trained": int(sum(r["samples"] for r in roots)), "total_flops": total_flops,
             "train_seconds": seconds, "train_seconds_min": min(r["seconds"] for r in workers),
@@ -149,7 +150,8 @@ class Run:
         self.meta["status"] = "interrupted" if interrupted else "complete"
         self._emit(report.footer(self.results, 0, report.scaling_lines(self.results, metrics.weak_scaling),
                                  interrupted))
-        self._save(final=True)
+        self._charts()
+        self._save()
         print(f"hpcai500: results in {self.run_dir}/ (report.txt, results.json)", file=sys.stderr, flush=True)
 
     def _header(self, dat) -> str:
@@ -166,13 +168,20 @@ class Run:
             stream.write(text)
             stream.flush()
 
-    def _save(self, final: bool = False) -> None:
+    def _save(self) -> None:
         import os
         from harness import report
         report.atomic_write(os.path.join(self.run_dir, "report.txt"), self.text)
         report.write_json(os.path.join(self.run_dir, "results.json"), self.meta)
         if self.cfg.device_out not in (6, 7):
             report.atomic_write(self.cfg.output_file, self.text)
+
+    def _charts(self) -> None:
+        import os
+        from harness import plots
+        self.meta["charts"] = []
+        if self.results and plots.scaling(self.results, os.path.join(self.run_dir, "scaling.png")):
+            self.meta["charts"].append("scaling.png")
 
     def _write_mllogs(self, t, records) -> None:
         import os

@@ -47,3 +47,10 @@ def test_weak_scaling():
     assert (s.scale_from, s.scale_to) == (1, 4)
     assert s.speedup == pytest.approx(3.6) and s.efficiency == pytest.approx(0.9)
     assert metrics.weak_scaling([(2, 1.0)]) is None
+
+
+def test_intensity_of_a_training_step():
+    # F = 1e6 FLOPs/sample, A = 1e3 activations/sample, W = 1e4 weights, B = 10, fp32:
+    # FLOPs 3 F B = 3e7 over bytes 4 (3 W + 3 A B) = 4 x 6e4 = 2.4e5 -> 125 FLOP/byte
+    assert metrics.intensity(1e6, 1e3, 1e4, 10, 4) == pytest.approx(125.0)
+    assert metrics.intensity(1e6, 1e3, 1e4, 1000, 4) > metrics.intensity(1e6, 1e3, 1e4, 10, 4)

@@ -227,3 +227,12 @@ def test_subclassed_model_is_an_error():
     net(tf.zeros((1, 3)))
     with pytest.raises(ValueError, match="functional or Sequential"):
         flops.count(net)
+
+
+def test_activations_and_weights_for_the_roofline():
+    # 10x12x3 -> Conv2D(5, 3, valid) -> 8x10x5 = 400 outputs; Flatten (400, counted:
+    # a layer output) -> Dense(7) = 7 outputs; weights 3*3*3*5+5 + 400*7+7
+    model = _model((10, 12, 3), L.Conv2D(5, 3), L.Flatten(), L.Dense(7))
+    c = flops.count(model)
+    assert c.activations == 400 + 400 + 7
+    assert c.weights == (27 * 5 + 5) + (400 * 7 + 7)

@@ -18,7 +18,8 @@ def test_shipped_file_end_to_end(tmp_path):
     assert p.stdout.count("...... PASSED") == 3 and "FAILED" not in p.stdout
     assert "3 tests completed and passed consistency checks" in p.stdout
     assert "End of Tests." in p.stdout
-    assert p.stderr.count("epoch 3/3") == 3            # one progress line per epoch per test
+    epochs = int(text.splitlines()[14].split()[0])
+    assert p.stderr.count(f"epoch {epochs}/{epochs}") == 3   # one progress line per epoch per test
     res = results(tmp_path / "r")
     assert res["status"] == "complete" and len(res["tests"]) == 3
     run_dir = tmp_path / "r" / next(d for d in (tmp_path / "r").iterdir() if not d.name.startswith(".")).name
@@ -33,6 +34,8 @@ def test_shipped_file_end_to_end(tmp_path):
         assert t["training_flops_per_sample"] == 3 * t["forward_flops_per_sample"]
     assert [t["M"] for t in res["tests"]] == [1, 2, 4]
     assert "Scaling (digits, B 32, fp32): Sys_scale 1 -> 4" in p.stdout
+    assert res["charts"] == ["scaling.png"] and (run_dir / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    _check_mllogs(tmp_path / "r", n_files=1 + 2 + 4, epochs=epochs)
 
 
 def test_jobs_of_two_ranks_keep_replicas_equal_and_models_different(run_dat, tmp_path):
@@ -55,16 +58,17 @@ def test_jobs_of_two_ranks_keep_replicas_equal_and_models_different(run_dat, tmp
         assert t["steps_per_epoch"][job] == len(expect) // (2 * 32)
     assert t["resample"][0]["size"] != t["resample"][1]["size"]
     assert t["samples_trained"] == sum(s * 2 * 32 * 2 for s in t["steps_per_epoch"])
-    _check_mllogs(tmp_path / "runs", tests=1, models=2, epochs=2)
+    _check_mllogs(tmp_path / "runs", n_files=2, epochs=2)
 
 
-def _check_mllogs(results_dir, tests, models, epochs):
+def _check_mllogs(results_dir, n_files, epochs):
     """One MLLOG file per base model, read back by mlperf-logging's own parser."""
     from mlperf_logging.compliance_checker.mlp_parser import parse_file
     run = next(d for d in results_dir.iterdir() if not d.name.startswith("."))
     files = sorted((run / "mllog").iterdir())
-    assert len(files) == tests * models
-    for job, f in enumerate(files):
+    assert len(files) == n_files
+    for f in files:
+        job = int(f.stem.split("model")[1])
         lines, errors = parse_file(str(f), ruleset="3.0.0")
         assert errors == []
         keys = [ln.key for ln in lines]
@@ -72,7 +76,7 @@ def _check_mllogs(results_dir, tests, models, epochs):
                     "train_samples", "eval_samples", "number_of_nodes", "accelerators_per_node", "eval_accuracy"):
             assert key in keys, (f.name, key)
         assert keys.count("epoch_start") == keys.count("epoch_stop") == epochs
-        assert {ln.value["metadata"]["instance_id"] for ln in lines} == {job % models}
+        assert {ln.value["metadata"]["instance_id"] for ln in lines} == {job}
         stop = next(ln for ln in lines if ln.key == "run_stop")
         assert stop.value["metadata"]["status"] == "success"
 

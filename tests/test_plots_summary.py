@@ -1,0 +1,45 @@
+"""Charts and --summarize, drawn from results dictionaries alone."""
+import json
+import subprocess
+import sys
+
+from harness import plots
+from tests.conftest import ROOT
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _test(index, M, P, flops, wl="digits", B=32):
+    return {"index": index, "tv": "B32C32SR", "workload": wl, "M": M, "P": P, "B": B, "precision": "fp32",
+            "flops": flops, "vflops": flops * 0.9, "intensity": 10.0 * index, "train_seconds": 1.5,
+            "quality": 0.95, "consistency": {"passed": index != 2}}
+
+
+def test_scaling_chart(tmp_path):
+    tests = [_test(1, 1, 1, 1e10), _test(2, 2, 1, 1.9e10), _test(3, 4, 1, 3.5e10), _test(4, 1, 1, 1e10, B=64)]
+    out = tmp_path / "scaling.png"
+    assert plots.scaling(tests, str(out)) == 3        # the B=64 series has a single scale
+    assert out.read_bytes()[:8] == PNG
+    assert plots.scaling(tests[3:], str(tmp_path / "none.png")) == 0
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_roofline_chart(tmp_path):
+    out = tmp_path / "roofline.png"
+    ceilings = {"precision": "fp32", "gemm_flops": 1e11, "conv_flops": 8e10, "bandwidth": 1e10}
+    assert plots.roofline([_test(1, 1, 1, 1e10), _test(2, 2, 1, 1.9e10)], ceilings, str(out)) == 2
+    assert out.read_bytes()[:8] == PNG
+
+
+def test_summarize_prints_runs_side_by_side(tmp_path):
+    for name, tests in (("run-a", [_test(1, 1, 1, 1e10), _test(2, 2, 1, 2e10)]), ("run-b", [])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"status": "interrupted", "tests": tests}))
+    cmd = [sys.executable, str(ROOT / "hpcai500.py"), "--summarize", str(tmp_path / "run-a"), str(tmp_path / "run-b")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("run-")]
+    assert len(rows) == 3 and rows[0].endswith("PASSED") and rows[1].endswith("FAILED")
+    assert "2.0000e-02" in rows[1] and "no finished test; status interrupted" in rows[2]
+    p = subprocess.run(cmd[:3] + [str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "nowhere: not a folder" in p.stderr
