@@ -51,7 +51,7 @@ def test_shipped_file_parses_and_expands_to_three_tests():
     assert (cfg.output_file, cfg.device_out, cfg.results_dir) == ("HPCAI500.out", 6, "runs")
     assert cfg.workloads == ("digits",) and cfg.dataset == "embedded"
     assert cfg.layouts == ((1, 1), (2, 1), (4, 1)) and cfg.pmap == 0
-    assert cfg.batch_sizes == (32,) and cfg.epochs == 3 and cfg.precisions == ("fp32",)
+    assert cfg.batch_sizes == (32,) and cfg.epochs == 10 and cfg.precisions == ("fp32",)
     assert (cfg.optimizer, cfg.base_lr, cfg.warmup_epochs) == ("sgd", 0.05, 1.0)
     assert (cfg.comm_precision, cfg.allreduce, cfg.sampler, cfg.aggregation) == (
         "fp32", "ring", "bootstrap", "mean")
@@ -98,7 +98,7 @@ BAD = [  # (line, value, offending token); value EMPTY = empty line
     (18, EMPTY, None), (18, "rmsprop", "rmsprop"),
     (19, EMPTY, None), (19, "0", "0"), (19, "-0.1", "-0.1"), (19, "x", "x"),
     (19, "nan", "nan"), (19, "inf", "inf"), (19, "1e999", "1e999"),
-    (20, EMPTY, None), (20, "-1", "-1"), (20, "3.5", "3.5"), (20, "x", "x"),
+    (20, EMPTY, None), (20, "-1", "-1"), (20, "10.5", "10.5"), (20, "x", "x"),
     (21, EMPTY, None), (21, "fp64", "fp64"), (21, "bf16", "bf16"),
     (22, EMPTY, None), (22, "tree", "tree"),
     (23, EMPTY, None), (23, "jackknife", "jackknife"),
@@ -374,7 +374,7 @@ def test_describe():
     lines = describe(parse_text(edit({10: "1 2 16", 11: "1 1 4", 25: "0.9"})))
     for want in ["WL      : digits", "DATASET : embedded", "M       :  1  2 16",
                  "P       :  1  1  4", "PMAP    : Node-packed", "B       : 32",
-                 "EPOCHS  : 3", "PREC    : fp32", "OPTIM   : sgd", "SAMPLER : bootstrap",
+                 "EPOCHS  : 10", "PREC    : fp32", "OPTIM   : sgd", "SAMPLER : bootstrap",
                  "AGGR    : mean", "TARGET  : 0.9", "N       : workload default",
                  "SEED    : 42", "ROOFLINE: skip", "OUTPUT  : stdout"]:
         assert want in lines

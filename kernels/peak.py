@@ -1,0 +1,122 @@
+"""Theoretical peak FLOP/s of this rank's device: the denominator of utilisation.
+
+In order: the user's HPCAI500_PEAK_TFLOPS (per rank; "19.5" for every precision, or
+"fp32=19.5,fp16=312,bf16=312"), else NVIDIA's datasheet figure for the GPU model NVML
+names, else (None, "unknown"). CPUs have no entry: their peak depends on the cores, the
+vector units and the clock a rank gets; give it in the variable.
+
+Figures are dense tensor-core peaks in Tflops at boost clock (the datasheets print the
+2:4-sparsity figure for Hopper; we halve it). fp32 maps to the TF32 peak on GPUs that have
+one, because TensorFlow runs fp32 matmuls and convolutions on TF32 tensor cores by
+default, unless tf.config.experimental.enable_tensor_float_32_execution(False) or
+NVIDIA_TF32_OVERRIDE=0 turned it off.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+ENV = "HPCAI500_PEAK_TFLOPS"
+
+# (NVML name pattern, first match wins; peaks in Tflops; source)
+TABLE = [
+    (r"V100S", {"fp32": 16.4, "fp16": 130}, "NVIDIA V100S Tensor Core GPU datasheet (PCIe)"),
+    (r"V100.*PCIE", {"fp32": 14.0, "fp16": 112}, "NVIDIA Tesla V100 datasheet, V100 PCIe"),
+    (r"V100", {"fp32": 15.7, "fp16": 125}, "NVIDIA Tesla V100 datasheet, V100 SXM2"),
+    (r"\bT4\b", {"fp32": 8.1, "fp16": 65}, "NVIDIA T4 Tensor Core GPU datasheet"),
+    (r"A100", {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
+     "NVIDIA A100 Tensor Core GPU datasheet (PCIe and SXM alike)"),
+    (r"\bA30\b", {"fp32": 10.3, "tf32": 82, "fp16": 165, "bf16": 165}, "NVIDIA A30 Tensor Core GPU datasheet"),
+    (r"H100.*NVL", {"fp32": 60, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
+     "NVIDIA H100 Tensor Core GPU datasheet, H100 NVL"),
+    (r"H100.*PCIE", {"fp32": 51, "tf32": 378, "fp16": 756.5, "bf16": 756.5},
+     "NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe"),
+    # NVML names the SXM5 board "NVIDIA H100 80GB HBM3": any other H100 is taken as SXM.
+    (r"H100", {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
+     "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM"),
+    # Also matches GH200, whose GPU has the H100 SXM's peaks.
+    (r"H200", {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5},
+     "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM"),
+]
+
+
+def theoretical(precision: str, gpu: int | None = None) -> tuple[float | None, str]:
+    """(peak FLOP/s of this rank's device in `precision`, where the figure comes from).
+    `gpu`: NVML index of this rank's GPU; by default any GPU of the node, if all are one
+    model. Never raises for a missing pynvml or driver; raises ValueError for a malformed
+    HPCAI500_PEAK_TFLOPS, since a silently ignored peak would give a wrong utilisation."""
+    user = os.environ.get(ENV, "").strip()
+    if user:
+        tflops = _parse_env(user, precision)
+        if tflops is not None:
+            return tflops * 1e12, f"{ENV}={user}"
+    names = gpu_names()
+    if not names:
+        return None, "unknown"
+    if gpu is not None:
+        name = names[gpu % len(names)]
+    elif len(set(names)) == 1:
+        name = names[0]
+    else:
+        return None, f"unknown: GPUs of several models on this node ({', '.join(sorted(set(names)))}); set {ENV}"
+    return lookup(name, precision, tf32_enabled())
+
+
+def lookup(name: str, precision: str, tf32: bool = True) -> tuple[float | None, str]:
+    """The table's peak for a GPU model name as NVML prints it."""
+    for pattern, peaks, source in TABLE:
+        if re.search(pattern, name.upper()):
+            key = "tf32" if precision == "fp32" and tf32 and "tf32" in peaks else precision
+            if key not in peaks:
+                return None, f"unknown: no {precision} peak for {name} in kernels/peak.py; set {ENV}"
+            return peaks[key] * 1e12, f"{name}: {key} dense peak {peaks[key]} Tflops ({source})"
+    return None, f"unknown: {name} is not in kernels/peak.py; set {ENV}"
+
+
+def _parse_env(text: str, precision: str) -> float | None:
+    """"19.5" -> 19.5 for every precision; "fp32=19.5,fp16=312" -> that precision's, or None."""
+    try:
+        if "=" not in text:
+            value = float(text)
+        else:
+            pairs = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
+            if not set(pairs) <= {"fp32", "fp16", "bf16"}:
+                raise ValueError
+            if precision not in pairs:
+                return None
+            value = float(pairs[precision])
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{ENV}={text!r}: expected Tflops per rank, a positive number "
+                         f"(e.g. 19.5) or per precision (e.g. fp32=19.5,fp16=312,bf16=312)")
+    return value
+
+
+def gpu_names() -> list[str]:
+    """NVML's names of the node's GPUs; [] where pynvml, the driver or a GPU is absent."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:                  # noqa: BLE001 -- ImportError, NVMLError_LibraryNotFound, ...
+        return []
+    try:
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(pynvml.nvmlDeviceGetCount())]
+        return [n.decode() if isinstance(n, bytes) else n for n in names]
+    except Exception:                  # noqa: BLE001
+        return []
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:              # noqa: BLE001
+            pass
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 matmuls run as TF32: TensorFlow's switch if it is loaded, else its default."""
+    if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return False
+    tf = sys.modules.get("tensorflow")
+    return bool(tf.config.experimental.tensor_float_32_execution_enabled()) if tf else True
