@@ -13,5 +13,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 if __name__ == "__main__":
+    from harness import signals
+    signals.block()  # before MPI and TensorFlow start threads: see harness/signals.py
     from harness.driver import main
     sys.exit(main())

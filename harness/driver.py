@@ -80,7 +80,12 @@ def main(argv=None) -> int:
 
 
 def _run(args, world, state) -> int:
-    from harness import dat, topology
+    from harness import dat, signals, topology
+
+    def before_results(signum):
+        if world.rank == 0:
+            say(f"{_signame(signum)} received during {state['phase']}; no test had finished, nothing written")
+    signals.on_signal(before_results)
 
     state["phase"] = "input"
     cfg, tests, err = None, None, None
@@ -129,12 +134,18 @@ def _run(args, world, state) -> int:
     run_dir = _make_run_dir(world, cfg.results_dir)
     from harness.run import Run
     run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION)
+    signals.on_signal(lambda signum: run.finish(interrupted=f"{_signame(signum)} received"))
     for t in tests:
         state["phase"] = f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})"
         layout, warnings = layouts[(t.M, t.P)]
         run.test(t, layout, warnings, datas[t.workload], state)
     run.finish()
     return 0
+
+
+def _signame(signum: int) -> str:
+    import signal
+    return signal.Signals(signum).name
 
 
 def _node_comm(world):

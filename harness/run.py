@@ -6,6 +6,7 @@ finished tests survive whatever happens to the next one.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 from harness.report import TOLERANCE
@@ -17,6 +18,9 @@ class Run:
         self.cfg, self.tests, self.nodes, self.world = cfg, tests, nodes, world
         self.run_dir, self.version = run_dir, version
         self.results: list[dict] = []
+        self.text = ""
+        self.current = None            # the test under way, for an interruption record
+        self.lock = threading.RLock()  # the signal thread may write while the main thread does
         self.conventions = [
             flops.CONVENTION,
             "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
@@ -40,6 +44,7 @@ class Run:
         from harness import ensemble, sampler, topology, workloads
         cfg, world = self.cfg, self.world
         wl = workloads.get(t.workload)
+        self.current = t.index
         job, job_comm = topology.split(world, layout)
 
         t0 = time.perf_counter()
@@ -59,10 +64,12 @@ class Run:
         if world.rank == 0:
             from harness import metrics, report
             result = self._result(t, layout, warnings, wl, data, records, total, sampler_seconds, metrics)
-            self.results.append(result)
-            self._write_mllogs(t, records)
-            self._emit(report.row(result))
-            self._save()
+            with self.lock:
+                self.results.append(result)
+                self._write_mllogs(t, records)
+                self._emit(report.row(result))
+                self._save()
+                self.current = None
 
     def _base_model(self, t, layout, wl, data, job, job_comm, indices, rec, state):
         """Train and evaluate this rank's share of base model `job`; fills `rec` and returns
@@ -143,15 +150,25 @@ class Run:
         }
 
     # -- output -----------------------------------------------------------------------
-    def finish(self, interrupted: bool = False) -> None:
+    def finish(self, interrupted: str | None = None) -> None:
+        """The summary, the charts, the final results (rank 0). `interrupted` says why the
+        tests stopped early (a signal); the finished tests' results stand as they are."""
         if self.world.rank != 0:
             return
         from harness import metrics, report
-        self.meta["status"] = "interrupted" if interrupted else "complete"
-        self._emit(report.footer(self.results, 0, report.scaling_lines(self.results, metrics.weak_scaling),
-                                 interrupted))
-        self._charts()
-        self._save()
+        with self.lock:
+            if self.meta["status"] != "running":  # a signal after the normal end
+                return
+            self.meta["status"] = "interrupted" if interrupted else "complete"
+            if interrupted:
+                self.meta["interrupted"] = {"reason": interrupted, "test": self.current}
+                self._emit(f"\nInterrupted: {interrupted}" +
+                           (f" during test {self.current}; its result is lost, the finished tests' stand.\n"
+                            if self.current else ".\n"))
+            self._emit(report.footer(self.results, 0, report.scaling_lines(self.results, metrics.weak_scaling),
+                                     bool(interrupted)))
+            self._charts()
+            self._save()
         print(f"hpcai500: results in {self.run_dir}/ (report.txt, results.json)", file=sys.stderr, flush=True)
 
     def _header(self, dat) -> str:
@@ -161,7 +178,7 @@ class Run:
     def _emit(self, text: str) -> None:
         """Append to the report; the device of lines 3-4 gets it as it grows (stdout and
         stderr at once, a file rewritten whole)."""
-        self.text = getattr(self, "text", "") + text
+        self.text += text
         dev = self.cfg.device_out
         if dev in (6, 7):
             stream = sys.stdout if dev == 6 else sys.stderr

@@ -125,3 +125,33 @@ def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, monkeypatch, fault
         assert "signal 9" in p.stderr or "Killed" in p.stderr, p.stderr[-2000:]
     t = results(tmp_path / "runs")
     assert t["status"] == "running" and t["tests"] == []   # nothing finished, nothing half-written
+
+
+@pytest.mark.parametrize("launcher,sig", [("mpirun", "SIGUSR1"), ("singleton", "SIGTERM")])
+def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path, launcher, sig):
+    """A batch system's time limit: the finished test stands, the current one is recorded."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from tests.conftest import BIN, dat_text
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l13=2, l14="32 16", l15=30))
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, str(ROOT / "hpcai500.py"), str(tmp_path / "t.dat")]
+    if launcher == "mpirun":   # Open MPI forwards SIGUSR1 to the ranks (it kills them on SIGTERM)
+        cmd = [str(BIN / "mpirun"), "--oversubscribe", "-np", "2"] + cmd
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    for line in p.stdout:        # wait for test 1's consistency line, then stop test 2
+        if "...... PASSED" in line:
+            break
+    p.send_signal(getattr(signal, sig))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode != 0
+    res = results(tmp_path / "runs")
+    assert res["status"] == "interrupted" and len(res["tests"]) == 1
+    assert res["interrupted"] == {"reason": f"{sig} received", "test": 2}
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    report = (run / "report.txt").read_text()
+    assert f"Interrupted: {sig} received during test 2" in report and report.rstrip().endswith("=" * 80)
+    assert "Tests interrupted." in report
