@@ -7,7 +7,9 @@ One process, a small Keras CNN (32x32x3 random images, batch 64) trained by a
 tf.function step on tensors made once in memory; the number of steps is calibrated to
 about RUN_S seconds. Modes: no sampler, Sampler(interval=1.0) (the default) and
 Sampler(interval=0.1); RUNS rounds, the mode order rotated each round, medians
-compared. Also the sampler's own cost per sample, timed directly (no GPU path here).
+compared; a run during which other processes kept more than QUIET cores busy is
+repeated (up to TRIES, the quietest kept). Also the sampler's own cost per sample,
+timed directly: the noise-free figure (psutil path only; no GPU here).
 """
 import os
 import sys
@@ -23,6 +25,7 @@ import common  # noqa: E402
 from harness.telemetry import Sampler, _busy_all  # noqa: E402
 
 RUNS, RUN_S, B, GOAL = 3, 6.0, 64, 0.99
+TRIES, QUIET = 3, 0.1    # a run is repeated (up to TRIES) while other processes used > QUIET cores
 MODES = [("no sampler", None), ("Sampler 1 s", 1.0), ("Sampler 0.1 s", 0.1)]
 
 
@@ -89,13 +92,21 @@ def sample_cost(n: int = 2000) -> tuple[float, float]:
 def main() -> None:
     print(f"machine: {common.machine().rsplit(',', 1)[0]}, 1 process")
     run = build_step()
-    run(20)                                   # trace and warm up
-    steps = max(50, int(RUN_S * 50 / run(50)))
-    rows, speed = [], {name: [] for name, _ in MODES}
+    run(20)                                   # trace
+    t_end = time.perf_counter() + 3.0         # warm up: the first seconds run slower
+    while time.perf_counter() < t_end:
+        run(20)
+    common.wait_quiet()
+    steps = max(50, int(RUN_S * 100 / run(100)))
+    rows, noisy, speed = [], [], {name: [] for name, _ in MODES}
     for r in range(RUNS):
         for name, interval in MODES[r % 3:] + MODES[:r % 3]:
-            common.wait_quiet()
-            (seconds, summary), load = other_load(lambda: timed(run, steps, interval))
+            attempts = []                     # other people's jobs share the machine: retry noisy runs
+            while len(attempts) < TRIES and (not attempts or attempts[-1][1] > QUIET):
+                common.wait_quiet()
+                attempts.append(other_load(lambda: timed(run, steps, interval)))
+            (seconds, summary), load = min(attempts, key=lambda a: a[1])
+            noisy.append(load)
             speed[name].append(steps * B / seconds)
             rows.append([r + 1, name, steps, f"{seconds:.2f}", f"{speed[name][-1]:.0f}",
                          summary["samples"] if summary else "-",
@@ -108,13 +119,17 @@ def main() -> None:
     for name, interval in MODES:
         m = common.median(speed[name])
         verdict = "" if interval is None else ("MET" if m / base >= GOAL else "NOT MET")
-        out.append([name, f"{m:.1f}", f"{m / base:.4f}", f"{(1 - m / base) * 100:+.2f} %", verdict])
+        best = max(speed[name]) / max(speed["no sampler"])
+        out.append([name, f"{m:.1f}", f"{m / base:.4f}", f"{(1 - m / base) * 100:+.2f} %", f"{best:.4f}", verdict])
     print()
-    print(common.table(["mode", "samples/s (median)", "ratio", "overhead", f"goal: overhead <= {(1 - GOAL) * 100:.0f} %"],
-                       out))
+    print(common.table(["mode", "samples/s (median)", "ratio", "overhead", "ratio of bests",
+                        f"goal: overhead <= {(1 - GOAL) * 100:.0f} %"], out))
+    if max(noisy) > QUIET:
+        print(f"warning: other processes used up to {max(noisy):.2f} cores during the kept runs; "
+              "the ratios are noisy (the per-sample cost below is not)")
     wall, cpu = sample_cost()
-    print(f"\none sample (psutil, no GPU): {wall:.0f} us wall, {cpu:.0f} us CPU -> "
-          f"{cpu / 1e4:.3f} % of one core at 1 s, {cpu / 1e3:.3f} % at 0.1 s")
+    print(f"\none sample (psutil, no GPU): {wall:.0f} us wall, {cpu:.0f} us CPU -> at most "
+          f"{cpu / 1e4:.3f} % of one core at 1 s, {cpu / 1e3:.3f} % at 0.1 s (goal: 1 %)")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import time
 import psutil
 
 GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
+PERMANENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
 
 
 def _nvml():
@@ -131,6 +132,9 @@ class Sampler:
         if nv is None:
             return
         self._nv = nv
+        # Errors that will not go away (old driver, no power readings on this board, MIG
+        # slices without utilisation): stop asking. Others may be transient.
+        self._permanent = tuple(getattr(nv, n) for n in PERMANENT if hasattr(nv, n))
         try:
             self._h = _handle(nv, self.gpu_index)
         except Exception:                   # no such device, bad CUDA_VISIBLE_DEVICES
@@ -146,7 +150,7 @@ class Sampler:
             return default
         try:
             return fn()
-        except self._nv.NVMLError_NotSupported:
+        except self._permanent:
             self._unsupported.add(name)
         except Exception:                   # other NVMLError: skip this sample only
             self._errors += 1
@@ -173,9 +177,9 @@ class Sampler:
         for key, v in zip(GPU_METRICS, (util, mem, None if mw is None else mw / 1000.0)):
             if v is not None:
                 self._gpu[key].append(float(v))
-        if mw is not None:                  # fallback energy: power held over the last interval
+        if mw is not None:                  # fallback energy: this power held since the last reading
             self._pwr_joules += mw / 1000.0 * (t - self._t_last)
-        self._t_last = t
+            self._t_last = t
         if self._e0 is not None:
             self._e1 = self._query("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), self._e1)
 
@@ -185,12 +189,9 @@ class Sampler:
                "cpu_node_percent": _stats(self._cpu_node), "rss_bytes": _stats(self._rss), "gpu": None}
         if self._gpu_info is not None:
             gpu = dict(self._gpu_info, **{k: _stats(v) for k, v in self._gpu.items()})
-            if self._e0 is not None:
-                gpu["energy_joules"], gpu["energy_source"] = (self._e1 - self._e0) / 1000.0, "counter"
-            elif self._gpu["power_watts"]:
-                gpu["energy_joules"], gpu["energy_source"] = self._pwr_joules, "power integral"
-            else:
-                gpu["energy_joules"], gpu["energy_source"] = None, None
+            gpu["energy_joules"], gpu["energy_source"] = (
+                ((self._e1 - self._e0) / 1000.0, "counter") if self._e0 is not None else
+                (self._pwr_joules, "power integral") if self._gpu["power_watts"] else (None, None))
             gpu["available"] = [k for k in GPU_METRICS if self._gpu[k]] + (["energy_counter"] if self._e0 is not None else [])
             out["gpu"] = gpu
         return out

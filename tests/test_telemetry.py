@@ -134,6 +134,25 @@ def test_gpu_path_power_integral(monkeypatch):
     assert 250 * (secs - 0.1) <= g["energy_joules"] <= 250 * secs + 1e-9
 
 
+def test_gpu_transient_error_is_skipped(monkeypatch):
+    nv = fake_nvml(energy=False, util=True)
+    calls = []
+
+    def flaky_power(h):                       # one transient failure, then 100 W
+        calls.append(h)
+        if len(calls) == 1:
+            raise nv.NVMLError("GPU busy")
+        return 100_000
+    nv.nvmlDeviceGetPowerUsage = flaky_power
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    with Sampler(interval=0.02, gpu_index=0) as s:
+        time.sleep(0.2)
+    r = s.summary
+    assert r["errors"] == 1 and len(calls) == r["samples"] >= 3      # still asked after the error
+    assert r["gpu"]["power_watts"]["mean"] == 100.0
+    assert r["gpu"]["energy_joules"] <= 100 * r["seconds"]
+
+
 def test_cuda_visible_devices_mapping(monkeypatch):
     nv = fake_nvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
