@@ -202,7 +202,16 @@ def environment(world, nodes, devices) -> dict:
         "mpi_library": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
         "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
         "machine": platform.machine(), "cpu_count": os.cpu_count(), "rank0_devices": devices,
+        "node_inventory": [n for n in world.gather(_node_inventory(nodes)) or [] if n],
     }
+
+
+def _node_inventory(nodes) -> dict | None:
+    """Host and GPU inventory, from the first rank of each node only."""
+    if nodes.local_rank != 0:
+        return None
+    from harness import telemetry
+    return {**telemetry.host_inventory(), "ranks": nodes.local_size, "gpus": telemetry.gpu_inventory()}
 
 
 def sha256(text: str) -> str:

@@ -72,12 +72,28 @@ def row(t: dict) -> str:
         f" {t['aggregation']} of {t['M']} model(s) on {t['val_samples']} samples",
         f"Work        : {t['samples_trained']} samples trained, {t['total_flops']:.4e} FLOPs ;"
         f" eval {t['eval_seconds']:.2f} s ; resample {t['sampler_seconds']:.2f} s",
+        telemetry_line(t),
         *[f"Warning     : {w}" for w in t["warnings"]],
         THIN,
         f"Replica consistency = {t['consistency']['max_diff']:.8e} ...... {verdict}",
         RULE,
     ]
     return "\n".join(lines) + "\n"
+
+
+def telemetry_line(t: dict) -> str:
+    """What the devices did during training, from the telemetry reduced over ranks."""
+    tel = t.get("telemetry") or {}
+    cpu, rss = tel.get("cpu_process_percent"), tel.get("rss_bytes")
+    parts = [f"CPU {cpu['mean']:.0f} % per rank (process, 100 = 1 core)" if cpu else "CPU n/a",
+             f"RSS max {rss['max_of_max'] / 2**30:.2f} GiB" if rss else "RSS n/a"]
+    gpu = tel.get("gpu_util_percent")
+    parts.append(f"GPU util {gpu['mean']:.0f} %" if gpu else "GPU n/a (no NVIDIA driver)")
+    if tel.get("power_watts_total"):
+        parts.append(f"power {tel['power_watts_total']:.0f} W")
+    if t.get("vflops_per_watt"):
+        parts.append(f"{t['vflops_per_watt'] / 1e9:.3f} VGflops/W")
+    return "Telemetry   : " + " ; ".join(parts)
 
 
 def footer(tests: list[dict], skipped: int, scaling_lines: list[str], interrupted: bool = False) -> str:

@@ -16,7 +16,7 @@ class Run:
     def __init__(self, cfg, tests, nodes, devices, run_dir, world, version):
         from harness import dat, driver, flops
         self.cfg, self.tests, self.nodes, self.world = cfg, tests, nodes, world
-        self.run_dir, self.version = run_dir, version
+        self.run_dir, self.version, self.devices = run_dir, version, devices
         self.results: list[dict] = []
         self.text = ""
         self.current = None            # the test under way, for an interruption record
@@ -76,7 +76,7 @@ class Run:
         the model's score matrix on the job's root (None on its other ranks)."""
         import horovod.tensorflow as hvd
         import tensorflow as tf
-        from harness import ensemble, fault, flops, sampler, train
+        from harness import ensemble, fault, flops, sampler, telemetry, train
         cfg, world = self.cfg, self.world
         root = job_comm.rank == 0
         hvd.init(comm=job_comm)
@@ -89,10 +89,14 @@ class Run:
                      per_node=self.nodes.local_size, workload=t.workload)
         model = train.build(wl, data, cfg.seed, job)
         state["phase"] = f"training, test {t.index}"
+        gpus = self.devices["gpus_on_node"]
+        sampler_ = telemetry.Sampler(gpu_index=self.nodes.local_rank % gpus if gpus else None)
+        sampler_.start()
         res = train.train(wl, data, model, indices, seed=cfg.seed, job=job, batch=t.batch,
                           epochs=cfg.epochs, base_lr=cfg.base_lr, warmup_epochs=cfg.warmup_epochs,
                           world_barrier=world.Barrier, hooks=_Hooks(t, len(self.tests), log, world.rank == 0),
                           fault=fault.injector(world.rank))
+        rec["telemetry"] = sampler_.stop()
         state["phase"] = f"evaluation, test {t.index}"
         t1 = time.perf_counter()
         rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)
@@ -124,6 +128,8 @@ class Run:
         target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
         n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
         fl = metrics.flops(total_flops, seconds)
+        from harness import telemetry
+        tele = telemetry.reduce([r["telemetry"] for r in workers])
         max_diff = max(r["diff"] for r in workers)
         return {
             "index": t.index, "tv": t.tv(cfg), "workload": t.workload, "M": layout.M, "P": layout.P,
@@ -142,6 +148,7 @@ class Run:
             "quality_name": wl.QUALITY, "quality": quality, "base_quality": [r["quality"] for r in roots],
             "target_quality": target, "penalty_n": n, "penalty": metrics.penalty(quality, target, n),
             "final_loss": [r["loss"] for r in roots],
+            "telemetry": tele, "vflops_per_watt": _per_watt(metrics.vflops(fl, quality, target, n), tele),
             "consistency": {"max_diff": max_diff, "tolerance": TOLERANCE, "passed": bool(max_diff <= TOLERANCE)},
             "resample": [{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
                           "digest": r["index_digest"]} for r in roots],
@@ -233,6 +240,13 @@ class _Hooks:
             t = self.t
             print(f"hpcai500: test {t.index}/{self.total} M={t.M} P={t.P} B={t.batch} : epoch {epoch}/{epochs}"
                   f"  job 0 loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+
+def _per_watt(vflops: float, tele: dict) -> float | None:
+    """VFLOPS per watt (HPC AI500 V2.0), where the devices report their power."""
+    from harness import telemetry
+    watts = telemetry.power_watts(tele)
+    return vflops / watts if watts else None
 
 
 def _plain(cfg) -> dict:
