@@ -48,6 +48,10 @@ def parse_args(argv):
     p.add_argument("dat", nargs="?", default="HPCAI500.dat", help="input file (default HPCAI500.dat)")
     p.add_argument("--check", action="store_true",
                    help="validate the input and print the tests and the job-to-rank-to-node map, without training")
+    p.add_argument("--watchdog", type=float, metavar="SECONDS",
+                   default=float(os.environ.get("HPCAI500_WATCHDOG", 1800)),
+                   help="abort the job when a rank makes no progress (no training step, no phase change)"
+                        " for this long; 0 = off (default: $HPCAI500_WATCHDOG or 1800)")
     p.add_argument("--summarize", nargs="+", metavar="RUN",
                    help="reprint the result tables of earlier runs (runs/<id> folders) side by side")
     return p.parse_args(argv)
@@ -65,29 +69,30 @@ def main(argv=None) -> int:
         return 0
     from mpi4py import MPI
     world = MPI.COMM_WORLD
-    state = {"phase": "start-up"}
+    from harness.watchdog import Watchdog
+    watchdog = Watchdog(args.watchdog, world.rank, lambda: world.Abort(1)).start()
     try:
-        return _run(args, world, state)
+        return _run(args, world, watchdog)
     except RunError as e:
         if world.rank == 0:
             say(f"error: {e}")
         return 1
     except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
-        say(f"rank {world.rank} failed during {state['phase']}: {type(e).__name__}: {e}")
+        say(f"rank {world.rank} failed during {watchdog.phase}: {type(e).__name__}: {e}")
         sys.stderr.flush()
         world.Abort(1)
         return 1
 
 
-def _run(args, world, state) -> int:
+def _run(args, world, watchdog) -> int:
     from harness import dat, signals, topology
 
     def before_results(signum):
         if world.rank == 0:
-            say(f"{_signame(signum)} received during {state['phase']}; no test had finished, nothing written")
+            say(f"{_signame(signum)} received during {watchdog.phase}; no test had finished, nothing written")
     signals.on_signal(before_results)
 
-    state["phase"] = "input"
+    watchdog.beat("input")
     cfg, tests, err = None, None, None
     if world.rank == 0:
         try:
@@ -114,7 +119,7 @@ def _run(args, world, state) -> int:
         return 0
 
     from harness import workloads
-    state["phase"] = "data loading"
+    watchdog.beat("data loading")
     datas = {}
     for name in cfg.workloads:
         wl = workloads.get(name)
@@ -129,16 +134,16 @@ def _run(args, world, state) -> int:
                            f"training samples, {t.workload} has {datas[t.workload].n_train}")
 
     from harness import train as training
-    state["phase"] = "device set-up"
+    watchdog.beat("device set-up")
     devices = training.setup_devices(nodes.local_rank, nodes.local_size)
     run_dir = _make_run_dir(world, cfg.results_dir)
     from harness.run import Run
     run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION)
     signals.on_signal(lambda signum: run.finish(interrupted=f"{_signame(signum)} received"))
     for t in tests:
-        state["phase"] = f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})"
+        watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
         layout, warnings = layouts[(t.M, t.P)]
-        run.test(t, layout, warnings, datas[t.workload], state)
+        run.test(t, layout, warnings, datas[t.workload], watchdog)
     run.finish()
     return 0
 

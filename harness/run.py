@@ -40,7 +40,7 @@ class Run:
             self._save()
 
     # -- one test ---------------------------------------------------------------------
-    def test(self, t, layout, warnings, data, state) -> None:
+    def test(self, t, layout, warnings, data, watchdog) -> None:
         from harness import ensemble, sampler, topology, workloads
         cfg, world = self.cfg, self.world
         wl = workloads.get(t.workload)
@@ -56,7 +56,10 @@ class Run:
         if job is None:
             world.Barrier()  # the start barrier the jobs' ranks enter inside train()
         else:
-            scores = self._base_model(t, layout, wl, data, job, job_comm, indices, rec, state)
+            scores = self._base_model(t, layout, wl, data, job, job_comm, indices, rec, watchdog)
+        # Jobs finish at different times (poisson resamples differ in size; idle ranks
+        # have no job): wait for all of them here, politely, so the reduction is quick.
+        watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {t.index}")
         t2 = time.perf_counter()
         total = ensemble.reduce_scores(world, scores, (len(data.y_val), data.num_classes))
         rec["eval_seconds"] += time.perf_counter() - t2
@@ -71,7 +74,7 @@ class Run:
                 self._save()
                 self.current = None
 
-    def _base_model(self, t, layout, wl, data, job, job_comm, indices, rec, state):
+    def _base_model(self, t, layout, wl, data, job, job_comm, indices, rec, watchdog):
         """Train and evaluate this rank's share of base model `job`; fills `rec` and returns
         the model's score matrix on the job's root (None on its other ranks)."""
         import horovod.tensorflow as hvd
@@ -88,16 +91,16 @@ class Run:
                      eval_samples=len(data.y_val), nodes=len({self.nodes.node_of_rank[r] for r in layout.jobs[job]}),
                      per_node=self.nodes.local_size, workload=t.workload)
         model = train.build(wl, data, cfg.seed, job)
-        state["phase"] = f"training, test {t.index}"
+        watchdog.beat(f"training, test {t.index}")
         gpus = self.devices["gpus_on_node"]
         sampler_ = telemetry.Sampler(gpu_index=self.nodes.local_rank % gpus if gpus else None)
         sampler_.start()
         res = train.train(wl, data, model, indices, seed=cfg.seed, job=job, batch=t.batch,
                           epochs=cfg.epochs, base_lr=cfg.base_lr, warmup_epochs=cfg.warmup_epochs,
                           world_barrier=world.Barrier, hooks=_Hooks(t, len(self.tests), log, world.rank == 0),
-                          fault=fault.injector(world.rank))
+                          on_step=_on_step(watchdog, fault.injector(world.rank)))
         rec["telemetry"] = sampler_.stop()
-        state["phase"] = f"evaluation, test {t.index}"
+        watchdog.beat(f"evaluation, test {t.index}")
         t1 = time.perf_counter()
         rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)
         full = ensemble.gather_job(job_comm, wl.predict(model, data.x_val[rows]), len(data.y_val))
@@ -240,6 +243,17 @@ class _Hooks:
             t = self.t
             print(f"hpcai500: test {t.index}/{self.total} M={t.M} P={t.P} B={t.batch} : epoch {epoch}/{epochs}"
                   f"  job 0 loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+
+def _on_step(watchdog, fire):
+    """Per training step: tell the watchdog we progress; fire an injected fault if armed."""
+    if fire is None:
+        return lambda step: watchdog.beat()
+
+    def on_step(step):
+        watchdog.beat()
+        fire(step)
+    return on_step
 
 
 def _per_watt(vflops: float, tele: dict) -> float | None:

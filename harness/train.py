@@ -64,9 +64,10 @@ def build(workload, data, seed: int, job: int):
 
 def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
           batch: int, epochs: int, base_lr: float, warmup_epochs: float,
-          world_barrier, hooks=None, fault=None) -> TrainResult:
+          world_barrier, hooks=None, on_step=None) -> TrainResult:
     """Train one base model. `hooks` (optional) gets run_start(), epoch_start(epoch) and
-    epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted from 1."""
+    epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted from 1; `on_step(step)`
+    (optional) runs before every step (watchdog heartbeat, fault injection)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -106,8 +107,8 @@ def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
         losses = []
         for s in range(steps):
             idx = shard[s * batch:(s + 1) * batch]
-            if fault is not None:
-                fault(epoch * steps + s)
+            if on_step is not None:
+                on_step(epoch * steps + s)
             losses.append(step(x_train[idx], y_train[idx], tf.constant(epoch * steps + s)))
         mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
         if hooks:

@@ -1,0 +1,57 @@
+"""Watchdog: a rank that makes no progress for too long aborts the whole job.
+
+A collective whose partner is stuck (not dead: a dead rank ends the job by itself)
+blocks forever; the batch system would kill the job hours later with nothing said.
+The main thread calls `beat(phase)` at every training step and phase change; a daemon
+thread checks the age of the last beat and, past the limit, prints the rank and the
+phase and calls MPI_Abort, which ends every rank.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+DEFAULT_SECONDS = 1800.0   # generous: a step or an evaluation never legitimately takes this long
+
+
+class Watchdog:
+    def __init__(self, seconds: float, rank: int, abort):
+        self.seconds, self.rank, self.abort = seconds, rank, abort
+        self.phase = "start-up"
+        self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def beat(self, phase: str | None = None) -> None:
+        """Cheap enough for every step: two attribute stores."""
+        if phase is not None:
+            self.phase = phase
+        self.last = time.monotonic()
+
+    def wait(self, request, phase: str) -> None:
+        """Wait for a non-blocking MPI request while beating: waiting for other jobs to
+        finish (idle ranks wait a whole test) is not a lack of progress of this rank."""
+        self.beat(phase)
+        while not request.Test():
+            time.sleep(0.02)
+            self.beat()
+
+    def start(self) -> "Watchdog":
+        if self.seconds > 0:
+            self._thread = threading.Thread(target=self._watch, name="hpcai500-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        period = min(5.0, self.seconds / 4)
+        while not self._stop.wait(period):
+            idle = time.monotonic() - self.last
+            if idle > self.seconds:
+                print(f"hpcai500: rank {self.rank}: no progress for {idle:.0f} s during {self.phase}"
+                      f" (watchdog limit {self.seconds:g} s); aborting the job", file=sys.stderr, flush=True)
+                self.abort()
+                return
