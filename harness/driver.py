@@ -52,6 +52,9 @@ def parse_args(argv):
                    default=float(os.environ.get("HPCAI500_WATCHDOG", 1800)),
                    help="abort the job when a rank makes no progress (no training step, no phase change)"
                         " for this long; 0 = off (default: $HPCAI500_WATCHDOG or 1800)")
+    p.add_argument("--resume", metavar="RUN",
+                   help="continue the interrupted invocation whose folder is RUN (runs/<id>): its finished"
+                        " tests are kept and skipped; the input file must be the one it ran")
     p.add_argument("--summarize", nargs="+", metavar="RUN",
                    help="reprint the result tables of earlier runs (runs/<id> folders) side by side")
     return p.parse_args(argv)
@@ -93,16 +96,20 @@ def _run(args, world, watchdog) -> int:
     signals.on_signal(before_results)
 
     watchdog.beat("input")
-    cfg, tests, err = None, None, None
+    cfg, tests, err, previous = None, None, None, None
     if world.rank == 0:
         try:
             cfg = dat.parse(args.dat)
             tests = dat.expand(cfg)
-        except dat.DatError as e:
+            if args.resume:
+                previous = _previous(args.resume, cfg, len(tests))
+        except (dat.DatError, RunError) as e:
             err = str(e)
-    cfg, tests, err = world.bcast((cfg, tests, err), root=0)
+    done = {t["index"] for t in previous["tests"]} if previous else set()
+    cfg, tests, err, done = world.bcast((cfg, tests, err, done), root=0)
     if err:
         raise RunError(err)
+    tests_to_run = [t for t in tests if t.index not in done]
 
     nodes = topology.discover(world)
     layouts = {}
@@ -127,7 +134,7 @@ def _run(args, world, watchdog) -> int:
         datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
                                                    node_comm.rank, node_comm.Barrier), f"workload {name}")
         node_comm.Free()
-    for t in tests:
+    for t in tests_to_run:
         small = datas[t.workload].n_train < t.P * t.batch
         if small:
             raise RunError(f"{cfg.path}:14: B={t.batch} with P={t.P} needs at least {t.P * t.batch} "
@@ -136,16 +143,33 @@ def _run(args, world, watchdog) -> int:
     from harness import train as training
     watchdog.beat("device set-up")
     devices = training.setup_devices(nodes.local_rank, nodes.local_size)
-    run_dir = _make_run_dir(world, cfg.results_dir)
+    run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     from harness.run import Run
-    run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION)
+    run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION, previous)
     signals.on_signal(lambda signum: run.finish(interrupted=f"{_signame(signum)} received"))
-    for t in tests:
+    for t in tests_to_run:
         watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
         layout, warnings = layouts[(t.M, t.P)]
         run.test(t, layout, warnings, datas[t.workload], watchdog)
     run.finish()
     return 0
+
+
+def _previous(run_dir: str, cfg, n_tests: int) -> dict:
+    """The results of the invocation to resume, checked against the input file."""
+    import json
+    path = os.path.join(run_dir, "results.json")
+    try:
+        with open(path) as f:
+            previous = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunError(f"--resume {run_dir}: cannot read {path} ({e})") from None
+    if previous.get("input", {}).get("sha256") != sha256(cfg.text):
+        raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
+                       f"(SHA-256 differs); resume with the same file, or start a new run")
+    if len(previous.get("tests", [])) >= n_tests:
+        raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
+    return previous
 
 
 def _signame(signum: int) -> str:

@@ -13,7 +13,8 @@ from harness.report import TOLERANCE
 
 
 class Run:
-    def __init__(self, cfg, tests, nodes, devices, run_dir, world, version):
+    def __init__(self, cfg, tests, nodes, devices, run_dir, world, version, previous=None):
+        """`previous`: on rank 0, the results.json of the invocation being resumed."""
         from harness import dat, driver, flops
         self.cfg, self.tests, self.nodes, self.world = cfg, tests, nodes, world
         self.run_dir, self.version, self.devices = run_dir, version, devices
@@ -34,9 +35,14 @@ class Run:
                      "input": {"path": cfg.path, "sha256": driver.sha256(cfg.text), "text": cfg.text},
                      "config": _plain(cfg), "environment": driver.environment(world, nodes, devices),
                      "conventions": self.conventions, "tests": self.results}
-        self.head = self._header(dat)
         if world.rank == 0:
-            self._emit(self.head)
+            from harness import report
+            self._emit(self._header(dat))
+            if previous:  # the finished tests stand as they were; the report shows them again
+                self.results.extend(previous["tests"])
+                self.meta["resumed"] = previous.get("resumed", []) + [time.strftime("%Y-%m-%dT%H:%M:%S")]
+                for r in self.results:
+                    self._emit(report.row(r))
             self._save()
 
     # -- one test ---------------------------------------------------------------------

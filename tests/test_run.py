@@ -156,6 +156,27 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     report = (run / "report.txt").read_text()
     assert f"Interrupted: {sig} received during test 2" in report and report.rstrip().endswith("=" * 80)
     assert "Tests interrupted." in report
+    if launcher == "singleton":
+        _resume(cmd, env, tmp_path, run, res)
+
+
+def _resume(cmd, env, tmp_path, run, before):
+    """--resume runs only what is missing, in the same folder, with the same input."""
+    import subprocess
+    p = subprocess.run(cmd[:-1] + ["--resume", str(run), cmd[-1]], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    after = json.loads((run / "results.json").read_text())
+    assert after["status"] == "complete" and [t["index"] for t in after["tests"]] == [1, 2]
+    assert after["tests"][0] == before["tests"][0]          # the finished test stands as it was
+    assert p.stdout.count("...... PASSED") == 2 and len(after["resumed"]) == 1
+    again = subprocess.run(cmd[:-1] + ["--resume", str(run), cmd[-1]], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=120)
+    assert again.returncode == 1 and "nothing to resume, all 2 tests finished" in again.stderr
+    (tmp_path / "other.dat").write_text((tmp_path / "t.dat").read_text().replace("42 ", "43 "))
+    other = subprocess.run(cmd[:-1] + ["--resume", str(run), str(tmp_path / "other.dat")], capture_output=True,
+                           text=True, env=env, cwd=tmp_path, timeout=120)
+    assert other.returncode == 1 and "is not the input file that run used" in other.stderr
 
 
 def test_watchdog_aborts_a_job_stuck_in_a_collective(run_dat, tmp_path, monkeypatch):
