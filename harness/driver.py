@@ -43,13 +43,53 @@ def agree(world, fn, what: str):
     return value
 
 
+def launcher_rank() -> int:
+    """This process's rank as the launcher tells it, before MPI starts (0 if unknown)."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Command-line misuse is input misuse: one message (from rank 0), exit status 1 on
+    every rank, before MPI or TensorFlow start."""
+
+    def print_help(self, file=None):
+        if launcher_rank() == 0:
+            super().print_help(file)
+
+    def error(self, message):
+        if launcher_rank() == 0:
+            self.print_usage(sys.stderr)
+            say(f"error: {message}")
+        _quiet_exit(1)
+
+
+def _quiet_exit(status: int) -> None:
+    """Exit every rank after rank 0 has printed (every rank takes this path alike)."""
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Barrier()
+    sys.exit(status)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, found {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, found {text!r}")
+    return value
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="hpcai500.py", description="HPC AI500 V3.0 bagging benchmark")
+    p = _Parser(prog="hpcai500.py", description="HPC AI500 V3.0 bagging benchmark")
     p.add_argument("dat", nargs="?", default="HPCAI500.dat", help="input file (default HPCAI500.dat)")
     p.add_argument("--check", action="store_true",
                    help="validate the input and print the tests and the job-to-rank-to-node map, without training")
-    p.add_argument("--watchdog", type=float, metavar="SECONDS",
-                   default=float(os.environ.get("HPCAI500_WATCHDOG", 1800)),
+    p.add_argument("--watchdog", type=_seconds, metavar="SECONDS",
+                   default=os.environ.get("HPCAI500_WATCHDOG", "1800"),
                    help="abort the job when a rank makes no progress (no training step, no phase change)"
                         " for this long; 0 = off (default: $HPCAI500_WATCHDOG or 1800)")
     p.add_argument("--resume", metavar="RUN",
@@ -79,6 +119,7 @@ def main(argv=None) -> int:
     except RunError as e:
         if world.rank == 0:
             say(f"error: {e}")
+        world.Barrier()  # a rank exiting early makes mpirun kill rank 0 before it has spoken
         return 1
     except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
         say(f"rank {world.rank} failed during {watchdog.phase}: {type(e).__name__}: {e}")
