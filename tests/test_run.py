@@ -113,7 +113,8 @@ def test_command_line_misuse(tmp_path):
 
 
 @pytest.mark.parametrize("fault,expect", [("1:5", "rank 1 failed during training, test 1: RuntimeError"),
-                                          ("0:5:kill", None)])
+                                          ("0:5", "rank 0 failed during training, test 1: RuntimeError"),
+                                          ("0:5:kill", None), ("1:5:kill", None)])
 def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, monkeypatch, fault, expect):
     """No rank may be left blocked in a Horovod all-reduce when its partner dies."""
     monkeypatch.setenv("HPCAI500_FAULT", fault)
