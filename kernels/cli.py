@@ -16,14 +16,26 @@ import sys
 from kernels.device import PRECISIONS
 
 
+def _rank() -> int:
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.rank
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are printed once (by rank 0), not once per rank; every rank
-    exits 2 since every rank parses the same arguments."""
+    """argparse whose usage, help and errors are printed once (by rank 0), not once per
+    rank; every rank exits (2 on an error), since every rank parses the same arguments."""
+
+    def print_usage(self, file=None):
+        if _rank() == 0:
+            super().print_usage(file)
+
+    def print_help(self, file=None):
+        if _rank() == 0:
+            super().print_help(file)
 
     def error(self, message):
-        from mpi4py import MPI
-        if MPI.COMM_WORLD.rank == 0:
-            self.print_usage(sys.stderr)
+        self.print_usage(sys.stderr)
+        if _rank() == 0:
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
 
@@ -74,24 +86,23 @@ def main(p: Parser, argv, kernel, title: str, size, unit: str, scale: float, key
 
 
 def report(rows, title: str, size, unit: str, scale: float, key: str) -> None:
+    """One line per rank (rank, host, device, size, median seconds, rate), then the aggregate."""
     print(title)
     table = [("rank", "host", "device", "size", "seconds", unit)]
-    for rank, host, result, error in rows:
+    table += [(str(rank), host, r["device"], size(r), f"{r['seconds']:.4e}", f"{r[key] / scale:.4f}")
+              for rank, host, r, error in rows if not error]
+    width = [max(len(row[i]) for row in table) for i in range(6)]
+    for row in table:                          # text columns left-aligned, numbers right-aligned
+        print("  ".join(c.ljust(w) if i in (1, 2, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(row, width))))
+    for rank, host, _, error in rows:
         if error:
-            table.append((str(rank), host, "FAILED", error, "", ""))
-        else:
-            table.append((str(rank), host, result["device"], size(result), f"{result['seconds']:.4e}",
-                          f"{result[key] / scale:.4f}"))
-    width = [max(len(r[i]) for r in table) for i in range(5)]
-    for r in table:
-        print("  ".join(c.ljust(w) if i in (1, 2, 3) else c.rjust(w) for i, (c, w) in enumerate(zip(r, width)))
-              + "  " + r[5].rjust(10))
-    rates = [r[2][key] / scale for r in rows if not r[3]]
-    failed = [str(r[0]) for r in rows if r[3]]
+            print(f"{rank:>{width[0]}}  {host}  FAILED  {error}")
+    rates = [r[key] / scale for _, _, r, error in rows if not error]
     line = f"aggregate  {len(rates)} rank(s)"
     if rates:
         line += (f"  sum {sum(rates):.4f} {unit}  per rank min {min(rates):.4f}"
                  f"  median {statistics.median(rates):.4f}  max {max(rates):.4f}")
+    failed = [str(rank) for rank, _, _, error in rows if error]
     if failed:
         line += f"  FAILED rank(s): {', '.join(failed)}"
     print(line, flush=True)

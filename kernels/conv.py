@@ -2,10 +2,12 @@
 
 Shape: batch x 56 x 56 x 256 input, 3x3 kernel, 256 filters, stride 1, SAME padding, so
 the output is batch x 56 x 56 x 256. That is the 56 x 56 feature map of ResNet-50's
-conv2_x stage at the 256-channel width of its bottleneck outputs: 3.70 GFLOPs per sample, 16x
-any single 3x3 layer of ResNet-50, so that it saturates the device as a roofline must.
+conv2_x stage at the 256-channel width of its bottleneck outputs: 3.70 GFLOPs per sample,
+16x any single 3x3 layer of ResNet-50, so that it saturates the device as a roofline must.
 Channels-last is the Keras default the training uses (and what tensor cores want).
-FLOPs = 2 x K^2 x Cin x H x W x Cout per sample, H and W of the output (Table 3).
+FLOPs = 2 x K^2 x Cin x H x W x Cout per sample, H and W of the output (Table 3): the
+nominal count, so an algorithm that does fewer (Winograd, FFT; cuDNN and oneDNN pick one
+for 3x3) shows as a higher rate, as it does in the training the roofline bounds.
 Default batch: 128 on a GPU (474 GFLOP per call), 4 on a CPU.
 
     mpirun -np N python -m kernels.conv --batch 128 --precision fp16 --repeats 5
@@ -36,13 +38,15 @@ def run(batch: int | None = None, hw: int = 56, cin: int = 256, cout: int = 256,
     with tf.device(dev.tf_name):
         x = tf.cast(tf.random.uniform((batch, hw, hw, cin), -1.0, 1.0), dtype)
         f = tf.cast(tf.random.uniform((k, k, cin, cout), -1.0, 1.0), dtype)
-        conv = tf.function(lambda x, f: tf.nn.conv2d(x, f, strides=1, padding="SAME", data_format="NHWC"))
-        t = timing.measure(lambda: conv(x, f), repeats)
+        # Eager, as for GEMM: a tf.function only adds call overhead to a single op.
+        t = timing.measure(lambda: tf.nn.conv2d(x, f, strides=1, padding="SAME", data_format="NHWC"),
+                           repeats)
     work = batch * flop_per_sample(k, cin, hw, hw, cout)    # SAME, stride 1: output is hw x hw
     return {"batch": batch, "height": hw, "width": hw, "cin": cin, "cout": cout, "kernel": k,
-            "layout": "NHWC", "precision": precision, "math": "tf32" if dev.tf32 and precision == "fp32" else precision,
+            "layout": "NHWC", "precision": precision,
+            "math": "tf32" if dev.tf32 and precision == "fp32" else precision,
             "device": dev.name, "seconds": t.seconds, "flop": work, "flops": work / t.seconds,
-            "repeats": repeats, "chain": t.chain}
+            "repeats": repeats, "chain": t.chain, "samples": t.samples}
 
 
 def main(argv=None) -> int:
