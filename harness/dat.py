@@ -43,7 +43,7 @@ SUPPORTED = {
     "aggregation": {"mean", "vote"},
     "staging": {"none"},        # add "path" once node-local staging is built
     "repetitions": {1},         # e.g. range(1, 101) once repeats are built
-    "roofline": {0},
+    "roofline": {0, 1},
 }
 
 MAX_BYTES = 1 << 20

@@ -132,6 +132,8 @@ def _run(args, world, watchdog) -> int:
     from harness import dat, signals, topology
 
     def before_results(signum):
+        if world.rank != 0:
+            time.sleep(1.0)  # let rank 0 write before mpirun, seeing us gone, kills it
         if world.rank == 0:
             say(f"{_signame(signum)} received during {watchdog.phase}; no test had finished, nothing written")
     signals.on_signal(before_results)
@@ -184,16 +186,44 @@ def _run(args, world, watchdog) -> int:
     from harness import train as training
     watchdog.beat("device set-up")
     devices = training.setup_devices(nodes.local_rank, nodes.local_size)
+    ceilings = None
+    if cfg.roofline:
+        watchdog.beat("roofline micro-kernels")
+        ceilings = _roofline(world, cfg.precisions)
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     from harness.run import Run
-    run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION, previous)
-    signals.on_signal(lambda signum: run.finish(interrupted=f"{_signame(signum)} received"))
+    run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION, previous, ceilings)
+    signals.on_signal(lambda signum: run.finish(interrupted=f"{_signame(signum)} received")
+                      if world.rank == 0 else time.sleep(1.0))
     for t in tests_to_run:
         watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
         layout, warnings = layouts[(t.M, t.P)]
         run.test(t, layout, warnings, datas[t.workload], watchdog)
     run.finish()
     return 0
+
+
+def _roofline(world, precisions) -> dict | None:
+    """GEMM, convolution and triad on every rank at once (they share the node's memory
+    and power, as training does), once per precision; per-rank figures on rank 0."""
+    import kernels
+    out = {}
+    for prec in precisions:
+        world.Barrier()
+        mine = kernels.roofline(prec, quick=os.environ.get("HPCAI500_ROOFLINE_QUICK") == "1")
+        per_rank = world.gather(mine, root=0)
+        if world.rank == 0:
+            out[prec] = _ceilings(prec, per_rank)
+    return out if world.rank == 0 else None
+
+
+def _ceilings(prec: str, per_rank: list[dict]) -> dict:
+    med = lambda xs: float(np.median(xs))  # noqa: E731 - a median over ranks, the chart's ceiling
+    return {"precision": prec, "per_rank": per_rank,
+            "gemm_flops": med([r["gemm"]["flops"] for r in per_rank]),
+            "conv_flops": med([r["conv"]["flops"] for r in per_rank]),
+            "bandwidth": med([r["stream"]["bandwidth"] for r in per_rank]),
+            "peak": per_rank[0]["peak"]}
 
 
 def _previous(run_dir: str, cfg, n_tests: int) -> dict:

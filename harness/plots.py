@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def scaling(tests: list[dict], path: str) -> int:
@@ -35,6 +36,8 @@ def scaling(tests: list[dict], path: str) -> int:
     ax.set_xlabel("Sys_scale = M x P (ranks)")
     ax.set_ylabel("Tflops")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({t["M"] * t["P"] for ts in groups.values() for t in ts}))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_title("HPC AI500 V3.0 bagging scaling")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

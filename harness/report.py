@@ -72,6 +72,10 @@ def row(t: dict) -> str:
         f" {t['aggregation']} of {t['M']} model(s) on {t['val_samples']} samples",
         f"Work        : {t['samples_trained']} samples trained, {t['total_flops']:.4e} FLOPs ;"
         f" eval {t['eval_seconds']:.2f} s ; resample {t['sampler_seconds']:.2f} s",
+        *([f"Utilisation : {t['utilisation']['gemm']:.3f} of the GEMM roofline,"
+            f" {t['utilisation']['conv']:.3f} of the CONV roofline"
+            + (f", {t['utilisation']['peak']:.3f} of the theoretical peak" if t["utilisation"]["peak"] else "")]
+          if t.get("utilisation") else []),
         telemetry_line(t),
         *[f"Warning     : {w}" for w in t["warnings"]],
         THIN,

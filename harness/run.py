@@ -13,8 +13,9 @@ from harness.report import TOLERANCE
 
 
 class Run:
-    def __init__(self, cfg, tests, nodes, devices, run_dir, world, version, previous=None):
-        """`previous`: on rank 0, the results.json of the invocation being resumed."""
+    def __init__(self, cfg, tests, nodes, devices, run_dir, world, version, previous=None, ceilings=None):
+        """On rank 0: `previous`, the results.json of the invocation being resumed;
+        `ceilings`, the roofline micro-kernels' figures by precision."""
         from harness import dat, driver, flops
         self.cfg, self.tests, self.nodes, self.world = cfg, tests, nodes, world
         self.run_dir, self.version, self.devices = run_dir, version, devices
@@ -31,10 +32,18 @@ class Run:
             f" base model; PASSED at <= {TOLERANCE:.0e}",
             f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
         ]
+        import os
+        if nodes.local_size > (os.cpu_count() or 1):
+            self.conventions.append(
+                f"Oversubscribed: {nodes.local_size} ranks on {os.cpu_count()} cores on a node; a test with"
+                " idle ranks gives its ranks more than the share the kernels ran with")
+        self.ceilings = ceilings or {}
+        for c in self.ceilings.values():
+            self.conventions += roofline_lines(c)
         self.meta = {"hpcai500": version, "status": "running", "run_dir": run_dir,
                      "input": {"path": cfg.path, "sha256": driver.sha256(cfg.text), "text": cfg.text},
                      "config": _plain(cfg), "environment": driver.environment(world, nodes, devices),
-                     "conventions": self.conventions, "tests": self.results}
+                     "conventions": self.conventions, "roofline": self.ceilings, "tests": self.results}
         if world.rank == 0:
             from harness import report
             self._emit(self._header(dat))
@@ -139,6 +148,7 @@ class Run:
         fl = metrics.flops(total_flops, seconds)
         from harness import telemetry
         tele = telemetry.reduce([r["telemetry"] for r in workers])
+        used = [r["rank"] for r in workers]
         max_diff = max(r["diff"] for r in workers)
         return {
             "index": t.index, "tv": t.tv(cfg), "workload": t.workload, "M": layout.M, "P": layout.P,
@@ -157,6 +167,7 @@ class Run:
             "quality_name": wl.QUALITY, "quality": quality, "base_quality": [r["quality"] for r in roots],
             "target_quality": target, "penalty_n": n, "penalty": metrics.penalty(quality, target, n),
             "final_loss": [r["loss"] for r in roots],
+            "utilisation": _utilisation(fl, self.ceilings.get(t.precision), used),
             "telemetry": tele, "vflops_per_watt": _per_watt(metrics.vflops(fl, quality, target, n), tele),
             "consistency": {"max_diff": max_diff, "tolerance": TOLERANCE, "passed": bool(max_diff <= TOLERANCE)},
             "resample": [{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
@@ -183,6 +194,7 @@ class Run:
                             if self.current else ".\n"))
             self._emit(report.footer(self.results, 0, report.scaling_lines(self.results, metrics.weak_scaling),
                                      bool(interrupted)))
+            self._save()     # the figures first: on a signal, the launcher may kill us any moment
             self._charts()
             self._save()
         print(f"hpcai500: results in {self.run_dir}/ (report.txt, results.json)", file=sys.stderr, flush=True)
@@ -215,6 +227,11 @@ class Run:
         self.meta["charts"] = []
         if self.results and plots.scaling(self.results, os.path.join(self.run_dir, "scaling.png")):
             self.meta["charts"].append("scaling.png")
+        for prec, ceil in self.ceilings.items():
+            tests = [t for t in self.results if t["precision"] == prec]
+            name = "roofline.png" if len(self.ceilings) == 1 else f"roofline-{prec}.png"
+            if tests and plots.roofline(tests, ceil, os.path.join(self.run_dir, name)):
+                self.meta["charts"].append(name)
 
     def _write_mllogs(self, t, records) -> None:
         import os
@@ -260,6 +277,32 @@ def _on_step(watchdog, fire):
         watchdog.beat()
         fire(step)
     return on_step
+
+
+def roofline_lines(c: dict) -> list[str]:
+    """The conventions block's roofline lines for one precision."""
+    n = len(c["per_rank"])
+    lines = [f"Roofline ({c['precision']}, per rank, median of {n} ranks run at once): GEMM "
+             f"{c['gemm_flops'] / 1e12:.4f} Tflops, CONV {c['conv_flops'] / 1e12:.4f} Tflops,"
+             f" triad {c['bandwidth'] / 1e9:.1f} GB/s; first call excluded, median of repeats",
+             "Utilisation: FLOPS / sum of the measured GEMM (and CONV) figures of the ranks the test used"]
+    peak, source = c["peak"]["flops"], c["peak"]["source"]
+    if peak:
+        lines.append(f"Theoretical peak per rank ({source}): {peak / 1e12:.1f} Tflops;"
+                     f" GEMM reaches {c['gemm_flops'] / peak:.2f} of it")
+    else:
+        lines.append(f"Theoretical peak per rank: {source} (set HPCAI500_PEAK_TFLOPS to give it)")
+    return lines
+
+
+def _utilisation(flops: float, ceil: dict | None, ranks: list[int]) -> dict | None:
+    if not ceil:
+        return None
+    per_rank = ceil["per_rank"]
+    gemm = sum(per_rank[r]["gemm"]["flops"] for r in ranks)
+    conv = sum(per_rank[r]["conv"]["flops"] for r in ranks)
+    peak = ceil["peak"]["flops"]
+    return {"gemm": flops / gemm, "conv": flops / conv, "peak": flops / (peak * len(ranks)) if peak else None}
 
 
 def _per_watt(vflops: float, tele: dict) -> float | None:

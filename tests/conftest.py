@@ -22,9 +22,11 @@ def dat_text(**lines) -> str:
     return "\n".join(rows) + "\n"
 
 
-def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = 300, quick: bool = True) -> subprocess.CompletedProcess:
+    """quick: the roofline micro-kernels at test sizes (the shipped-file test runs them full)."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
+               HPCAI500_ROOFLINE_QUICK="1" if quick else "0")
     cmd = [str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), sys.executable, str(ROOT / "hpcai500.py"), *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 

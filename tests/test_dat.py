@@ -56,7 +56,7 @@ def test_shipped_file_parses_and_expands_to_three_tests():
     assert (cfg.comm_precision, cfg.allreduce, cfg.sampler, cfg.aggregation) == (
         "fp32", "ring", "bootstrap", "mean")
     assert (cfg.target_quality, cfg.penalty_n, cfg.repetitions) == (-1.0, -1.0, 1)
-    assert (cfg.staging, cfg.seed, cfg.roofline) == ("none", 42, 0)
+    assert (cfg.staging, cfg.seed, cfg.roofline) == ("none", 42, 1)
     tests = expand(cfg)
     assert [(t.index, t.M, t.P) for t in tests] == [(1, 1, 1), (2, 2, 1), (3, 4, 1)]
     assert all((t.workload, t.batch, t.precision) == ("digits", 32, "fp32") for t in tests)
@@ -142,7 +142,7 @@ def test_message_format(line, value, expected):
 NOT_YET = [  # (line, value): known values whose feature is not built yet
     (7, "ic"), (7, "EWA"), (17, "fp16"), (17, "bf16"), (18, "adam"), (18, "adagrad"),
     (18, "lars"), (18, "LAMB"), (21, "fp16"), (22, "hierarchical"), (27, "3"),
-    (27, "2"), (28, "/tmp/stage"), (28, "./local"), (30, "1"),
+    (27, "2"), (28, "/tmp/stage"), (28, "./local"),
 ]
 
 
@@ -376,7 +376,7 @@ def test_describe():
                  "P       :  1  1  4", "PMAP    : Node-packed", "B       : 32",
                  "EPOCHS  : 10", "PREC    : fp32", "OPTIM   : sgd", "SAMPLER : bootstrap",
                  "AGGR    : mean", "TARGET  : 0.9", "N       : workload default",
-                 "SEED    : 42", "ROOFLINE: skip", "OUTPUT  : stdout"]:
+                 "SEED    : 42", "ROOFLINE: run", "OUTPUT  : stdout"]:
         assert want in lines
     assert all(ln[8:10] == ": " and "\n" not in ln for ln in lines)
     assert "PMAP    : Round-robin" in describe(parse_text(edit({12: "1"})))

@@ -13,7 +13,7 @@ def test_shipped_file_end_to_end(tmp_path):
     """The README's `make run`: HPCAI500.dat as shipped, 4 ranks, M = 1, 2, 4."""
     text = (ROOT / "HPCAI500.dat").read_text().replace("runs          results", f"{str(tmp_path / 'r'):<13} results")
     (tmp_path / "HPCAI500.dat").write_text(text)
-    p = mpirun(4, ["HPCAI500.dat"], tmp_path)
+    p = mpirun(4, ["HPCAI500.dat"], tmp_path, quick=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("...... PASSED") == 3 and "FAILED" not in p.stdout
     assert "3 tests completed and passed consistency checks" in p.stdout
@@ -34,7 +34,13 @@ def test_shipped_file_end_to_end(tmp_path):
         assert t["training_flops_per_sample"] == 3 * t["forward_flops_per_sample"]
     assert [t["M"] for t in res["tests"]] == [1, 2, 4]
     assert "Scaling (digits, B 32, fp32): Sys_scale 1 -> 4" in p.stdout
-    assert res["charts"] == ["scaling.png"] and (run_dir / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    assert res["charts"] == ["scaling.png", "roofline.png"]
+    assert all((run_dir / c).read_bytes()[:4] == b"\x89PNG" for c in res["charts"])
+    assert len(res["roofline"]["fp32"]["per_rank"]) == 4 and res["roofline"]["fp32"]["gemm_flops"] > 0
+    for t in res["tests"]:   # FLOPS / sum of the used ranks' measured GEMM figures
+        gemm = sum(res["roofline"]["fp32"]["per_rank"][r]["gemm"]["flops"] for j in t["jobs"] for r in j)
+        assert t["utilisation"]["gemm"] == pytest.approx(t["flops"] / gemm)
+    assert "Utilisation : " in p.stdout and "Roofline (fp32, per rank" in p.stdout
     _check_mllogs(tmp_path / "r", n_files=1 + 2 + 4, epochs=epochs)
 
 
