@@ -35,14 +35,14 @@ KNOWN = {
 # "not supported yet"; a feature that lands only widens this table.
 SUPPORTED = {
     "workload": {"digits"},
-    "precision": {"fp32"},
-    "optimizer": {"sgd"},
-    "comm_precision": {"fp32"},
-    "allreduce": {"ring"},
+    "precision": {"fp32", "fp16", "bf16"},
+    "optimizer": {"sgd", "adam", "adagrad", "lars", "lamb"},
+    "comm_precision": {"fp32", "fp16"},
+    "allreduce": {"ring", "hierarchical"},
     "sampler": {"bootstrap", "poisson", "none"},
     "aggregation": {"mean", "vote"},
     "staging": {"none"},        # add "path" once node-local staging is built
-    "repetitions": {1},         # e.g. range(1, 101) once repeats are built
+    "repetitions": range(1, 101),
     "roofline": {0, 1},
 }
 

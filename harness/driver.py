@@ -148,11 +148,12 @@ def _run(args, world, watchdog) -> int:
                 previous = _previous(args.resume, cfg, len(tests))
         except (dat.DatError, RunError) as e:
             err = str(e)
-    done = {t["index"] for t in previous["tests"]} if previous else set()
+    done = {(t["index"], t.get("repetition", 0)) for t in previous["tests"]} if previous else set()
     cfg, tests, err, done = world.bcast((cfg, tests, err, done), root=0)
     if err:
         raise RunError(err)
-    tests_to_run = [t for t in tests if t.index not in done]
+    runs = [(t, rep) for t in tests for rep in range(cfg.repetitions) if (t.index, rep) not in done]
+    tests_to_run = list({t.index: t for t, _ in runs}.values())
 
     nodes = topology.discover(world)
     layouts = {}
@@ -195,10 +196,10 @@ def _run(args, world, watchdog) -> int:
     run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION, previous, ceilings)
     signals.on_signal(lambda signum: run.finish(interrupted=f"{_signame(signum)} received")
                       if world.rank == 0 else time.sleep(1.0))
-    for t in tests_to_run:
+    for t, rep in runs:
         watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
         layout, warnings = layouts[(t.M, t.P)]
-        run.test(t, layout, warnings, datas[t.workload], watchdog)
+        run.test(t, layout, warnings, datas[t.workload], watchdog, rep)
     run.finish()
     return 0
 
@@ -238,7 +239,7 @@ def _previous(run_dir: str, cfg, n_tests: int) -> dict:
     if previous.get("input", {}).get("sha256") != sha256(cfg.text):
         raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
                        f"(SHA-256 differs); resume with the same file, or start a new run")
-    if len(previous.get("tests", [])) >= n_tests:
+    if len(previous.get("tests", [])) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
     return previous
 

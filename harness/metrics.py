@@ -53,9 +53,41 @@ class Scaling:
 def weak_scaling(points: list[tuple[int, float]]) -> Scaling | None:
     """Bagging scales by adding base models: from the smallest to the largest Sys_scale,
     FLOPS ratio and efficiency = ratio / (scale ratio). None with fewer than 2 scales."""
-    pts = sorted(points)
-    if len(pts) < 2 or pts[0][0] == pts[-1][0]:
+    by_scale: dict[int, list[float]] = {}
+    for scale, value in points:   # repeated runs at one scale: their mean
+        by_scale.setdefault(scale, []).append(value)
+    if len(by_scale) < 2:
         return None
-    (s0, f0), (s1, f1) = pts[0], pts[-1]
+    s0, s1 = min(by_scale), max(by_scale)
+    f0, f1 = (sum(by_scale[s]) / len(by_scale[s]) for s in (s0, s1))
     speedup = f1 / f0
     return Scaling(s0, s1, speedup, speedup / (s1 / s0))
+
+
+@dataclass(frozen=True)
+class Repeats:
+    runs: int
+    kept: int            # runs averaged (olympic: all but the fastest and the slowest)
+    flops: float
+    vflops: float
+    quality: float
+    cv_flops: float      # coefficient of variation over all runs (HPC AI500 V2.0)
+    cv_quality: float
+
+
+def repeats(runs: list[dict]) -> Repeats:
+    """MLPerf HPC's olympic summary of repeated runs: with 3 or more, drop the fastest and
+    the slowest (by training time) and average the rest; with fewer, average all. The
+    coefficients of variation (sample std / mean) use every run."""
+    ordered = sorted(runs, key=lambda r: r["train_seconds"])
+    kept = ordered[1:-1] if len(ordered) >= 3 else ordered
+    mean = lambda key, rs: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+
+    def cv(key):
+        if len(runs) < 2:
+            return 0.0
+        m = mean(key, runs)
+        var = sum((r[key] - m) ** 2 for r in runs) / (len(runs) - 1)
+        return var ** 0.5 / m if m else 0.0
+    return Repeats(len(runs), len(kept), mean("flops", kept), mean("vflops", kept), mean("quality", kept),
+                   cv("flops"), cv("quality"))

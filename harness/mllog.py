@@ -76,5 +76,5 @@ class BaseModelLog:
         self.end(K.RUN_STOP, status=K.SUCCESS if ok else K.ABORTED)
 
 
-def filename(test: int, job: int) -> str:
-    return f"test{test:03d}_model{job:04d}.log"
+def filename(test: int, rep: int, job: int) -> str:
+    return f"test{test:03d}_rep{rep:02d}_model{job:04d}.log"

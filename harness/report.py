@@ -85,6 +85,16 @@ def row(t: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def repeats_block(t: dict, s: dict) -> str:
+    """The summary of a test's repetitions, after its last one."""
+    how = ("olympic mean: fastest and slowest dropped" if s["kept"] < s["runs"] else "mean of all runs")
+    lines = [f"{t['tv']:<15} {t['workload']:<8} {t['M']:>4} {t['P']:>4} {t['B']:>5} {'(summary)':>12}"
+             f" {s['flops'] / 1e12:>12.4e} {s['vflops'] / 1e12:>11.3e} {s['quality']:>9.4f}",
+             f"Repeats     : test {s['index']}, {s['runs']} runs (seeds differ), {how} ({s['kept']} runs) ;"
+             f" CV of FLOPS {100 * s['cv_flops']:.1f} %, of quality {100 * s['cv_quality']:.1f} %", RULE]
+    return "\n".join(lines) + "\n"
+
+
 def telemetry_line(t: dict) -> str:
     """What the devices did during training, from the telemetry reduced over ranks."""
     tel = t.get("telemetry") or {}

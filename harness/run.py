@@ -5,6 +5,7 @@ finished tests survive whatever happens to the next one.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ class Run:
             f" base model; PASSED at <= {TOLERANCE:.0e}",
             f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
         ]
-        import os
+        self.conventions += _option_lines(cfg)
         if nodes.local_size > (os.cpu_count() or 1):
             self.conventions.append(
                 f"Oversubscribed: {nodes.local_size} ranks on {os.cpu_count()} cores on a node; a test with"
@@ -55,7 +56,9 @@ class Run:
             self._save()
 
     # -- one test ---------------------------------------------------------------------
-    def test(self, t, layout, warnings, data, watchdog) -> None:
+    def test(self, t, layout, warnings, data, watchdog, rep: int = 0) -> None:
+        """Repetition `rep` of test `t`; it runs with seed + rep."""
+        self.rep, self.seed = rep, self.cfg.seed + rep
         from harness import ensemble, sampler, topology, workloads
         cfg, world = self.cfg, self.world
         wl = workloads.get(t.workload)
@@ -64,7 +67,7 @@ class Run:
 
         t0 = time.perf_counter()
         indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train,
-                                     cfg.sampler, cfg.seed, job_comm, job)
+                                     cfg.sampler, self.seed, job_comm, job)
         sampler_seconds = time.perf_counter() - t0
         rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
         scores = None
@@ -86,6 +89,8 @@ class Run:
                 self.results.append(result)
                 self._write_mllogs(t, records)
                 self._emit(report.row(result))
+                if self.rep == self.cfg.repetitions - 1 and self.rep > 0:
+                    self._summarise_repeats(t.index)
                 self._save()
                 self.current = None
 
@@ -97,21 +102,24 @@ class Run:
         from harness import ensemble, fault, flops, sampler, telemetry, train
         cfg, world = self.cfg, self.world
         root = job_comm.rank == 0
+        # Horovod reads its all-reduce algorithm from the environment at init
+        os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
         hvd.init(comm=job_comm)
         log = None
         if root:
             from harness.mllog import BaseModelLog
             log = BaseModelLog(t.index, job)
-            log.init(seed=cfg.seed, global_batch=t.P * t.batch, train_samples=len(indices),
+            log.init(seed=self.seed, global_batch=t.P * t.batch, train_samples=len(indices),
                      eval_samples=len(data.y_val), nodes=len({self.nodes.node_of_rank[r] for r in layout.jobs[job]}),
                      per_node=self.nodes.local_size, workload=t.workload)
-        model = train.build(wl, data, cfg.seed, job)
+        model = train.build(wl, data, self.seed, job, t.precision)
         watchdog.beat(f"training, test {t.index}")
         gpus = self.devices["gpus_on_node"]
         sampler_ = telemetry.Sampler(gpu_index=self.nodes.local_rank % gpus if gpus else None)
         sampler_.start()
-        res = train.train(wl, data, model, indices, seed=cfg.seed, job=job, batch=t.batch,
-                          epochs=cfg.epochs, base_lr=cfg.base_lr, warmup_epochs=cfg.warmup_epochs,
+        recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
+                              t.precision, cfg.comm_precision)
+        res = train.train(wl, data, model, indices, recipe, seed=self.seed, job=job,
                           world_barrier=world.Barrier, hooks=_Hooks(t, len(self.tests), log, world.rank == 0),
                           on_step=_on_step(watchdog, fault.injector(world.rank)))
         rec["telemetry"] = sampler_.stop()
@@ -153,12 +161,13 @@ class Run:
         return {
             "index": t.index, "tv": t.tv(cfg), "workload": t.workload, "M": layout.M, "P": layout.P,
             "B": t.batch, "precision": t.precision, "sampler": cfg.sampler, "aggregation": cfg.aggregation,
-            "seed": cfg.seed, "epochs": cfg.epochs, "jobs": [list(j) for j in layout.jobs],
+            "repetition": self.rep, "seed": self.seed, "epochs": cfg.epochs, "jobs": [list(j) for j in layout.jobs],
             "idle_ranks": list(layout.idle), "warnings": warnings, "data": data.source,
             "train_samples": data.n_train, "val_samples": int(len(data.y_val)),
             "forward_flops_per_sample": fc.forward, "training_flops_per_sample": fc.training,
             "flops_by_operator": fc.by_operator, "activations_per_sample": fc.activations,
-            "weights": fc.weights, "intensity": metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch),
+            "weights": fc.weights, "intensity": metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch,
+                                           4 if t.precision == "fp32" else 2),
             "steps_per_epoch": [r["steps_per_epoch"] for r in roots],
             "samples_trained": int(sum(r["samples"] for r in roots)), "total_flops": total_flops,
             "train_seconds": seconds, "train_seconds_min": min(r["seconds"] for r in workers),
@@ -189,6 +198,8 @@ class Run:
             self.meta["status"] = "interrupted" if interrupted else "complete"
             if interrupted:
                 self.meta["interrupted"] = {"reason": interrupted, "test": self.current}
+                if self.current and self.cfg.repetitions > 1:
+                    self.meta["interrupted"]["repetition"] = self.rep
                 self._emit(f"\nInterrupted: {interrupted}" +
                            (f" during test {self.current}; its result is lost, the finished tests' stand.\n"
                             if self.current else ".\n"))
@@ -214,15 +225,20 @@ class Run:
             stream.flush()
 
     def _save(self) -> None:
-        import os
         from harness import report
         report.atomic_write(os.path.join(self.run_dir, "report.txt"), self.text)
         report.write_json(os.path.join(self.run_dir, "results.json"), self.meta)
         if self.cfg.device_out not in (6, 7):
             report.atomic_write(self.cfg.output_file, self.text)
 
+    def _summarise_repeats(self, index: int) -> None:
+        from harness import metrics, report
+        runs = [r for r in self.results if r["index"] == index]
+        summary = {"index": index, **vars(metrics.repeats(runs))}
+        self.meta.setdefault("repeats", []).append(summary)
+        self._emit(report.repeats_block(runs[0], summary))
+
     def _charts(self) -> None:
-        import os
         from harness import plots
         self.meta["charts"] = []
         if self.results and plots.scaling(self.results, os.path.join(self.run_dir, "scaling.png")):
@@ -234,13 +250,12 @@ class Run:
                 self.meta["charts"].append(name)
 
     def _write_mllogs(self, t, records) -> None:
-        import os
         from harness import mllog, report
         folder = os.path.join(self.run_dir, "mllog")
         os.makedirs(folder, exist_ok=True)
         for r in records:
             if "mllog" in r:
-                report.atomic_write(os.path.join(folder, mllog.filename(t.index, r["job"])),
+                report.atomic_write(os.path.join(folder, mllog.filename(t.index, self.rep, r["job"])),
                                     "\n".join(r["mllog"]) + "\n")
 
 
@@ -277,6 +292,28 @@ def _on_step(watchdog, fire):
         watchdog.beat()
         fire(step)
     return on_step
+
+
+def _option_lines(cfg) -> list[str]:
+    """What the Table 2 choices of this input mean here, stated in the report."""
+    lines = []
+    if set(cfg.precisions) - {"fp32"}:
+        lines.append("Mixed precision (fp16, bf16): Keras policy, FP32 master weights, logits/softmax/loss"
+                     " in FP32, fp16 with dynamic loss scaling; FLOPs counted as for fp32")
+    if cfg.comm_precision == "fp16":
+        lines.append("Communication fp16: gradients cast to FP16 for the all-reduce (Horovod Compression.fp16)")
+    if cfg.allreduce == "hierarchical":
+        import horovod.tensorflow as hvd
+        lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
+                     " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if hvd.nccl_built() else
+                     "and this build has none: its flat MPI all-reduce ran"))
+    if cfg.optimizer != "sgd":
+        lines.append(f"Optimizer {cfg.optimizer}: see harness/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
+                     " i.e. biases and batch-norm, from trust ratio and weight decay)")
+    if cfg.repetitions > 1:
+        lines.append(f"Repetitions: {cfg.repetitions} runs of each test with seeds {cfg.seed}..{cfg.seed + cfg.repetitions - 1};"
+                     " summary = mean without the fastest and slowest run (3 or more), CV over all runs")
+    return lines
 
 
 def roofline_lines(c: dict) -> list[str]:

@@ -19,6 +19,7 @@ def setup_devices(local_rank: int, local_size: int) -> dict:
     """Pin this rank before TensorFlow starts its runtime: one GPU per local rank where
     there are GPUs, and cores / ranks-on-node threads so that ranks do not fight."""
     import tensorflow as tf
+    tf.get_logger().setLevel("ERROR")  # Horovod's per-test broadcasts retrace; TF warns each time
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = max(1, min(cores, (os.cpu_count() or 1) // local_size))
     tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -44,6 +45,21 @@ def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
     return tf.where(step < warmup_steps, warm, decay)
 
 
+POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a base model is trained: the Table 2 choices of one test."""
+    batch: int                  # per rank
+    epochs: int
+    base_lr: float              # per rank; the job uses base_lr x P (linear scaling rule)
+    warmup_epochs: float
+    optimizer: str = "sgd"
+    precision: str = "fp32"     # fp16/bf16: Keras mixed precision, FP32 master weights
+    comm_precision: str = "fp32"  # fp16: gradients cast to FP16 for the all-reduce
+
+
 @dataclass
 class TrainResult:
     seconds: float            # this rank's wall time, barrier to end of the last epoch
@@ -54,16 +70,17 @@ class TrainResult:
     weights_digest: str       # hash of this rank's trainable weights
 
 
-def build(workload, data, seed: int, job: int):
+def build(workload, data, seed: int, job: int, precision: str = "fp32"):
     """The job's model, initialised from (seed, job): base models start differently,
-    and the job's ranks are then made equal by broadcasting from the job's root."""
+    and the job's ranks are then made equal by broadcasting from the job's root. The
+    precision policy is global in Keras: set for every model, fp32 included."""
     import tensorflow as tf
+    tf.keras.mixed_precision.set_global_policy(POLICIES[precision])
     tf.keras.utils.set_random_seed((seed * 1_000_003 + job) % 2**31)
     return workload.build_model(data)
 
 
-def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
-          batch: int, epochs: int, base_lr: float, warmup_epochs: float,
+def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
           world_barrier, hooks=None, on_step=None) -> TrainResult:
     """Train one base model. `hooks` (optional) gets run_start(), epoch_start(epoch) and
     epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted from 1; `on_step(step)`
@@ -71,22 +88,33 @@ def train(workload, data, model, indices: np.ndarray, *, seed: int, job: int,
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    from harness import optimizers
     rank, size = hvd.rank(), hvd.size()
+    batch, epochs = recipe.batch, recipe.epochs
     steps = len(indices) // (size * batch)
     if steps < 1:
         raise ValueError(f"job {job}: resample of {len(indices)} samples is smaller than "
                          f"P x B = {size} x {batch}; lower B or P, or use more data")
-    schedule = lambda s: learning_rate(s, steps * epochs, int(round(warmup_epochs * steps)), base_lr * size)
-    opt = tf.keras.optimizers.SGD(learning_rate=schedule(0), momentum=0.9)
+    schedule = lambda s: learning_rate(s, steps * epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
+                                       recipe.base_lr * size)
+    opt = optimizers.make(recipe.optimizer, schedule(0))
+    fp16 = recipe.precision == "fp16"
+    if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
+        opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
+    compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
     hvd.broadcast_variables(model.variables, root_rank=0)
 
     @tf.function
     def step(x, y, i):
         opt.learning_rate.assign(schedule(i))
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(workload.loss(y, model(x, training=True)))
-        tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
+            logits = tf.cast(model(x, training=True), tf.float32)  # softmax and loss in FP32
+            loss = tf.reduce_mean(workload.loss(y, logits))
+            scaled = opt.get_scaled_loss(loss) if fp16 else loss
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if fp16:
+            grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 

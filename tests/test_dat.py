@@ -130,8 +130,8 @@ def test_bad_value_without_free_text(line, value, token):
 @pytest.mark.parametrize("line,value,expected", [
     (17, "fp64", "HPCAI500.dat:17: found 'fp64', expected a training precision "
                  "(fp32, fp16, bf16)"),
-    (18, "lamb", "HPCAI500.dat:18: found 'lamb': optimizer 'lamb' not supported yet "
-                 "(supported: sgd)"),
+    (7, "ic", "HPCAI500.dat:7: found 'ic': workload 'ic' not supported yet "
+              "(supported: digits)"),
     (18, "rmsprop", "HPCAI500.dat:18: found 'rmsprop', expected an optimizer "
                     "(sgd, adam, adagrad, lars, lamb)"),
 ])
@@ -140,9 +140,7 @@ def test_message_format(line, value, expected):
 
 
 NOT_YET = [  # (line, value): known values whose feature is not built yet
-    (7, "ic"), (7, "EWA"), (17, "fp16"), (17, "bf16"), (18, "adam"), (18, "adagrad"),
-    (18, "lars"), (18, "LAMB"), (21, "fp16"), (22, "hierarchical"), (27, "3"),
-    (27, "2"), (28, "/tmp/stage"), (28, "./local"),
+    (7, "ic"), (7, "EWA"), (27, "101"), (28, "/tmp/stage"), (28, "./local"),
 ]
 
 
@@ -153,15 +151,13 @@ def test_not_supported_yet(line, value):
 
 
 def test_supported_table_is_the_one_switch(monkeypatch):
-    text = edit({18: "adam", 22: "hierarchical", 27: "3", 30: "1"})
-    fails(text, 18, "adam")
-    monkeypatch.setitem(dat.SUPPORTED, "optimizer", {"sgd", "adam"})
-    monkeypatch.setitem(dat.SUPPORTED, "allreduce", {"ring", "hierarchical"})
-    monkeypatch.setitem(dat.SUPPORTED, "repetitions", range(1, 101))
+    text = edit({18: "adam", 22: "hierarchical", 27: "300", 30: "1"})
+    fails(text, 27, "300")
+    monkeypatch.setitem(dat.SUPPORTED, "repetitions", range(1, 1001))
     monkeypatch.setitem(dat.SUPPORTED, "roofline", {0, 1})
     cfg = parse_text(text)
     assert (cfg.optimizer, cfg.allreduce, cfg.repetitions, cfg.roofline) == (
-        "adam", "hierarchical", 3, 1)
+        "adam", "hierarchical", 300, 1)
     monkeypatch.setitem(dat.SUPPORTED, "staging", {"none", "path"})
     assert parse_text(edit({28: "/scratch/x"})).staging == "/scratch/x"
 
@@ -192,7 +188,6 @@ COUNTS = [  # (changes, line of the error, offending token[, False: drop free te
     ({17: "fp32 fp16"}, 17, "fp16"),
     ({17: "fp32 FP16"}, 17, "FP16"),
     ({16: "2", 17: "fp32 fp32"}, 17, "fp32"),        # duplicate precision
-    ({16: "2", 17: "fp32 fp16"}, 17, "fp16"),        # right count, fp16 not yet
 ]
 
 

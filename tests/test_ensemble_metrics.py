@@ -54,3 +54,22 @@ def test_intensity_of_a_training_step():
     # FLOPs 3 F B = 3e7 over bytes 4 (3 W + 3 A B) = 4 x 6e4 = 2.4e5 -> 125 FLOP/byte
     assert metrics.intensity(1e6, 1e3, 1e4, 10, 4) == pytest.approx(125.0)
     assert metrics.intensity(1e6, 1e3, 1e4, 1000, 4) > metrics.intensity(1e6, 1e3, 1e4, 10, 4)
+
+
+def test_weak_scaling_averages_repeated_runs_at_a_scale():
+    s = metrics.weak_scaling([(1, 10.0), (1, 12.0), (2, 20.0), (2, 24.0)])
+    assert s.speedup == pytest.approx(2.0) and s.efficiency == pytest.approx(1.0)
+
+
+def test_olympic_repeats():
+    runs = [{"train_seconds": t, "flops": f, "vflops": f / 2, "quality": q}
+            for t, f, q in [(10, 100, 0.90), (9, 110, 0.92), (30, 40, 0.10), (5, 500, 0.99), (11, 90, 0.91)]]
+    r = metrics.repeats(runs)
+    assert (r.runs, r.kept) == (5, 3)                       # fastest (5 s) and slowest (30 s) dropped
+    assert r.flops == pytest.approx(100.0) and r.quality == pytest.approx(0.91)
+    assert r.vflops == pytest.approx(50.0)
+    import numpy as np
+    assert r.cv_flops == pytest.approx(np.std([100, 110, 40, 500, 90], ddof=1) / np.mean([100, 110, 40, 500, 90]))
+    two = metrics.repeats(runs[:2])
+    assert (two.kept, two.flops) == (2, 105.0)              # fewer than 3: all averaged
+    assert metrics.repeats(runs[:1]).cv_flops == 0.0

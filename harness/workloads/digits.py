@@ -124,7 +124,7 @@ def loss(labels, logits):
 
 def predict(model, x: np.ndarray, batch: int = 512) -> np.ndarray:
     import tensorflow as tf
-    out = [tf.nn.softmax(model(x[i:i + batch], training=False)).numpy()
+    out = [tf.nn.softmax(tf.cast(model(x[i:i + batch], training=False), tf.float32)).numpy()
            for i in range(0, len(x), batch)]
     return np.concatenate(out) if out else np.zeros((0, CLASSES), np.float32)
 
