@@ -208,9 +208,11 @@ def _roofline(world, precisions) -> dict | None:
     """GEMM, convolution and triad on every rank at once (they share the node's memory
     and power, as training does), once per precision; per-rank figures on rank 0."""
     import kernels
+    from harness import fault
     out = {}
     for prec in precisions:
         world.Barrier()
+        fault.point(world.rank, "roofline")
         mine = kernels.roofline(prec, quick=os.environ.get("HPCAI500_ROOFLINE_QUICK") == "1")
         per_rank = world.gather(mine, root=0)
         if world.rank == 0:

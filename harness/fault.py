@@ -1,8 +1,8 @@
 """Fault injection, for the reliability tests only.
 
-HPCAI500_FAULT="RANK:STEP[:kill|hang]" makes world rank RANK raise (or SIGKILL itself,
-or stop making progress forever) at global training step STEP of every test. Unset,
-training pays nothing for it.
+HPCAI500_FAULT="RANK:WHERE[:kill|hang]" makes world rank RANK raise (or SIGKILL itself,
+or stop making progress forever) at WHERE: a global training step (an integer) of
+every test, or the start of a phase, `eval` or `roofline`. Unset, it costs nothing.
 """
 from __future__ import annotations
 
@@ -10,28 +10,50 @@ import os
 import signal
 import time
 
+PHASES = ("eval", "roofline")
+KINDS = ("raise", "kill", "hang")
 
-def injector(world_rank: int):
-    """A callable(step) for this rank, or None when no fault is armed here."""
+
+def _armed(world_rank: int):
+    """(where, kind) when a fault is armed on this rank, else None."""
     spec = os.environ.get("HPCAI500_FAULT")
     if not spec:
         return None
     parts = spec.split(":")
-    try:
-        rank, at = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        raise ValueError(f"HPCAI500_FAULT={spec!r}: expected RANK:STEP[:kill|hang]") from None
-    if rank != world_rank:
-        return None
+    usage = f"HPCAI500_FAULT={spec!r}: expected RANK:STEP|{'|'.join(PHASES)}[:{'|'.join(KINDS[1:])}]"
+    if len(parts) < 2 or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] in PHASES):
+        raise ValueError(usage)
     kind = parts[2] if len(parts) > 2 else "raise"
-    if kind not in ("raise", "kill", "hang"):
-        raise ValueError(f"HPCAI500_FAULT={spec!r}: kind must be raise, kill or hang")
+    if kind not in KINDS:
+        raise ValueError(usage)
+    if int(parts[0]) != world_rank:
+        return None
+    return (int(parts[1]) if parts[1].isdigit() else parts[1]), kind
+
+
+def _fire(kind: str, where) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while kind == "hang":  # alive but stuck, as a rank in a deadlock is
+        time.sleep(60)
+    raise RuntimeError(f"fault injected by HPCAI500_FAULT at {where}")
+
+
+def injector(world_rank: int):
+    """A callable(step) for the training loop, or None when no step fault is armed here."""
+    armed = _armed(world_rank)
+    if armed is None or not isinstance(armed[0], int):
+        return None
+    at, kind = armed
 
     def fire(step: int) -> None:
         if step == at:
-            if kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            while kind == "hang":  # alive but stuck, as a rank in a deadlock is
-                time.sleep(60)
-            raise RuntimeError(f"fault injected by HPCAI500_FAULT at step {step}")
+            _fire(kind, f"step {step}")
     return fire
+
+
+def point(world_rank: int, phase: str) -> None:
+    """Fire here if a fault is armed for this rank at the start of `phase`."""
+    armed = _armed(world_rank)
+    if armed is not None and armed[0] == phase:
+        _fire(armed[1], phase)

@@ -124,6 +124,7 @@ class Run:
                           on_step=_on_step(watchdog, fault.injector(world.rank)))
         rec["telemetry"] = sampler_.stop()
         watchdog.beat(f"evaluation, test {t.index}")
+        fault.point(world.rank, "eval")
         t1 = time.perf_counter()
         rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)
         full = ensemble.gather_job(job_comm, wl.predict(model, data.x_val[rows]), len(data.y_val))

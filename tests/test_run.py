@@ -96,7 +96,7 @@ def test_check_prints_the_map_without_training(run_dat, tmp_path):
 
 
 @pytest.mark.parametrize("lines,message", [
-    ({"l18": "lamb"}, ":18: found 'lamb': optimizer 'lamb' not supported yet"),
+    ({"l7": "ic"}, ":7: found 'ic': workload 'ic' not supported yet"),
     ({"l14": "x"}, ":14: found 'x'"),
     ({"l9": 1, "l10": 3, "l11": 2}, "M x P = 3 x 2 = 6 exceeds the world size 4"),
     ({"l8": "/nonexistent/digits"}, "/nonexistent/digits"),
@@ -120,12 +120,19 @@ def test_command_line_misuse(tmp_path):
 
 @pytest.mark.parametrize("fault,expect", [("1:5", "rank 1 failed during training, test 1: RuntimeError"),
                                           ("0:5", "rank 0 failed during training, test 1: RuntimeError"),
-                                          ("0:5:kill", None), ("1:5:kill", None)])
+                                          ("0:5:kill", None), ("1:5:kill", None),
+                                          ("1:eval", "rank 1 failed during evaluation, test 1: RuntimeError"),
+                                          ("1:roofline", "rank 1 failed during roofline micro-kernels")])
 def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, monkeypatch, fault, expect):
     """No rank may be left blocked in a Horovod all-reduce when its partner dies."""
     monkeypatch.setenv("HPCAI500_FAULT", fault)
     p = run_dat(2, timeout=120, l9=1, l10=1, l11=2, l15=2)
     assert p.returncode != 0
+    if fault.endswith("roofline"):   # before the run folder exists: nothing written
+        assert expect in p.stderr, p.stderr[-2000:]
+        assert not (tmp_path / "runs").exists() or not any(
+            d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+        return
     if expect:
         assert expect in p.stderr, p.stderr[-2000:]
     else:  # SIGKILL: mpirun itself reports the process that died
@@ -201,3 +208,11 @@ def test_watchdog_spares_ranks_that_wait_for_other_jobs(run_dat, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     t = results(tmp_path / "runs")["tests"][0]
     assert t["idle_ranks"] == [1] and t["train_seconds"] > 12   # the idle rank outlived the limit
+
+
+def test_run_folders_never_collide(tmp_path):
+    """Two invocations in the same second get two folders (exclusive creation)."""
+    from mpi4py import MPI
+    from harness.driver import _make_run_dir
+    made = {_make_run_dir(MPI.COMM_SELF, str(tmp_path)) for _ in range(50)}
+    assert len(made) == 50 and all(p.startswith(str(tmp_path)) for p in made)
