@@ -35,6 +35,8 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/overhead.py
 	$(PY) bench/scaling.py
+	$(PY) bench/kernels.py
+	$(PY) bench/telemetry.py
 
 venv: $(STAMP)
 
