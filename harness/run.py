@@ -115,14 +115,14 @@ class Run:
         model = train.build(wl, data, self.seed, job, t.precision)
         watchdog.beat(f"training, test {t.index}")
         gpus = self.devices["gpus_on_node"]
-        sampler_ = telemetry.Sampler(gpu_index=self.nodes.local_rank % gpus if gpus else None)
-        sampler_.start()
+        probe = telemetry.Sampler(gpu_index=self.nodes.local_rank % gpus if gpus else None)
+        probe.start()
         recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                               t.precision, cfg.comm_precision)
         res = train.train(wl, data, model, indices, recipe, seed=self.seed, job=job,
                           world_barrier=world.Barrier, hooks=_Hooks(t, len(self.tests), log, world.rank == 0),
                           on_step=_on_step(watchdog, fault.injector(world.rank)))
-        rec["telemetry"] = sampler_.stop()
+        rec["telemetry"] = probe.stop()
         watchdog.beat(f"evaluation, test {t.index}")
         fault.point(world.rank, "eval")
         t1 = time.perf_counter()
