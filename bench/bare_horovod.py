@@ -4,9 +4,14 @@
 
 The harness's digits model, SGD with momentum 0.9 at a constant learning rate,
 DistributedGradientTape, `--steps` steps over a few random batches made once in
-memory (no sampler, no indexing, no LR schedule, no per-step loss kept). Threads per
-rank as the harness sets them. Timed from a barrier to the end of the last step, max
-over ranks; rank 0 prints one JSON line.
+memory as tensors; one step runs before the clock. Threads per rank as the harness sets
+them. Timed from a barrier to the end of the last step, max over ranks; rank 0 prints
+one JSON line.
+
+To find where the harness loses time, add its habits one at a time:
+  --index  batches fancy-indexed from a numpy array every step (the harness's sampler path)
+  --lr     the warm-up + cosine LR assigned inside the step, step number as tf.constant
+  --cold   trace only (get_concrete_function) before the clock, as the harness does
 """
 import argparse
 import json
@@ -26,11 +31,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--side", type=int, default=16)
+    for flag in ("--index", "--lr", "--cold"):
+        p.add_argument(flag, action="store_true")
     a = p.parse_args()
 
     from mpi4py import MPI
     import horovod.tensorflow as hvd
     import tensorflow as tf
+    from harness.train import learning_rate
     from harness.workloads import Data, digits
 
     hvd.init()
@@ -42,12 +50,19 @@ def main() -> None:
     shape = (a.batch, a.side, a.side, 1)
     batches = [(tf.constant(rng.random(shape, dtype=np.float32)),
                 tf.constant(rng.integers(0, 10, a.batch, dtype=np.int64))) for _ in range(8)]
+    if a.index:  # 8000 samples in memory, a shuffled order, numpy fancy indexing per step
+        x_all = rng.random((8000, *shape[1:]), dtype=np.float32)
+        y_all = rng.integers(0, 10, len(x_all), dtype=np.int64)
+        order = np.concatenate([rng.permutation(len(x_all)) for _ in range(a.steps * a.batch // len(x_all) + 1)])
     model = digits.build_model(Data(np.zeros(shape, np.float32), None, None, None, 10, "random"))
-    opt = tf.keras.optimizers.SGD(learning_rate=0.05 * hvd.size(), momentum=0.9)
+    peak = 0.05 * hvd.size()
+    opt = tf.keras.optimizers.SGD(learning_rate=peak, momentum=0.9)
     hvd.broadcast_variables(model.variables, root_rank=0)
 
     @tf.function
-    def step(x, y):
+    def step(x, y, i):
+        if a.lr:
+            opt.learning_rate.assign(learning_rate(i, a.steps, a.steps // 3, peak))
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(digits.loss(y, model(x, training=True)))
         tape = hvd.DistributedGradientTape(tape)
@@ -55,12 +70,23 @@ def main() -> None:
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    step(*batches[0]).numpy()  # trace and create the optimizer's slots before the clock
+    zero = tf.constant(0)
+    if a.cold:  # trace (and create the optimizer's slots) only: the first run is on the clock
+        step.get_concrete_function(tf.TensorSpec(shape, tf.float32), tf.TensorSpec(shape[:1], tf.int64),
+                                   tf.TensorSpec((), tf.int32))
+    else:
+        step(*batches[0], zero).numpy()
     MPI.COMM_WORLD.Barrier()
     start = time.perf_counter()
+    losses = []
     for s in range(a.steps):
-        loss = step(*batches[s % len(batches)])
-    loss.numpy()  # wait for the last step
+        if a.index:
+            idx = order[s * a.batch:(s + 1) * a.batch]
+            x, y = x_all[idx], y_all[idx]
+        else:
+            x, y = batches[s % len(batches)]
+        losses.append(step(x, y, tf.constant(s) if a.lr else zero))
+    losses[-1].numpy()  # wait for the last step
     seconds = MPI.COMM_WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX)
     if hvd.rank() == 0:
         samples = a.steps * a.batch * hvd.size()

@@ -63,7 +63,7 @@ def wait_quiet(limit: float = 0.25, patience: float = 120.0) -> float:
             return load
 
 
-QUIET, TRIES = 0.15, 3  # a run while others used > QUIET cores is tried again, TRIES at most
+QUIET, TRIES = 0.15, 2  # a run while others used > QUIET cores is tried again, TRIES at most
 
 
 def mpirun(*args: str, np: int = NP) -> tuple[str, float]:
@@ -109,11 +109,14 @@ def median(xs):
 
 
 def machine() -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                  if line.startswith("model name")), "unknown CPU") if os.path.exists("/proc/cpuinfo") else "?"
+    """What the figures were measured on, e.g. '2 usable core(s) of 2 logical CPU(s) (AMD EPYC
+    virtual machine), no GPU, 2 MPI ranks'."""
+    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    model = re.search(r"^model name\s*:\s*(.*)$", info, re.M)
+    vm = " virtual machine" if re.search(r"^flags\s*:.*\bhypervisor\b", info, re.M) else ""
     gpu = "GPU present" if glob.glob("/dev/nvidia[0-9]*") else "no GPU"
-    return f"{cores} usable core(s) of {os.cpu_count()} logical CPU(s) ({model}), {gpu}, {NP} MPI ranks"
+    return (f"{len(os.sched_getaffinity(0))} usable core(s) of {os.cpu_count()} logical CPU(s) "
+            f"({model.group(1) if model else 'unknown CPU'}{vm}), {gpu}, {NP} MPI ranks")
 
 
 def table(header: list[str], rows: list[list]) -> str:
