@@ -13,21 +13,22 @@ import matplotlib.ticker  # noqa: E402
 
 
 def scaling(tests: list[dict], path: str) -> int:
-    """FLOPS and VFLOPS against Sys_scale, one series per (workload, B, precision), with
-    the ideal line through the smallest scale. Returns the number of points drawn;
-    draws nothing (returns 0) when no series spans two scales."""
+    """FLOPS and VFLOPS against Sys_scale, one series per (workload, B, precision, P):
+    bagging scales M at a fixed P. The ideal line goes through the smallest scale.
+    Returns the number of points drawn; draws nothing (returns 0) when no series spans
+    two scales."""
     groups: dict[tuple, list[dict]] = {}
     for t in tests:
-        groups.setdefault((t["workload"], t["B"], t["precision"]), []).append(t)
+        groups.setdefault((t["workload"], t["B"], t["precision"], t["P"]), []).append(t)
     groups = {k: sorted(v, key=lambda t: t["M"] * t["P"]) for k, v in groups.items()
               if len({t["M"] * t["P"] for t in v}) > 1}
     if not groups:
         return 0
     fig, ax = plt.subplots(figsize=(7, 4.5))
     points = 0
-    for (wl, b, prec), ts in groups.items():
+    for (wl, b, prec, p), ts in groups.items():
         scale = [t["M"] * t["P"] for t in ts]
-        label = f"{wl} B={b} {prec}"
+        label = f"{wl} B={b} {prec} P={p}"
         ax.plot(scale, [t["flops"] / 1e12 for t in ts], "o-", label=f"FLOPS {label}")
         ax.plot(scale, [t["vflops"] / 1e12 for t in ts], "s--", label=f"VFLOPS {label}")
         base = ts[0]["flops"] / 1e12 / scale[0]

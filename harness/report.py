@@ -121,15 +121,16 @@ def footer(tests: list[dict], skipped: int, scaling_lines: list[str], interrupte
 
 
 def scaling_lines(tests: list[dict], weak_scaling) -> list[str]:
-    """One line per (workload, B, precision) group whose tests span several Sys_scales."""
+    """Bagging weak scaling: one line per (workload, B, precision, P) group whose tests
+    span several M (so that data parallelism, a change of P, is never mixed in)."""
     groups: dict[tuple, list[tuple[int, float]]] = {}
     for t in tests:
-        groups.setdefault((t["workload"], t["B"], t["precision"]), []).append((t["M"] * t["P"], t["flops"]))
+        groups.setdefault((t["workload"], t["B"], t["precision"], t["P"]), []).append((t["M"] * t["P"], t["flops"]))
     out = []
-    for (wl, b, prec), pts in groups.items():
+    for (wl, b, prec, p), pts in groups.items():
         s = weak_scaling(pts)
         if s:
-            out.append(f"Scaling ({wl}, B {b}, {prec}): Sys_scale {s.scale_from} -> {s.scale_to} :"
+            out.append(f"Scaling ({wl}, B {b}, {prec}, P {p}): Sys_scale {s.scale_from} -> {s.scale_to} :"
                        f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}")
     return out
 

@@ -43,3 +43,10 @@ def test_summarize_prints_runs_side_by_side(tmp_path):
     assert "2.0000e-02" in rows[1] and "no finished test; status interrupted" in rows[2]
     p = subprocess.run(cmd[:3] + [str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "nowhere: not a folder" in p.stderr
+
+
+def test_scaling_line_keeps_bagging_apart_from_data_parallelism():
+    from harness import metrics, report
+    tests = [_test(1, 1, 1, 1e10), _test(2, 2, 1, 2e10), _test(3, 1, 2, 1.2e10)]
+    lines = report.scaling_lines(tests, metrics.weak_scaling)
+    assert lines == ["Scaling (digits, B 32, fp32, P 1): Sys_scale 1 -> 2 : FLOPS x2.00, efficiency 1.00"]

@@ -33,7 +33,7 @@ def test_shipped_file_end_to_end(tmp_path):
         assert t["total_flops"] == t["samples_trained"] * t["training_flops_per_sample"]
         assert t["training_flops_per_sample"] == 3 * t["forward_flops_per_sample"]
     assert [t["M"] for t in res["tests"]] == [1, 2, 4]
-    assert "Scaling (digits, B 32, fp32): Sys_scale 1 -> 4" in p.stdout
+    assert "Scaling (digits, B 32, fp32, P 1): Sys_scale 1 -> 4" in p.stdout
     assert res["charts"] == ["scaling.png", "roofline.png"]
     assert all((run_dir / c).read_bytes()[:4] == b"\x89PNG" for c in res["charts"])
     assert len(res["roofline"]["fp32"]["per_rank"]) == 4 and res["roofline"]["fp32"]["gemm_flops"] > 0
