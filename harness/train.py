@@ -120,7 +120,9 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
 
     x_train, y_train = data.x_train, data.y_train
     # Trace the step (and create the optimizer's slots) before the clock starts: graph
-    # building is set-up, like MLPerf's init phase, not training.
+    # building is set-up, like MLPerf's init phase, not training. The first real call
+    # still pays TF's graph optimisation and Horovod's first negotiation (0.2-0.5 s on
+    # the CPU here) inside the clock: counted as training, which understates FLOPS.
     step.get_concrete_function(tf.TensorSpec((batch, *x_train.shape[1:]), tf.as_dtype(x_train.dtype)),
                                tf.TensorSpec((batch, *y_train.shape[1:]), tf.as_dtype(y_train.dtype)),
                                tf.TensorSpec((), tf.int32))
