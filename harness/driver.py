@@ -131,12 +131,16 @@ def main(argv=None) -> int:
 def _run(args, world, watchdog) -> int:
     from harness import dat, signals, topology
 
-    def before_results(signum):
+    run = None  # set once the results exist; the signal handler then records the interruption
+
+    def stop(signum):
         if world.rank != 0:
             time.sleep(1.0)  # let rank 0 write before mpirun, seeing us gone, kills it
-        if world.rank == 0:
+        elif run is None:
             say(f"{_signame(signum)} received during {watchdog.phase}; no test had finished, nothing written")
-    signals.on_signal(before_results)
+        else:
+            run.finish(interrupted=f"{_signame(signum)} received")
+    signals.on_signal(stop)
 
     watchdog.beat("input")
     cfg, tests, err, previous = None, None, None, None
@@ -174,7 +178,7 @@ def _run(args, world, watchdog) -> int:
     datas = {}
     for name in cfg.workloads:
         wl = workloads.get(name)
-        node_comm = _node_comm(world)
+        node_comm = topology.node_comm(world)
         datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
                                                    node_comm.rank, node_comm.Barrier), f"workload {name}")
         node_comm.Free()
@@ -194,8 +198,6 @@ def _run(args, world, watchdog) -> int:
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     from harness.run import Run
     run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION, previous, ceilings)
-    signals.on_signal(lambda signum: run.finish(interrupted=f"{_signame(signum)} received")
-                      if world.rank == 0 else time.sleep(1.0))
     for t, rep in runs:
         watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
         layout, warnings = layouts[(t.M, t.P)]
@@ -249,11 +251,6 @@ def _previous(run_dir: str, cfg, n_tests: int) -> dict:
 def _signame(signum: int) -> str:
     import signal
     return signal.Signals(signum).name
-
-
-def _node_comm(world):
-    from mpi4py import MPI
-    return world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
 
 
 def _make_run_dir(world, results_dir: str) -> str:

@@ -86,18 +86,24 @@ def map_jobs(node_of_rank: tuple[int, ...] | list[int], M: int, P: int, pmap: in
     return Layout(M, P, tuple(tuple(j) for j in jobs), idle)
 
 
-def discover(world) -> Nodes:
-    """Nodes are the groups of ranks that share memory (MPI_COMM_TYPE_SHARED)."""
+def node_comm(world):
+    """The ranks of this rank's node: those that share memory (MPI_COMM_TYPE_SHARED)."""
     from mpi4py import MPI
-    node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
-    leader = node_comm.bcast(world.rank, root=0)
+    return world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+
+
+def discover(world) -> Nodes:
+    """Nodes are the groups of ranks that share memory."""
+    from mpi4py import MPI
+    local = node_comm(world)
+    leader = local.bcast(world.rank, root=0)
     leaders = world.allgather(leader)
     order = sorted(set(leaders))
     host = MPI.Get_processor_name()
-    hosts = world.allgather(host if node_comm.rank == 0 else None)
+    hosts = world.allgather(host if local.rank == 0 else None)
     nodes = Nodes(tuple(order.index(ld) for ld in leaders),
-                  tuple(hosts[ld] for ld in order), node_comm.rank, node_comm.size)
-    node_comm.Free()
+                  tuple(hosts[ld] for ld in order), local.rank, local.size)
+    local.Free()
     return nodes
 
 
