@@ -41,7 +41,7 @@ SUPPORTED = {
     "allreduce": {"ring", "hierarchical"},
     "sampler": {"bootstrap", "poisson", "none"},
     "aggregation": {"mean", "vote"},
-    "staging": {"none"},        # add "path" once node-local staging is built
+    "staging": {"none", "path"},
     "repetitions": range(1, 101),
     "roofline": {0, 1},
 }
@@ -60,7 +60,7 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "all-reduce (ring, hierarchical)", "sampler (bootstrap, poisson, none)",
     "aggregation (mean, vote)", "target quality (-1 = workload default)",
     "penalty exponent n (-1 = workload default)", "repetitions",
-    "staging directory (none, or a node-local path)", "seed",
+    "staging directory (none, or a node-local path [keep])", "seed",
     "roofline micro-kernels (0=skip, 1=run)")
 TV_CODES = {"sampler": {"bootstrap": "B", "poisson": "P", "none": "N"},
             "precision": {"fp32": "32", "fp16": "16", "bf16": "BF"},
@@ -117,6 +117,7 @@ class Config:
     staging: str                          # line 28: 'none' or a path
     seed: int                             # line 29
     roofline: int                         # line 30
+    staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 
 
 @dataclass(frozen=True)
@@ -294,11 +295,13 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
                          lambda v: v == -1 or v >= 0, _num)
     repetitions = r.number(27, "repetitions: an integer >= 1", lambda v: v >= 1)
     r.supported(27, r.first(27, ""), "repetitions", repetitions, "repetitions")
-    tok = r.first(28, "a staging directory (none, or a node-local path)")
+    tok = r.first(28, "a staging directory (none, or a node-local path [keep])")
     staging = "none" if tok.lower() == "none" else tok
     if staging != "none" and "path" not in SUPPORTED["staging"]:
         raise r.err(28, tok, "staging to a node-local path not supported yet (supported: "
                     "none)", unsupported=True)
+    # an optional second value 'keep': leave the staged copies in place after each test
+    staging_keep = staging != "none" and len(r.tokens(28)) > 1 and r.tokens(28)[1].lower() == "keep"
     seed = r.number(29, f"a seed: an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
     roofline = r.number(30, "roofline micro-kernels: 0 (skip) or 1 (run)", lambda v: v in (0, 1))
     r.supported(30, r.first(30, ""), "roofline", roofline, "roofline")
@@ -313,7 +316,8 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
         optimizer=optimizer, base_lr=base_lr, warmup_epochs=warmup,
         comm_precision=comm_precision, allreduce=allreduce, sampler=sampler,
         aggregation=aggregation, target_quality=target, penalty_n=penalty_n,
-        repetitions=repetitions, staging=staging, seed=seed, roofline=roofline)
+        repetitions=repetitions, staging=staging, seed=seed, roofline=roofline,
+        staging_keep=staging_keep)
 
 
 def parse(path: str) -> Config:
@@ -362,7 +366,9 @@ def describe(cfg: Config) -> list[str]:
             ("WARMUP", f"{cfg.warmup_epochs:g} epochs"), ("COMM", cfg.comm_precision),
             ("ALLRED", cfg.allreduce), ("SAMPLER", cfg.sampler), ("AGGR", cfg.aggregation),
             ("TARGET", dflt(cfg.target_quality)), ("N", dflt(cfg.penalty_n)),
-            ("REPS", str(cfg.repetitions)), ("STAGING", cfg.staging), ("SEED", str(cfg.seed)),
+            ("REPS", str(cfg.repetitions)), ("STAGING", cfg.staging if cfg.staging == "none" else
+                         f"{cfg.staging} (node-local copy of each job's resample, "
+                         f"{'kept' if cfg.staging_keep else 'removed'} after each test)"), ("SEED", str(cfg.seed)),
             ("ROOFLINE", ("skip", "run")[cfg.roofline]), ("OUTPUT", dev),
             ("RESULTS", cfg.results_dir)]
     return [f"{k:<8}: {v}" for k, v in rows]

@@ -1,5 +1,5 @@
 """Driver (HPL_pddriver / HPL_pdtest): the data flows one way,
-dat -> topology -> sampler -> train -> ensemble -> metrics -> report.
+dat -> topology -> sampler -> staging -> train -> ensemble -> metrics -> report.
 
 Every failure that can be known before training (input, layout, data) is agreed on by
 all ranks and ends the run with exit status 1 and one message from rank 0. A failure
@@ -182,6 +182,14 @@ def _run(args, world, watchdog) -> int:
         datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
                                                    node_comm.rank, node_comm.Barrier), f"workload {name}")
         node_comm.Free()
+    for name in cfg.workloads:
+        if cfg.aggregation not in workloads.get(name).AGGREGATIONS:
+            raise RunError(f"{cfg.path}:24: aggregation {cfg.aggregation!r} is not defined for workload {name} "
+                           f"(it supports: {', '.join(workloads.get(name).AGGREGATIONS)})")
+    if cfg.staging != "none":
+        from harness import staging
+        watchdog.beat("staging directory check")
+        agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
     for t in tests_to_run:
         small = datas[t.workload].n_train < t.P * t.batch
         if small:
@@ -198,10 +206,14 @@ def _run(args, world, watchdog) -> int:
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     from harness.run import Run
     run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION, previous, ceilings)
-    for t, rep in runs:
-        watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
-        layout, warnings = layouts[(t.M, t.P)]
-        run.test(t, layout, warnings, datas[t.workload], watchdog, rep)
+    try:
+        for t, rep in runs:
+            watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
+            layout, warnings = layouts[(t.M, t.P)]
+            run.test(t, layout, warnings, datas[t.workload], watchdog, rep)
+    except RunError as e:  # agreed by all ranks mid-sweep (staging): the finished tests stand
+        run.finish(interrupted=f"error: {e}")
+        raise
     run.finish()
     return 0
 

@@ -40,11 +40,11 @@ class BaseModelLog:
     def event(self, key, value=None, **meta):
         self._log.event(key=key, value=value, metadata=self._meta(meta), stack_offset=2)
 
-    def start(self, key, value=None, **meta):
-        self._log.start(key=key, value=value, metadata=self._meta(meta), stack_offset=2)
+    def start(self, key, value=None, time_ms=None, **meta):
+        self._log.start(key=key, value=value, metadata=self._meta(meta), time_ms=time_ms, stack_offset=2)
 
-    def end(self, key, value=None, **meta):
-        self._log.end(key=key, value=value, metadata=self._meta(meta), stack_offset=2)
+    def end(self, key, value=None, time_ms=None, **meta):
+        self._log.end(key=key, value=value, metadata=self._meta(meta), time_ms=time_ms, stack_offset=2)
 
     @property
     def lines(self) -> list[str]:
@@ -60,6 +60,11 @@ class BaseModelLog:
         self.event(K.EVAL_SAMPLES, eval_samples)
         self.event("number_of_nodes", nodes)
         self.event("accelerators_per_node", per_node)
+
+    def staging(self, start_s: float, stop_s: float, samples: int, nbytes: int):
+        """The Data Duplicator's copy, stamped with its own wall-clock start and stop."""
+        self.start(K.STAGING_START, time_ms=int(start_s * 1e3))
+        self.end(K.STAGING_STOP, time_ms=int(stop_s * 1e3), staging_samples=samples, staging_bytes=nbytes)
 
     def run_start(self):
         self.end(K.INIT_STOP)

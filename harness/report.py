@@ -72,6 +72,7 @@ def row(t: dict) -> str:
         f" {t['aggregation']} of {t['M']} model(s) on {t['val_samples']} samples",
         f"Work        : {t['samples_trained']} samples trained, {t['total_flops']:.4e} FLOPs ;"
         f" eval {t['eval_seconds']:.2f} s ; resample {t['sampler_seconds']:.2f} s",
+        *([staging_line(t)] if t.get("staging") else []),
         *([f"Utilisation : {t['utilisation']['gemm']:.3f} of the GEMM roofline,"
             f" {t['utilisation']['conv']:.3f} of the CONV roofline"
             + (f", {t['utilisation']['peak']:.3f} of the theoretical peak" if t["utilisation"]["peak"] else "")]
@@ -93,6 +94,13 @@ def repeats_block(t: dict, s: dict) -> str:
              f"Repeats     : test {s['index']}, {s['runs']} runs (seeds differ), {how} ({s['kept']} runs) ;"
              f" CV of FLOPS {100 * s['cv_flops']:.1f} %, of quality {100 * s['cv_quality']:.1f} %", RULE]
     return "\n".join(lines) + "\n"
+
+
+def staging_line(t: dict) -> str:
+    st = t["staging"]
+    return (f"Staging     : {st['copies']} {'copy' if st['copies'] == 1 else 'copies'} (one per job per node),"
+            f" {st['samples']} samples, {st['bytes'] / 2**20:.1f} MiB, {st['seconds']:.2f} s ;"
+            f" time to solution {t['time_to_solution']:.2f} s")
 
 
 def telemetry_line(t: dict) -> str:
@@ -137,8 +145,9 @@ def scaling_lines(tests: list[dict], weak_scaling) -> list[str]:
 
 def summarize(run_dirs: list[str]) -> str:
     """The result rows of earlier runs side by side, one table, read from results.json."""
-    head = f"{'run':<24} {'T/V':<10} {'WL':<7} {'M':>4} {'P':>4} {'B':>5} {'Time':>9} {'Tflops':>11} {'VTflops':>10} {'Quality':>8} Check"
-    lines = [RULE, head, THIN]
+    head = (f"{'run':<24} {'T/V':<10} {'WL':<7} {'M':>4} {'P':>4} {'B':>5} {'Time':>9} {'TTS':>9} {'Tflops':>11}"
+            f" {'VTflops':>10} {'Quality':>8} Check")
+    lines = [RULE, head, "TTS = time to solution: staging + training time (= Time without staging)", THIN]
     for d in run_dirs:
         if not os.path.isdir(d):
             raise ValueError(f"{d}: not a folder; give runs/<id> folders, e.g. runs/2*")
@@ -156,6 +165,7 @@ def summarize(run_dirs: list[str]) -> str:
         for t in res.get("tests", []):
             check = "PASSED" if t["consistency"]["passed"] else "FAILED"
             lines.append(f"{name:<24} {t['tv']:<10} {t['workload']:<7} {t['M']:>4} {t['P']:>4} {t['B']:>5} "
-                         f"{t['train_seconds']:>9.2f} {t['flops'] / 1e12:>11.4e} {t['vflops'] / 1e12:>10.3e} "
+                         f"{t['train_seconds']:>9.2f} {t.get('time_to_solution', t['train_seconds']):>9.2f}"
+                         f" {t['flops'] / 1e12:>11.4e} {t['vflops'] / 1e12:>10.3e} "
                          f"{t['quality']:>8.4f} {check}")
     return "\n".join(lines + [RULE]) + "\n"

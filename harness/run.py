@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from harness.report import TOLERANCE
 
 
@@ -59,7 +61,7 @@ class Run:
     def test(self, t, layout, warnings, data, watchdog, rep: int = 0) -> None:
         """Repetition `rep` of test `t`; it runs with seed + rep."""
         self.rep, self.seed = rep, self.cfg.seed + rep
-        from harness import ensemble, sampler, topology, workloads
+        from harness import ensemble, sampler, staging, topology, workloads
         cfg, world = self.cfg, self.world
         wl = workloads.get(t.workload)
         self.current = t.index
@@ -70,16 +72,19 @@ class Run:
                                      cfg.sampler, self.seed, job_comm, job)
         sampler_seconds = time.perf_counter() - t0
         rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
+        log = self._log(t, layout, data, job, job_comm, indices)
+        copy = self._stage(t, wl, data, job, job_comm, indices, log, watchdog)
         scores = None
         if job is None:
             world.Barrier()  # the start barrier the jobs' ranks enter inside train()
         else:
-            scores = self._base_model(t, layout, wl, data, job, job_comm, indices, rec, watchdog)
+            scores = self._base_model(t, layout.M, wl, data, copy, job, job_comm, indices, rec, log, watchdog)
         # Jobs finish at different times (poisson resamples differ in size; idle ranks
         # have no job): wait for all of them here, politely, so the reduction is quick.
         watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {t.index}")
+        staging.cleanup(copy, cfg.staging_keep)
         t2 = time.perf_counter()
-        total = ensemble.reduce_scores(world, scores, (len(data.y_val), data.num_classes))
+        total = ensemble.reduce_scores(world, scores, _score_shape(wl, data, layout.M))
         rec["eval_seconds"] += time.perf_counter() - t2
         records = world.gather(rec, root=0)
         if world.rank == 0:
@@ -94,48 +99,84 @@ class Run:
                 self._save()
                 self.current = None
 
-    def _base_model(self, t, layout, wl, data, job, job_comm, indices, rec, watchdog):
+    def _log(self, t, layout, data, job, job_comm, indices):
+        """The MLLOG of base model `job`, kept by the job's root (None elsewhere)."""
+        if job is None or job_comm.rank != 0:
+            return None
+        from harness.mllog import BaseModelLog
+        log = BaseModelLog(t.index, job)
+        log.init(seed=self.seed, global_batch=t.P * t.batch, train_samples=len(indices),
+                 eval_samples=data.n_val, nodes=len({self.nodes.node_of_rank[r] for r in layout.jobs[job]}),
+                 per_node=self.nodes.local_size, workload=t.workload)
+        return log
+
+    def _stage(self, t, wl, data, job, job_comm, indices, log, watchdog):
+        """The Data Duplicator (line 28): this job's resample copied to node-local storage.
+        A failure anywhere ends the run on every rank before training (RunError)."""
+        cfg, world = self.cfg, self.world
+        if cfg.staging == "none":
+            return None
+        from harness import staging
+        from harness.driver import RunError
+        watchdog.beat(f"staging, test {t.index}")
+        copy, err = None, None
+        if job is not None:
+            node = self.nodes.node_of_rank[world.rank]
+            path = staging.folder(cfg.staging, os.path.basename(self.run_dir), t.index, self.rep, job, node)
+            try:
+                copy = staging.stage(wl, data, indices, job_comm, cfg.staging, path)
+            except (staging.StagingError, OSError) as e:
+                err = str(e)
+        failed = [(r, e) for r, e in enumerate(world.allgather(err)) if e]
+        if failed:
+            staging.cleanup(copy, keep=False)
+            if job_comm is not None:
+                job_comm.Free()
+            raise RunError(f"test {t.index}: rank {failed[0][0]}: {failed[0][1]}")
+        if log is not None:
+            log.staging(*copy.wall, copy.samples, copy.bytes)
+        return copy
+
+    def _base_model(self, t, M, wl, data, copy, job, job_comm, indices, rec, log, watchdog):
         """Train and evaluate this rank's share of base model `job`; fills `rec` and returns
-        the model's score matrix on the job's root (None on its other ranks)."""
+        the model's score matrix on the job's root (None on its other ranks). With
+        staging, the model trains and predicts from the node-local `copy`."""
         import horovod.tensorflow as hvd
         import tensorflow as tf
         from harness import ensemble, fault, flops, sampler, telemetry, train
         cfg, world = self.cfg, self.world
         root = job_comm.rank == 0
+        local, local_indices = (copy.data, copy.indices) if copy else (data, indices)
         # Horovod reads its all-reduce algorithm from the environment at init
         os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
         hvd.init(comm=job_comm)
-        log = None
-        if root:
-            from harness.mllog import BaseModelLog
-            log = BaseModelLog(t.index, job)
-            log.init(seed=self.seed, global_batch=t.P * t.batch, train_samples=len(indices),
-                     eval_samples=len(data.y_val), nodes=len({self.nodes.node_of_rank[r] for r in layout.jobs[job]}),
-                     per_node=self.nodes.local_size, workload=t.workload)
-        model = train.build(wl, data, self.seed, job, t.precision)
+        model = train.build(wl, local, self.seed, job, t.precision)
         watchdog.beat(f"training, test {t.index}")
         gpus = self.devices["gpus_on_node"]
         probe = telemetry.Sampler(gpu_index=self.nodes.local_rank % gpus if gpus else None)
         probe.start()
         recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                               t.precision, cfg.comm_precision)
-        res = train.train(wl, data, model, indices, recipe, seed=self.seed, job=job,
+        res = train.train(wl, local, model, local_indices, recipe, seed=self.seed, job=job,
                           world_barrier=world.Barrier, hooks=_Hooks(t, len(self.tests), log, world.rank == 0),
                           on_step=_on_step(watchdog, fault.injector(world.rank)))
         rec["telemetry"] = probe.stop()
         watchdog.beat(f"evaluation, test {t.index}")
         fault.point(world.rank, "eval")
         t1 = time.perf_counter()
-        rows = ensemble.my_rows(len(data.y_val), job_comm.rank, job_comm.size)
-        full = ensemble.gather_job(job_comm, wl.predict(model, data.x_val[rows]), len(data.y_val))
+        rows = ensemble.my_rows(data.n_val, job_comm.rank, job_comm.size)
+        full = ensemble.gather_job(job_comm, wl.predict(model, local, rows), data.n_val)
         scores = None
         if root:
-            rec["quality"] = wl.quality(full, data.y_val)
-            scores = ensemble.model_scores(full, cfg.aggregation)
+            rec["quality"] = wl.quality(_stacked(wl, full), data)
+            scores = _contribution(wl, full, cfg.aggregation, job, M)
             rec.update(index_digest=sampler.digest(indices), resample_size=int(len(indices)),
                        out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train))
             log.finish(rec["quality"], cfg.epochs, ok=res.weights_diff <= TOLERANCE)
             rec["mllog"] = log.lines
+        if copy:
+            rec["staging"] = {"seconds": copy.seconds, "writer": copy.writer, "samples": copy.samples,
+                              "bytes": copy.bytes, "path": copy.path}
         rec.update(seconds=res.seconds, samples=res.samples, steps_per_epoch=res.steps_per_epoch,
                    loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
                    flops=flops.count(model), eval_seconds=time.perf_counter() - t1)
@@ -151,7 +192,7 @@ class Run:
         fc = workers[0]["flops"]
         seconds = max(r["seconds"] for r in records)
         total_flops = metrics.total_flops([r["samples"] for r in roots], fc.training)
-        quality = wl.quality(total / layout.M, data.y_val)
+        quality = wl.quality(_ensemble_scores(wl, total, layout.M), data)
         target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
         n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
         fl = metrics.flops(total_flops, seconds)
@@ -164,7 +205,7 @@ class Run:
             "B": t.batch, "precision": t.precision, "sampler": cfg.sampler, "aggregation": cfg.aggregation,
             "repetition": self.rep, "seed": self.seed, "epochs": cfg.epochs, "jobs": [list(j) for j in layout.jobs],
             "idle_ranks": list(layout.idle), "warnings": warnings, "data": data.source,
-            "train_samples": data.n_train, "val_samples": int(len(data.y_val)),
+            "train_samples": data.n_train, "val_samples": int(data.n_val),
             "forward_flops_per_sample": fc.forward, "training_flops_per_sample": fc.training,
             "flops_by_operator": fc.by_operator, "activations_per_sample": fc.activations,
             "weights": fc.weights, "intensity": metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch,
@@ -172,6 +213,7 @@ class Run:
             "steps_per_epoch": [r["steps_per_epoch"] for r in roots],
             "samples_trained": int(sum(r["samples"] for r in roots)), "total_flops": total_flops,
             "train_seconds": seconds, "train_seconds_min": min(r["seconds"] for r in workers),
+            "staging": _staging_summary(cfg, workers), "time_to_solution": seconds + _staging_seconds(workers),
             "eval_seconds": max(r["eval_seconds"] for r in records), "sampler_seconds": sampler_seconds,
             "flops": fl, "vflops": metrics.vflops(fl, quality, target, n),
             "quality_name": wl.QUALITY, "quality": quality, "base_quality": [r["quality"] for r in roots],
@@ -260,6 +302,51 @@ class Run:
                                     "\n".join(r["mllog"]) + "\n")
 
 
+def _stacked(wl, full):
+    """One model's predictions in the shape the workload's quality() takes."""
+    return full[:, None, :] if getattr(wl, "ENSEMBLE", "sum") == "stack" else full
+
+
+def _score_shape(wl, data, M: int) -> tuple:
+    """The world-reduced array: classification sums M score matrices (n_val, width);
+    detection ("stack") gives each model its own slot, so the sum is the union."""
+    width = wl.score_width(data)
+    return (data.n_val, M * width) if getattr(wl, "ENSEMBLE", "sum") == "stack" else (data.n_val, width)
+
+
+def _contribution(wl, full, aggregation: str, job: int, M: int):
+    """Base model `job`'s term of the world sum (zeros outside its slot for "stack")."""
+    from harness import ensemble
+    if getattr(wl, "ENSEMBLE", "sum") != "stack":
+        return ensemble.model_scores(full, aggregation)
+    width = full.shape[1]
+    out = np.zeros((full.shape[0], M * width), np.float64)
+    out[:, job * width:(job + 1) * width] = full
+    return out
+
+
+def _ensemble_scores(wl, total, M: int):
+    if getattr(wl, "ENSEMBLE", "sum") == "stack":
+        return total.reshape(total.shape[0], M, -1)
+    return total / M
+
+
+def _staging_seconds(workers) -> float:
+    return max((r["staging"]["seconds"] for r in workers if "staging" in r), default=0.0)
+
+
+def _staging_summary(cfg, workers) -> dict | None:
+    """What the Data Duplicator did in a test: copies (one per job per node), bytes, time."""
+    staged = [r["staging"] for r in workers if "staging" in r]
+    if not staged:
+        return None
+    writers = [s for s in staged if s["writer"]]
+    return {"dir": cfg.staging, "kept": cfg.staging_keep, "seconds": _staging_seconds(workers),
+            "copies": len(writers), "samples": int(sum(s["samples"] for s in writers)),
+            "bytes": int(sum(s["bytes"] for s in writers)),
+            "paths": sorted(s["path"] for s in writers)}
+
+
 class _Hooks:
     """Training-loop callbacks of one rank: MLLOG events on a job's root, progress
     lines on world rank 0 (stderr, so that stdout stays the pasteable report)."""
@@ -311,6 +398,11 @@ def _option_lines(cfg) -> list[str]:
     if cfg.optimizer != "sgd":
         lines.append(f"Optimizer {cfg.optimizer}: see harness/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
                      " i.e. biases and batch-norm, from trust ratio and weight decay)")
+    if cfg.staging != "none":
+        lines.append(f"Staging to {cfg.staging}: one writer per job per node copies the job's distinct resampled"
+                     " samples and the validation set, in the workload's format; the job trains from the copy."
+                     " Staging time = job barrier to the end of the read-back, max over ranks; time to solution"
+                     " = staging + Time (MLPerf HPC counts staging in time to train); Tflops use Time only")
     if cfg.repetitions > 1:
         lines.append(f"Repetitions: {cfg.repetitions} runs of each test with seeds {cfg.seed}..{cfg.seed + cfg.repetitions - 1};"
                      " summary = mean without the fastest and slowest run (3 or more), CV over all runs")

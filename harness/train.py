@@ -97,7 +97,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                          f"P x B = {size} x {batch}; lower B or P, or use more data")
     schedule = lambda s: learning_rate(s, steps * epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
                                        recipe.base_lr * size)
-    opt = optimizers.make(recipe.optimizer, schedule(0))
+    opt = optimizers.make(recipe.optimizer, schedule(0), momentum=getattr(workload, "MOMENTUM", 0.9))
     fp16 = recipe.precision == "fp16"
     if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
@@ -108,8 +108,10 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     def step(x, y, i):
         opt.learning_rate.assign(schedule(i))
         with tf.GradientTape() as tape:
-            logits = tf.cast(model(x, training=True), tf.float32)  # softmax and loss in FP32
-            loss = tf.reduce_mean(workload.loss(y, logits))
+            out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))  # loss in FP32
+            loss = tf.reduce_mean(workload.loss(y, out))
+            if model.losses:  # weight decay written as the workload's kernel regularizers
+                loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
             scaled = opt.get_scaled_loss(loss) if fp16 else loss
         tape = hvd.DistributedGradientTape(tape, compression=compression)
         grads = tape.gradient(scaled, model.trainable_variables)
@@ -118,14 +120,11 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    x_train, y_train = data.x_train, data.y_train
     # Trace the step (and create the optimizer's slots) before the clock starts: graph
     # building is set-up, like MLPerf's init phase, not training. The first real call
     # still pays TF's graph optimisation and Horovod's first negotiation (0.2-0.5 s on
     # the CPU here) inside the clock: counted as training, which understates FLOPS.
-    step.get_concrete_function(tf.TensorSpec((batch, *x_train.shape[1:]), tf.as_dtype(x_train.dtype)),
-                               tf.TensorSpec((batch, *y_train.shape[1:]), tf.as_dtype(y_train.dtype)),
-                               tf.TensorSpec((), tf.int32))
+    step.get_concrete_function(*workload.input_signature(data, batch), tf.TensorSpec((), tf.int32))
     world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
     start = time.perf_counter()
     if hooks:
@@ -135,11 +134,15 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
             hooks.epoch_start(epoch + 1)
         shard = sampler.epoch_shard(indices, seed, job, epoch, rank, size, batch)
         losses = []
-        for s in range(steps):
-            idx = shard[s * batch:(s + 1) * batch]
+        # reading, decoding and augmenting are the workload's, inside the clock (MLPerf)
+        feed = workload.batches(data, shard, batch, training=True, seed=seed * 1_000_003 + job * 1009 + epoch)
+        for s, (x, y) in enumerate(feed):
             if on_step is not None:
                 on_step(epoch * steps + s)
-            losses.append(step(x_train[idx], y_train[idx], tf.constant(epoch * steps + s)))
+            losses.append(step(x, y, tf.constant(epoch * steps + s)))
+        if len(losses) != steps:  # a short epoch on one rank would hang the others' all-reduce
+            raise RuntimeError(f"job {job}: the workload fed {len(losses)} batches in epoch {epoch + 1}, "
+                               f"expected {steps}")
         mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
         if hooks:
             hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start)

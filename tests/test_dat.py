@@ -140,7 +140,7 @@ def test_message_format(line, value, expected):
 
 
 NOT_YET = [  # (line, value): known values whose feature is not built yet
-    (7, "ic"), (7, "EWA"), (27, "101"), (28, "/tmp/stage"), (28, "./local"),
+    (7, "ic"), (7, "EWA"), (27, "101"),
 ]
 
 
@@ -158,8 +158,18 @@ def test_supported_table_is_the_one_switch(monkeypatch):
     cfg = parse_text(text)
     assert (cfg.optimizer, cfg.allreduce, cfg.repetitions, cfg.roofline) == (
         "adam", "hierarchical", 300, 1)
-    monkeypatch.setitem(dat.SUPPORTED, "staging", {"none", "path"})
-    assert parse_text(edit({28: "/scratch/x"})).staging == "/scratch/x"
+    monkeypatch.setitem(dat.SUPPORTED, "staging", {"none"})
+    fails(edit({28: "/scratch/x"}), 28, "/scratch/x")
+
+
+@pytest.mark.parametrize("value,path,keep", [
+    ("/scratch/x", "/scratch/x", False), ("/scratch/x keep", "/scratch/x", True),
+    ("./local KEEP", "./local", True), ("/scratch/x kept", "/scratch/x", False),
+    ("none keep", "none", False)])
+def test_staging_line(value, path, keep):
+    cfg = parse_text(edit({28: value}))
+    assert (cfg.staging, cfg.staging_keep) == (path, keep)
+    assert any(("removed" if not keep else "kept") in line for line in dat.describe(cfg)) or path == "none"
 
 
 # ---------------------------------------------------------------- counts vs values

@@ -1,12 +1,25 @@
 """Workloads: one module each, behind one small interface.
 
 A workload module provides:
-  NAME, ALIASES, QUALITY ("Top-1", "mAP@0.5", ...), TARGET_QUALITY, PENALTY_N
-  load(dataset: str, cache_dir: str, node_rank: int, node_barrier) -> Data
-  build_model(data: Data) -> tf.keras.Model          (outputs logits)
-  loss(labels, logits) -> per-sample loss tensor
-  predict(model, x) -> np.ndarray (N, C) scores that can be averaged across models
-  quality(scores, labels) -> float in [0, 1]
+  NAME, QUALITY ("Top-1", "mAP@0.5", ...), TARGET_QUALITY, PENALTY_N
+  AGGREGATIONS        the ensemble aggregations it supports (mean, vote)
+  load(dataset: str, cache_dir: str, node_rank: int, node_barrier) -> data
+      `data` is the workload's own object; the harness reads only its attributes
+      n_train, n_val (ints) and source (str, what was read, for the report).
+  build_model(data) -> tf.keras.Model
+  loss(y, outputs) -> per-sample loss tensor (outputs cast to FP32 by the harness)
+  input_signature(data, batch) -> (x_spec, y_spec)   tf.TensorSpec (nests allowed)
+  batches(data, rows, batch, *, training: bool, seed: int) -> iterator of (x, y)
+      len(rows) // batch batches of the training samples `rows`, in that order
+      (the harness shuffles and shards; the workload reads, decodes, augments)
+  score_width(data) -> int
+  predict(model, data, rows: slice) -> np.ndarray (rows, score_width) float
+      scores of validation rows that can be averaged across base models
+  quality(scores, data) -> float in [0, 1]  (scores: the whole validation set)
+  stage(data, rows, path) -> int bytes written: the training samples `rows` (unique,
+      sorted) and the validation set, written to directory `path` in the workload's
+      own on-disk format (the Data Duplicator's copy)
+  read(path) -> data   reads such a directory (the one reader of real and synthetic data)
 The harness knows nothing else about a workload.
 """
 from __future__ import annotations
@@ -25,6 +38,7 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Data:
+    """A data set small enough to hold in memory (the digits workload)."""
     x_train: np.ndarray
     y_train: np.ndarray
     x_val: np.ndarray
@@ -35,6 +49,21 @@ class Data:
     @property
     def n_train(self) -> int:
         return len(self.y_train)
+
+    @property
+    def n_val(self) -> int:
+        return len(self.y_val)
+
+    def input_signature(self, batch: int):
+        import tensorflow as tf
+        return (tf.TensorSpec((batch, *self.x_train.shape[1:]), tf.as_dtype(self.x_train.dtype)),
+                tf.TensorSpec((batch, *self.y_train.shape[1:]), tf.as_dtype(self.y_train.dtype)))
+
+    def batches(self, rows: np.ndarray, batch: int):
+        """Fancy-indexed numpy batches: nothing to decode, so no pipeline to hide."""
+        for s in range(len(rows) // batch):
+            idx = rows[s * batch:(s + 1) * batch]
+            yield self.x_train[idx], self.y_train[idx]
 
 
 def get(name: str):

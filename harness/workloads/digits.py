@@ -19,6 +19,7 @@ NAME = "digits"
 QUALITY = "Top-1"
 TARGET_QUALITY = 0.95      # ours: a 3-epoch ensemble reaches it on the embedded data
 PENALTY_N = 5              # as Image Classification in HPC AI500 V2.0
+AGGREGATIONS = ("mean", "vote")
 VAL_FRACTION = 0.2
 SYNTHETIC_DEFAULT = (2000, 8)
 CLASSES = 10
@@ -69,7 +70,7 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> Non
 def _write(file: str, images: np.ndarray, labels: np.ndarray) -> None:
     tmp = f"{file}.tmp{os.getpid()}"
     with h5py.File(tmp, "w") as f:
-        f.create_dataset("images", data=images.astype(np.float32))
+        f.create_dataset("images", data=images.astype(np.float32, copy=False))
         f.create_dataset("labels", data=labels.astype(np.int64))
     os.replace(tmp, file)  # readers never see a half-written file
 
@@ -98,7 +99,16 @@ def _read(file: str) -> tuple[np.ndarray, np.ndarray]:
                         f"found {images.shape} and {labels.shape}")
     if labels.min() < 0 or labels.max() >= CLASSES:
         raise DataError(f"{file}: labels must lie in [0, {CLASSES}), found {labels.min()}..{labels.max()}")
-    return images.astype(np.float32)[..., None], labels.astype(np.int64)  # channels-last
+    return images.astype(np.float32, copy=False)[..., None], labels.astype(np.int64, copy=False)  # channels-last
+
+
+def stage(data: Data, rows: np.ndarray, path: str) -> int:
+    """The Data Duplicator's copy: training samples `rows` and the validation set, in
+    this workload's on-disk format, so that `read(path)` trains from it."""
+    os.makedirs(path, exist_ok=True)
+    _write(os.path.join(path, "train.h5"), data.x_train[rows, ..., 0], data.y_train[rows])
+    _write(os.path.join(path, "val.h5"), data.x_val[..., 0], data.y_val)
+    return sum(os.path.getsize(os.path.join(path, f)) for f in ("train.h5", "val.h5"))
 
 
 def build_model(data: Data):
@@ -122,13 +132,27 @@ def loss(labels, logits):
     return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
-def predict(model, x: np.ndarray, batch: int = 512) -> np.ndarray:
+def input_signature(data: Data, batch: int):
+    return data.input_signature(batch)
+
+
+def batches(data: Data, rows: np.ndarray, batch: int, *, training: bool = True, seed: int = 0):
+    return data.batches(rows, batch)  # no augmentation: the digits are 8 x 8
+
+
+def score_width(data: Data) -> int:
+    return data.num_classes
+
+
+def predict(model, data: Data, rows: slice, batch: int = 512) -> np.ndarray:
+    """Class probabilities (computed in FP32) of validation rows `rows`."""
     import tensorflow as tf
+    x = data.x_val[rows]
     out = [tf.nn.softmax(tf.cast(model(x[i:i + batch], training=False), tf.float32)).numpy()
            for i in range(0, len(x), batch)]
     return np.concatenate(out) if out else np.zeros((0, CLASSES), np.float32)
 
 
-def quality(scores: np.ndarray, labels: np.ndarray) -> float:
+def quality(scores: np.ndarray, data: Data) -> float:
     """Top-1 accuracy; ties in the scores go to the lowest class index."""
-    return float(np.mean(np.argmax(scores, axis=1) == labels))
+    return float(np.mean(np.argmax(scores, axis=1) == data.y_val))

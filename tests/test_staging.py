@@ -1,0 +1,142 @@
+"""Data staging (the Data Duplicator): the plan's math, the directory checks, and real
+runs under mpirun that copy each job's resample to a node-local directory and train from it."""
+import errno
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from harness import sampler, staging
+from tests.conftest import results
+
+SYNTH = "synthetic:600:8"   # 480 training samples, small and quick
+TRAIN = 480
+
+
+# ------------------------------------------------------------------ pure parts
+@pytest.mark.parametrize("method", ["bootstrap", "poisson", "none"])
+def test_plan_copies_each_distinct_sample_once(method):
+    idx = sampler.resample(1000, method, 7, 3)
+    rows, local = staging.plan(idx)
+    assert np.all(np.diff(rows) > 0)                 # sorted, distinct
+    assert np.array_equal(rows[local], idx)          # renumbering is exact, repeats kept
+    assert len(rows) == len(np.unique(idx))
+    if method == "bootstrap":
+        assert 0.60 < len(rows) / 1000 < 0.67        # ~63.2 % of the samples are drawn at least once
+
+
+def test_folder_names_differ_per_run_test_rep_job_node():
+    names = {staging.folder("/s", run, t, r, j, n)
+             for run in ("a", "b") for t in (1, 2) for r in (0, 1) for j in (0, 1) for n in (0, 1)}
+    assert len(names) == 32 and all(p.startswith("/s/hpcai500-") for p in names)
+
+
+def test_probe_accepts_a_new_directory_and_leaves_nothing(tmp_path):
+    root = tmp_path / "a" / "b"
+    assert staging.probe(str(root)) > 0
+    assert root.is_dir() and list(root.iterdir()) == []
+
+
+def test_probe_names_an_unwritable_directory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(staging.StagingError, match=r"staging directory .*file/sub.*: not writable"):
+        staging.probe(str(blocker / "sub"))
+    with pytest.raises(staging.StagingError, match="not a directory|not writable"):
+        staging.probe(str(blocker))
+
+
+def test_disk_full_message_names_the_directory(tmp_path):
+    msg = staging._explain(OSError(errno.ENOSPC, "No space left on device"), str(tmp_path))
+    assert str(tmp_path) in msg and "disk full" in msg and "MiB free" in msg
+
+
+def test_digits_stage_writes_the_rows_in_its_own_format(tmp_path):
+    from harness.workloads import digits
+    data = digits.load("embedded", str(tmp_path))
+    rows = np.array([0, 3, 4, 10, 1000])
+    nbytes = digits.stage(data, rows, str(tmp_path / "copy"))
+    back = digits.read(str(tmp_path / "copy"))
+    assert nbytes == sum(f.stat().st_size for f in (tmp_path / "copy").iterdir())
+    assert np.array_equal(back.x_train, data.x_train[rows]) and np.array_equal(back.y_train, data.y_train[rows])
+    assert np.array_equal(back.x_val, data.x_val) and np.array_equal(back.y_val, data.y_val)
+
+
+# ------------------------------------------------------------------ real runs
+def test_run_stages_each_jobs_resample_once_per_node_and_trains_from_it(run_dat, tmp_path):
+    """M=2, P=2 on 4 ranks (one node): two copies, one per job, each holding exactly the
+    job's distinct resampled samples; every rank of the job read the copy."""
+    stage = tmp_path / "stage"
+    r = run_dat(4, l8=SYNTH, l9="1", l10="2", l11="2", l15="2", l28=f"{stage} keep", l30="0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = results(tmp_path / "runs")
+    test = res["tests"][0]
+    st = test["staging"]
+    assert st["copies"] == 2 and st["kept"] and st["dir"] == str(stage)
+    expected = [np.unique(sampler.resample(TRAIN, "bootstrap", 42, j)) for j in range(2)]
+    assert st["samples"] == sum(len(e) for e in expected)
+    for j, path in enumerate(st["paths"]):
+        assert f"-j{j}-" in path and Path(path).parent == stage
+        with h5py.File(Path(path) / "train.h5") as f:
+            assert len(f["labels"]) == len(expected[j])
+    assert st["bytes"] == sum(f.stat().st_size for p in st["paths"] for f in Path(p).iterdir())
+    assert test["time_to_solution"] == pytest.approx(test["train_seconds"] + st["seconds"])
+    assert test["consistency"]["passed"] and test["quality"] > 0.2   # chance is 0.1
+    assert "Staging     : 2 copies (one per job per node)" in r.stdout and "time to solution" in r.stdout
+    log = next((Path(res["run_dir"]) / "mllog").glob("*model0000.log")).read_text()
+    events = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in log.splitlines()]
+    assert events.index("staging_start") < events.index("staging_stop") < events.index("run_start")
+
+
+def test_run_trains_from_the_copy(run_dat, tmp_path):
+    """With sampler none the copy holds the whole training set, renumbered; training from it
+    must feed the very batches a run without staging feeds (same seed): identical weights.
+    Without 'keep' the copy is gone after the test."""
+    stage = tmp_path / "stage"
+    a = run_dat(2, l8=SYNTH, l9="1", l10="1", l11="2", l15="1", l23="none", l28=str(stage), l30="0")
+    assert a.returncode == 0, a.stderr[-3000:]
+    with_staging = results(tmp_path / "runs")["tests"][0]
+    assert with_staging["staging"]["copies"] == 1 and with_staging["staging"]["samples"] == TRAIN
+    assert list(stage.iterdir()) == []            # removed after the test
+    (tmp_path / "runs2").mkdir()
+    b = run_dat(2, l5=str(tmp_path / "runs2"), l8=SYNTH, l9="1", l10="1", l11="2", l15="1", l23="none", l30="0")
+    assert b.returncode == 0, b.stderr[-3000:]
+    plain = results(tmp_path / "runs2")["tests"][0]
+    assert plain["staging"] is None and plain["time_to_solution"] == plain["train_seconds"]
+    assert with_staging["weights_digest"] == plain["weights_digest"]
+
+
+def test_unwritable_staging_directory_fails_before_training(run_dat, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run_dat(2, l8=SYNTH, l9="1", l10="1", l11="1", l28=str(blocker / "stage"), l30="0", timeout=120)
+    assert r.returncode != 0
+    assert ":28" in r.stderr and "not writable" in r.stderr and str(blocker) in r.stderr
+    assert "Traceback" not in r.stderr
+    assert [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")] == []  # .data: the cache
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 64 KiB file system (tmpfs), so that the copy meets a real ENOSPC."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()})")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_full_disk_fails_the_test_cleanly(run_dat, tmp_path, tiny_disk):
+    r = run_dat(2, l8="synthetic:4000:8", l9="1", l10="2", l11="1", l15="1", l28=str(tiny_disk), l30="0", timeout=180)
+    assert r.returncode != 0
+    assert "disk full" in r.stderr and str(tiny_disk) in r.stderr and "Traceback" not in r.stderr
+    assert list(tiny_disk.iterdir()) == []        # nothing half-written left behind
+    res = results(tmp_path / "runs")
+    assert res["status"] == "interrupted" and "disk full" in res["interrupted"]["reason"]
+    assert res["tests"] == []
