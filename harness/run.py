@@ -36,6 +36,9 @@ class Run:
             f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
         ]
         self.conventions += _option_lines(cfg)
+        from harness import workloads
+        self.conventions += [f"{w}: {workloads.get(w).FLOPS_NOTE}" for w in cfg.workloads
+                             if getattr(workloads.get(w), "FLOPS_NOTE", None)]
         if nodes.local_size > (os.cpu_count() or 1):
             self.conventions.append(
                 f"Oversubscribed: {nodes.local_size} ranks on {os.cpu_count()} cores on a node; a test with"

@@ -131,7 +131,7 @@ def test_bad_value_without_free_text(line, value, token):
     (17, "fp64", "HPCAI500.dat:17: found 'fp64', expected a training precision "
                  "(fp32, fp16, bf16)"),
     (7, "ic", "HPCAI500.dat:7: found 'ic': workload 'ic' not supported yet "
-              "(supported: digits)"),
+              "(supported: digits, ewa)"),
     (18, "rmsprop", "HPCAI500.dat:18: found 'rmsprop', expected an optimizer "
                     "(sgd, adam, adagrad, lars, lamb)"),
 ])
@@ -140,7 +140,7 @@ def test_message_format(line, value, expected):
 
 
 NOT_YET = [  # (line, value): known values whose feature is not built yet
-    (7, "ic"), (7, "EWA"), (27, "101"),
+    (7, "ic"), (27, "101"),
 ]
 
 

@@ -20,6 +20,12 @@ A workload module provides:
       sorted) and the validation set, written to directory `path` in the workload's
       own on-disk format (the Data Duplicator's copy)
   read(path) -> data   reads such a directory (the one reader of real and synthetic data)
+Optional:
+  ENSEMBLE = "stack"   each model's predictions keep their own columns in the world
+      reduction and quality() gets (n_val, M, width) to fuse (detection); default
+      "sum": the models' score matrices are summed and quality() gets their mean
+  MOMENTUM             SGD/LARS momentum of the workload's reference recipe (default 0.9)
+  FLOPS_NOTE           what the analytic FLOP count leaves out, printed in the report
 The harness knows nothing else about a workload.
 """
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_MODULES = {"digits": "harness.workloads.digits"}
+_MODULES = {"digits": "harness.workloads.digits", "ewa": "harness.workloads.ewa"}
 
 
 class DataError(ValueError):

@@ -1,0 +1,278 @@
+"""Faster-RCNN (Ren et al. 2015) in Keras for 16-channel climate images.
+
+    images (H, W, 16) -> ResNet-style backbone (stride 2^(1+stages)) -> features
+    features -> RPN: objectness logit and box deltas for every anchor
+    RPN -> proposals: decode, top pre_nms, NMS, the best `rois` boxes per image
+           (in training the last max_boxes slots hold the ground-truth boxes, so the
+           head sees positives from the first step: the usual Faster-RCNN practice)
+    features, proposals -> crop_and_resize to 2 pool, max pool to pool x pool -> MLP head ->
+           class logits (background + 4) and class-agnostic box deltas per ROI
+
+The model takes (images, gt_boxes) so that training can put the ground truth among
+the ROIs; at inference gt_boxes is ignored. Every output has a fixed shape; `loss`
+computes anchor and ROI targets in-graph from the outputs and the ground truth.
+The ROI head is Dense layers on (batch, rois, features) tensors, so the analytic
+FLOP count (harness.flops: 2 x FLin x FLout per row) charges it once per ROI.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 2 API (tf-keras), before TensorFlow
+import tensorflow as tf  # noqa: E402
+
+from harness.workloads import detection as det  # noqa: E402
+
+RPN_BATCH, RPN_POS_FRACTION = 256, 0.5      # anchors sampled per image for the RPN loss
+RPN_POS_IOU, RPN_NEG_IOU = 0.7, 0.3
+ROI_BATCH, ROI_POS_FRACTION = 128, 0.25     # ROIs sampled per image (capped at `rois`)
+ROI_POS_IOU = 0.5
+
+
+@dataclass(frozen=True)
+class Config:
+    height: int
+    width: int
+    max_boxes: int                 # G: ground-truth rows per image (padded)
+    channels: int = 16
+    classes: int = 4               # foreground classes; the head adds background
+    widths: tuple = (64, 128, 256)  # backbone stages, each halving the resolution
+    blocks: tuple = (2, 2, 2)       # residual blocks per stage
+    anchor_sizes: tuple = (0.0625, 0.125, 0.25, 0.5)   # fractions of the image height
+    anchor_ratios: tuple = (0.25, 0.5, 1.0, 2.0)       # height / width
+    rpn_channels: int = 256
+    pre_nms: int = 2000
+    rpn_nms_iou: float = 0.7
+    rois: int = 128                # R: proposals per image, training and inference
+    pool: int = 7
+    fc: int = 1024
+    detections: int = 32           # K: detections per image returned by `predict`
+
+    @property
+    def stride(self) -> int:
+        return 2 ** (1 + len(self.widths))
+
+    @property
+    def feature_hw(self) -> tuple[int, int]:
+        return math.ceil(self.height / self.stride), math.ceil(self.width / self.stride)
+
+    def anchors(self) -> np.ndarray:
+        sizes = [s * self.height for s in self.anchor_sizes]
+        return det.anchors(self.feature_hw, self.stride, sizes, self.anchor_ratios)
+
+
+def config_for(height: int, width: int, max_boxes: int) -> Config:
+    """Full size (the benchmark's 768 x 1152) gets the ResNet-18-like default; images
+    below 384 pixels (tests, laptops) a narrow two-stage backbone."""
+    if height >= 384:
+        return Config(height, width, max_boxes)
+    return Config(height, width, max_boxes, widths=(32, 64), blocks=(1, 1),
+                  anchor_sizes=(0.125, 0.25, 0.5), rpn_channels=64, pre_nms=600,
+                  rois=64, fc=128)
+
+
+def build(cfg: Config):
+    L = tf.keras.layers
+    if cfg.rois <= cfg.max_boxes or min(cfg.feature_hw) < 2:
+        raise ValueError(f"faster_rcnn: need rois > max_boxes ({cfg.rois} vs {cfg.max_boxes}) "
+                         f"and a feature map of at least 2 x 2 (got {cfg.feature_hw})")
+    images = tf.keras.Input((cfg.height, cfg.width, cfg.channels), name="images")
+    gt = tf.keras.Input((cfg.max_boxes, 5), name="gt_boxes")
+
+    def conv_bn(x, filters, kernel, stride=1, relu=True):
+        x = L.Conv2D(filters, kernel, stride, padding="same", use_bias=False)(x)
+        x = L.BatchNormalization()(x)
+        return L.ReLU()(x) if relu else x
+
+    x = conv_bn(images, cfg.widths[0], 3, 2)
+    for width, blocks in zip(cfg.widths, cfg.blocks):
+        for b in range(blocks):
+            stride = 2 if b == 0 else 1
+            short = x if (stride == 1 and x.shape[-1] == width) else conv_bn(x, width, 1, stride, relu=False)
+            y = conv_bn(x, width, 3, stride)
+            y = conv_bn(y, width, 3, relu=False)
+            x = L.ReLU()(L.Add()([short, y]))
+    features = x
+
+    k = len(cfg.anchor_sizes) * len(cfg.anchor_ratios)
+    anchors = cfg.anchors()
+    n_anchors = len(anchors)
+    r = L.Conv2D(cfg.rpn_channels, 3, padding="same", activation="relu", name="rpn_conv")(features)
+    rpn_logits = L.Reshape((n_anchors,), name="rpn_logits")(
+        L.Conv2D(k, 1, name="rpn_cls", dtype="float32")(r))
+    rpn_deltas = L.Reshape((n_anchors, 4), name="rpn_deltas")(
+        L.Conv2D(4 * k, 1, name="rpn_box", dtype="float32")(r))
+
+    rois = Proposals(anchors, cfg, name="rois")([rpn_logits, rpn_deltas, gt])
+    # ROI pooling as in Detectron's RoIPool variant: bilinear samples on a 2p x 2p grid,
+    # then 2 x 2 max pooling. TimeDistributed runs the pooling as one reshaped op and
+    # makes the FLOP count charge it once per ROI (Table 3: pooling, output elements).
+    crops = RoiCrop(cfg, name="roi_crop")([features, rois])
+    pooled = L.TimeDistributed(L.MaxPooling2D(2), name="roi_pool")(crops)
+    h = L.Reshape((cfg.rois, cfg.pool * cfg.pool * features.shape[-1]))(pooled)
+    h = L.Dense(cfg.fc, activation="relu", name="fc6")(h)
+    h = L.Dense(cfg.fc, activation="relu", name="fc7")(h)
+    cls_logits = L.Dense(cfg.classes + 1, name="cls_logits", dtype="float32")(h)
+    box_deltas = L.Dense(4, name="box_deltas", dtype="float32")(h)
+    outputs = {"rpn_logits": rpn_logits, "rpn_deltas": rpn_deltas,
+               "anchors": Anchors(anchors, name="anchors")(rpn_logits),
+               "rois": rois, "cls_logits": cls_logits, "box_deltas": box_deltas}
+    return tf.keras.Model([images, gt], outputs, name="faster_rcnn")
+
+
+class Proposals(tf.keras.layers.Layer):
+    """RPN outputs -> `rois` boxes per image (FP32 box math under any precision policy)."""
+
+    def __init__(self, anchors, cfg, **kw):
+        super().__init__(dtype="float32", **kw)
+        self.anchors, self.cfg = np.asarray(anchors, np.float32), cfg
+
+    def call(self, inputs, training=None):
+        logits, deltas, gt = (tf.stop_gradient(tf.cast(t, tf.float32)) for t in inputs)
+        cfg = self.cfg
+        boxes = clip(det.decode(deltas, tf.constant(self.anchors), det.TF, det.RPN_SCALE),
+                     cfg.height, cfg.width)
+        scores, idx = tf.math.top_k(logits, k=min(cfg.pre_nms, len(self.anchors)), sorted=False)
+        boxes = tf.gather(boxes, idx, batch_dims=1)
+        kept = tf.image.combined_non_max_suppression(
+            boxes[:, :, None, :], tf.sigmoid(scores)[..., None], max_output_size_per_class=cfg.rois,
+            max_total_size=cfg.rois, iou_threshold=cfg.rpn_nms_iou, clip_boxes=False).nmsed_boxes
+        if training:  # the ground truth replaces the weakest proposals
+            truth = tf.where(gt[..., :1] >= 0, gt[..., 1:5], 0.0)
+            kept = tf.concat([kept[:, :cfg.rois - cfg.max_boxes], truth], axis=1)
+        return tf.stop_gradient(kept)
+
+
+class RoiCrop(tf.keras.layers.Layer):
+    """Each ROI's features resampled bilinearly to a (2 pool) x (2 pool) grid."""
+
+    def __init__(self, cfg, **kw):
+        super().__init__(dtype="float32", **kw)
+        self.cfg = cfg
+
+    def call(self, inputs):
+        features, rois = inputs
+        cfg, p = self.cfg, 2 * self.cfg.pool
+        fh, fw, c = features.shape[1:]
+        # image y -> feature y / stride - 0.5 (feature pixel i is centred at (i + 0.5) stride);
+        # crop_and_resize maps normalised 0..1 onto feature pixels 0..fh-1.
+        norm = (rois / cfg.stride - 0.5) / tf.constant([fh - 1, fw - 1, fh - 1, fw - 1], tf.float32)
+        index = tf.repeat(tf.range(tf.shape(rois)[0]), cfg.rois)
+        crops = tf.image.crop_and_resize(tf.cast(features, tf.float32), tf.reshape(norm, (-1, 4)),
+                                         index, (p, p))
+        return tf.reshape(crops, (-1, cfg.rois, p, p, c))
+
+
+class Anchors(tf.keras.layers.Layer):
+    """The anchors as an output, so that `loss` is a function of (y, outputs) alone."""
+
+    def __init__(self, anchors, **kw):
+        super().__init__(dtype="float32", **kw)
+        self.anchors = np.asarray(anchors, np.float32)
+
+    def call(self, like):
+        return tf.broadcast_to(tf.constant(self.anchors), (tf.shape(like)[0], *self.anchors.shape))
+
+
+def clip(boxes, height, width):
+    limit = tf.constant([height, width, height, width], tf.float32)
+    return tf.clip_by_value(boxes, 0.0, limit)
+
+
+# ---- training loss ---------------------------------------------------------------
+
+def _random_subset(mask, k, noise):
+    """mask restricted to at most k (per row) of its elements, chosen by `noise`."""
+    key = tf.where(mask, noise, -1.0)
+    rank = tf.argsort(tf.argsort(key, axis=1, direction="DESCENDING", stable=True), axis=1, stable=True)
+    return mask & (rank < tf.cast(k, rank.dtype))
+
+
+def _sample(pos, neg, total, pos_fraction):
+    """Faster-RCNN's minibatch: up to total x pos_fraction random positives, the rest
+    random negatives. Returns (positives, negatives) masks."""
+    noise = tf.random.uniform(tf.shape(pos))
+    pos = _random_subset(pos, int(total * pos_fraction), noise)
+    n_pos = tf.reduce_sum(tf.cast(pos, tf.int32), axis=1, keepdims=True)
+    return pos, _random_subset(neg, total - n_pos, noise)
+
+
+def _smooth_l1(diff, beta=1.0 / 9):
+    """Huber loss summed over the 4 coordinates; quadratic below beta (small errors
+    still get gradient proportional to their size)."""
+    a = tf.abs(diff)
+    return tf.reduce_sum(tf.where(a < beta, 0.5 * a * a / beta, a - 0.5 * beta), axis=-1)
+
+
+def _match(boxes, gt):
+    """IoU of boxes (B, N, 4) [or (1, N, 4)] with the valid ground truth (B, G, 5):
+    best IoU (B, N), the matched ground-truth rows (B, N, 5), and the IoU matrix."""
+    valid = gt[..., 0] >= 0
+    overlaps = tf.where(valid[:, None, :], det.iou(boxes, gt[..., 1:5], det.TF), -1.0)
+    best = tf.reduce_max(overlaps, axis=2)
+    matched = tf.gather(gt, tf.argmax(overlaps, axis=2, output_type=tf.int32), batch_dims=1)
+    return best, matched, overlaps
+
+
+def loss(gt, outputs):
+    """Per-image loss: RPN objectness + RPN box + head classification + head box."""
+    return tf.add_n(list(loss_terms(gt, outputs).values()))
+
+
+def loss_terms(gt, outputs) -> dict:
+    """The four per-image terms of the loss, by name."""
+    gt = tf.cast(gt, tf.float32)
+    anchors, rois = outputs["anchors"][:1], outputs["rois"]
+
+    # RPN targets: IoU >= 0.7 with some box, or the best anchor of a box, is positive;
+    # IoU < 0.3 with every box is negative; the rest do not train the RPN.
+    best, matched, overlaps = _match(anchors, gt)
+    per_box_best = tf.reduce_max(overlaps, axis=1, keepdims=True)
+    is_best = tf.reduce_any((overlaps == per_box_best) & (per_box_best > 0), axis=2)
+    pos = (best >= RPN_POS_IOU) | is_best
+    pos, neg = _sample(pos, (best < RPN_NEG_IOU) & ~pos, RPN_BATCH, RPN_POS_FRACTION)
+    chosen = tf.cast(pos | neg, tf.float32)
+    bce = tf.nn.sigmoid_cross_entropy_with_logits(tf.cast(pos, tf.float32), outputs["rpn_logits"])
+    rpn_cls = tf.reduce_sum(bce * chosen, 1) / tf.maximum(tf.reduce_sum(chosen, 1), 1.0)
+    # Box losses are normalised by the sampled count, not the positives: an image with
+    # few positives must not turn the box regression's step size up.
+    target = det.encode(matched[..., 1:5], anchors, det.TF, det.RPN_SCALE)
+    rpn_box = (tf.reduce_sum(_smooth_l1(outputs["rpn_deltas"] - target) * tf.cast(pos, tf.float32), 1)
+               / tf.maximum(tf.reduce_sum(chosen, 1), 1.0))
+
+    # Head targets: a ROI with IoU >= 0.5 takes its box's class, the rest background;
+    # empty ROIs (NMS padding, padded ground truth) do not train the head.
+    best, matched, _ = _match(rois, gt)
+    valid = det.area(rois, det.TF) > 0
+    fg, bg = _sample(valid & (best >= ROI_POS_IOU), valid & (best < ROI_POS_IOU),
+                     min(ROI_BATCH, rois.shape[1]), ROI_POS_FRACTION)
+    chosen = tf.cast(fg | bg, tf.float32)
+    labels = tf.where(fg, tf.cast(matched[..., 0], tf.int32) + 1, 0)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, outputs["cls_logits"])
+    head_cls = tf.reduce_sum(ce * chosen, 1) / tf.maximum(tf.reduce_sum(chosen, 1), 1.0)
+    target = det.encode(matched[..., 1:5], rois, det.TF)
+    head_box = (tf.reduce_sum(_smooth_l1(outputs["box_deltas"] - target) * tf.cast(fg, tf.float32), 1)
+                / tf.maximum(tf.reduce_sum(chosen, 1), 1.0))
+    return {"rpn_cls": rpn_cls, "rpn_box": rpn_box, "head_cls": head_cls, "head_box": head_box}
+
+
+# ---- inference -------------------------------------------------------------------
+
+def detections(outputs, cfg: Config, score_threshold: float = 0.01):
+    """(B, K, 6) detections (class, score, ymin, xmin, ymax, xmax), zero-padded: the
+    head's boxes, class-wise NMS at IoU 0.5, the K best over all classes."""
+    rois = tf.cast(outputs["rois"], tf.float32)
+    boxes = clip(det.decode(tf.cast(outputs["box_deltas"], tf.float32), rois, det.TF), cfg.height, cfg.width)
+    probs = tf.nn.softmax(tf.cast(outputs["cls_logits"], tf.float32))[..., 1:]
+    probs *= tf.cast(det.area(rois, det.TF) > 0, tf.float32)[..., None]  # empty ROIs detect nothing
+    k = cfg.detections
+    nms = tf.image.combined_non_max_suppression(
+        boxes[:, :, None, :], probs, max_output_size_per_class=k, max_total_size=k,
+        iou_threshold=0.5, score_threshold=score_threshold, clip_boxes=False)
+    real = tf.cast(tf.range(k)[None, :] < nms.valid_detections[:, None], tf.float32)
+    out = tf.concat([nms.nmsed_classes[..., None], nms.nmsed_scores[..., None], nms.nmsed_boxes], -1)
+    return out * real[..., None]
