@@ -34,7 +34,7 @@ KNOWN = {
 # ... and the ones built so far. Known but unsupported values are refused with
 # "not supported yet"; a feature that lands only widens this table.
 SUPPORTED = {
-    "workload": {"digits", "ewa"},
+    "workload": {"digits", "ic", "ewa"},
     "precision": {"fp32", "fp16", "bf16"},
     "optimizer": {"sgd", "adam", "adagrad", "lars", "lamb"},
     "comm_precision": {"fp32", "fp16"},

@@ -84,9 +84,9 @@ def stage(workload, data, indices: np.ndarray, job_comm, root: str, path: str) -
         if local.rank == 0:
             try:
                 written = workload.stage(data, rows, path)
-            except OSError as e:
+            except (OSError, ValueError) as e:  # ValueError: the workload's DataError (a source changed)
                 shutil.rmtree(path, ignore_errors=True)
-                err = _explain(e, root)
+                err = _explain(e, root) if isinstance(e, OSError) else f"staging to {path}: {e}"
         err = local.bcast(err, root=0)
         if err:
             raise StagingError(err)

@@ -130,8 +130,8 @@ def test_bad_value_without_free_text(line, value, token):
 @pytest.mark.parametrize("line,value,expected", [
     (17, "fp64", "HPCAI500.dat:17: found 'fp64', expected a training precision "
                  "(fp32, fp16, bf16)"),
-    (7, "ic", "HPCAI500.dat:7: found 'ic': workload 'ic' not supported yet "
-              "(supported: digits, ewa)"),
+    (27, "101", "HPCAI500.dat:27: found '101': repetitions 101 not supported yet "
+                "(supported: 1..100)"),
     (18, "rmsprop", "HPCAI500.dat:18: found 'rmsprop', expected an optimizer "
                     "(sgd, adam, adagrad, lars, lamb)"),
 ])
@@ -140,7 +140,7 @@ def test_message_format(line, value, expected):
 
 
 NOT_YET = [  # (line, value): known values whose feature is not built yet
-    (7, "ic"), (27, "101"),
+    (27, "101"),
 ]
 
 
@@ -180,7 +180,6 @@ COUNTS = [  # (changes, line of the error, offending token[, False: drop free te
     ({7: "digits ic"}, 7, "ic"),                     # count says 1, found 2
     ({7: "digits digits"}, 7, "digits"),             # count 1, second is a value too
     ({6: "2", 7: "digits digits"}, 7, "digits"),     # duplicate workload
-    ({6: "2", 7: "digits ic"}, 7, "ic"),             # right count, ic not supported yet
     ({9: "2"}, 10, "4"),                             # count says 2, found 3
     ({9: "4"}, 10, "Ms"),                            # count says 4, found 3
     ({9: "1"}, 10, "2"),
@@ -415,3 +414,9 @@ def test_config_and_tests_pickle_for_broadcast():
     import pickle
     cfg = parse(str(DAT))
     assert pickle.loads(pickle.dumps((cfg, expand(cfg)))) == (cfg, expand(cfg))
+
+
+def test_all_three_workloads_parse_in_one_sweep():
+    cfg = parse_text(edit({6: "3", 7: "digits IC ewa"}))
+    assert cfg.workloads == ("digits", "ic", "ewa")
+    assert [t.workload for t in dat.expand(cfg)][::3] == ["digits", "ic", "ewa"]

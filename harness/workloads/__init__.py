@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_MODULES = {"digits": "harness.workloads.digits", "ewa": "harness.workloads.ewa"}
+_MODULES = {"digits": "harness.workloads.digits", "ic": "harness.workloads.ic", "ewa": "harness.workloads.ewa"}
 
 
 class DataError(ValueError):

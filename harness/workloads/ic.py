@@ -1,0 +1,409 @@
+"""ic: Image Classification, ResNet-50 v1.5 on ImageNet (HPC AI500 V2.0's IC workload).
+
+Data: a directory of ImageNet TFRecord shards in the common layout (`train-00000-of-01024`
+..., `validation-00000-of-00128` ...; each record a tf.train.Example with the JPEG in
+`image/encoded` and the class in `image/class/label`). The common converter writes labels
+1..1000; LABEL_OFFSET (default 1, or env HPCAI500_IC_LABEL_OFFSET) is subtracted. A
+directory written by this module also holds `hpcai500-ic.json` (image side, classes,
+label offset), which then wins over the defaults (side 224, classes from the validation
+labels, the offset above).
+
+Training sample i (i = 0..n_train-1) is the i-th record over the sorted train shards.
+The harness's bootstrap indices are read without loading the data set: an index of
+every record (shard, byte offset, length: 16 bytes a record, ~20 MB at 1.28 M images)
+is built once by reading only the 12-byte TFRecord headers and seeking over the JPEGs
+(see tfrecord.py), cached as `ic-index-<key>.npz` in the cache directory (key: shard
+names, sizes and mtimes), and a record is then one os.pread. The validation labels
+(needed in memory for the quality) are parsed once and cached in the same file.
+
+Batches are a tf.data pipeline: a Python generator preads the given rows in chunks,
+then parse + JPEG decode + augmentation run in parallel (AUTOTUNE), then batch and
+prefetch. Training: random resized crop (area 8-100 %, aspect 3/4-4/3) to side x side
+and a horizontal flip, drawn by stateless ops from (seed, position in the stream), so a
+run is reproducible whatever the parallelism. Validation: the central 87.5 % square,
+resized to side x side. Both normalised with ImageNet's mean and std.
+
+`synthetic[:SAMPLES[:SIDE]]` (default 640 images of 32 px, 10 classes) writes JPEG shards
+in the same layout, labels 1-based like the converter, 20 % for validation, and reads
+them back through the same reader. There is no embedded data set.
+
+Model: resnet.py, classes and image side from the data. For tests on small CPUs only,
+env HPCAI500_IC_WIDTH (stem channels, default 64) and HPCAI500_IC_STAGES (bottlenecks per
+stage, default 3,4,6,3) shrink it; unset, the model is ResNet-50.
+
+Recipe (NVIDIA's ResNet-50 v1.5 reference): SGD momentum 0.875 (MOMENTUM), weight decay
+3.0517578125e-05 as L2 kernel regularizers (the harness adds sum(model.losses)), label
+smoothing 0.1; batch 128 a GPU, LR 0.256 for 256 with warm-up and cosine, 90 epochs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.workloads import DataError, resnet, tfrecord
+
+NAME = "ic"
+QUALITY = "Top-1"
+TARGET_QUALITY = 0.763
+PENALTY_N = 5
+AGGREGATIONS = ("mean", "vote")
+MOMENTUM = 0.875
+WEIGHT_DECAY = 3.0517578125e-05
+FLOPS_NOTE = ("ResNet-50 v1.5 (stride on the 3x3 conv) counts 24.61 GFLOPs a training sample at"
+              " 224x224, 7 % above the paper's 23.0 (APC 11 776 GFLOPs at |B| = 512), which is"
+              " ResNet-50 v1's count; JPEG decoding and augmentation are not counted")
+LABEL_SMOOTHING = 0.1
+LABEL_OFFSET = 1               # the common converter writes 1..1000
+IMAGE_SIDE = 224               # training crop of real ImageNet
+CENTER_FRACTION = 0.875        # validation: central crop (224 of 256)
+MEAN = (0.485, 0.456, 0.406)   # ImageNet RGB mean and std, on [0, 1] pixels
+STD = (0.229, 0.224, 0.225)
+SYNTHETIC_DEFAULT = (640, 32)
+SYNTHETIC_CLASSES = 10
+VAL_FRACTION = 0.2
+RECORDS_PER_SHARD = 128        # synthetic shards
+STAGE_SHARD_BYTES = 128 << 20  # staged train shards
+EVAL_BATCH = 64
+CHUNK = 64                     # records a generator step hands to tf.data
+META = "hpcai500-ic.json"
+
+
+@dataclass(frozen=True)
+class ICData:
+    path: str
+    source: str
+    train: tfrecord.Index
+    val: tfrecord.Index
+    y_val: np.ndarray          # int64, 0-based
+    num_classes: int
+    side: int
+    label_offset: int
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train)
+
+    @property
+    def n_val(self) -> int:
+        return len(self.val)
+
+
+# ---- reading --------------------------------------------------------------------------
+
+def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> ICData:
+    from harness.dat import dataset_spec
+    kind, samples, side = dataset_spec(dataset)
+    if kind == "embedded":
+        raise DataError("ic: there is no embedded data set (ImageNet is not bundled); give "
+                        "'synthetic[:SAMPLES[:SIDE]]' or the path of a directory of ImageNet "
+                        "TFRecord shards (train-00000-of-01024 ..., validation-00000-of-00128 ...)")
+    if kind == "synthetic":
+        samples, side = samples or SYNTHETIC_DEFAULT[0], side or SYNTHETIC_DEFAULT[1]
+        path = os.path.join(cache_dir, f"ic-synthetic-{samples}-{side}")
+        prepare = lambda: os.path.isdir(path) or write_synthetic(path, samples, side)  # noqa: E731
+        index_dir = path
+    else:
+        path, index_dir, prepare = dataset, cache_dir, lambda: None
+    # One writer a node (data, index cache); the others wait and read what it wrote.
+    # Its error is raised only after the barrier, or the other ranks would wait forever.
+    err = None
+    if node_rank == 0:
+        try:
+            prepare()
+            read(path, cache_dir=index_dir)
+        except (DataError, OSError) as e:
+            err = e
+    node_barrier()
+    if err is not None:
+        raise err
+    return read(path, cache_dir=index_dir, source=dataset)
+
+
+def read(path: str, cache_dir: str | None = None, source: str | None = None) -> ICData:
+    """Read a directory of shards; the index is cached in cache_dir (default: the
+    directory itself if writable, else not cached)."""
+    if not os.path.isdir(path):
+        raise DataError(f"ic dataset {path!r}: not a directory of ImageNet TFRecord shards")
+    meta = _meta(path)
+    train_files = tfrecord.list_shards(path, "train")
+    val_files = tfrecord.list_shards(path, "validation")
+    if cache_dir is None and os.access(path, os.W_OK):
+        cache_dir = path
+    train, val, raw = _index(train_files, val_files, cache_dir)
+    offset = meta.get("label_offset", _env_offset())
+    y_val = raw - offset
+    if len(y_val) == 0 or len(train) == 0:
+        raise DataError(f"{path}: no records in the {'train' if len(train) == 0 else 'validation'} shards")
+    classes = int(meta.get("classes", y_val.max() + 1))
+    if y_val.min() < 0 or y_val.max() >= classes:
+        raise DataError(f"{path}: validation labels run {raw.min()}..{raw.max()}; after subtracting "
+                        f"the label offset {offset} they must lie in [0, {classes}) "
+                        "(set HPCAI500_IC_LABEL_OFFSET=0 for 0-based labels)")
+    return ICData(path, source or path, train, val, y_val.astype(np.int64), classes,
+                  int(meta.get("side", IMAGE_SIDE)), offset)
+
+
+def _env_offset() -> int:
+    text = os.environ.get("HPCAI500_IC_LABEL_OFFSET", str(LABEL_OFFSET))
+    if not text.strip().isdigit():
+        raise DataError(f"HPCAI500_IC_LABEL_OFFSET={text!r}: expected an integer >= 0 "
+                        "(what to subtract from the stored labels; 1 for the common converter)")
+    return int(text)
+
+
+def _meta(path: str) -> dict:
+    file = os.path.join(path, META)
+    if not os.path.exists(file):
+        return {}
+    try:
+        with open(file) as f:
+            meta = json.load(f)
+        if not all(isinstance(meta.get(k), int) and meta[k] >= (k != "label_offset")
+                   for k in ("side", "classes", "label_offset")):
+            raise ValueError("needs integer side >= 1, classes >= 1, label_offset >= 0")
+        return meta
+    except (OSError, ValueError) as e:
+        raise DataError(f"{file}: {e}") from None
+
+
+_INDEX_KEYS = ("train_shard", "train_offset", "train_length", "val_shard", "val_offset",
+               "val_length", "val_label")
+
+
+def _index(train_files, val_files, cache_dir):
+    """(train index, validation index, raw validation labels), from the cache or built."""
+    key = tfrecord.cache_key(train_files + val_files)
+    file = os.path.join(cache_dir, f"ic-index-{key}.npz") if cache_dir else None
+    z = tfrecord.load_npz(file) if file else None
+    if z is not None and set(z) == set(_INDEX_KEYS) and len(z["val_label"]) == len(z["val_offset"]):
+        return (tfrecord.Index(tuple(train_files), z["train_shard"], z["train_offset"], z["train_length"]),
+                tfrecord.Index(tuple(val_files), z["val_shard"], z["val_offset"], z["val_length"]),
+                z["val_label"])
+    train, val = tfrecord.build_index(train_files), tfrecord.build_index(val_files)
+    raw = _labels(val)
+    if file:
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            tfrecord.save_npz(file, train_shard=train.shard, train_offset=train.offset,
+                              train_length=train.length, val_shard=val.shard, val_offset=val.offset,
+                              val_length=val.length, val_label=raw)
+        except OSError:  # a read-only cache costs a re-scan next time, not the run
+            pass
+    return train, val, raw
+
+
+def _labels(index: tfrecord.Index) -> np.ndarray:
+    """The raw labels of every record of an index, parsed as protobufs (no JPEG decode,
+    and no TensorFlow op: data is loaded before the harness pins TensorFlow's threads,
+    which it can only do before the runtime starts)."""
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+    out = np.zeros(len(index), np.int64)
+    with tfrecord.Reader(index) as r:
+        for k in range(len(index)):
+            try:
+                out[k] = tf.train.Example.FromString(r.record(k)).features.feature[
+                    tfrecord.LABEL_KEY].int64_list.value[0]
+            except (DecodeError, IndexError):
+                raise DataError(f"{index.files[index.shard[k]]}: record at byte {int(index.offset[k])} "
+                                f"is not a tf.train.Example with an int64 '{tfrecord.LABEL_KEY}'") from None
+    return out
+
+
+# ---- synthetic data -------------------------------------------------------------------
+
+def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> None:
+    """ImageNet-layout shards of synthetic JPEGs in `path`, written in a temporary
+    directory and renamed into place: readers never see a half-written data set."""
+    n_val = max(1, int(round(VAL_FRACTION * samples)))
+    if samples - n_val < 1:
+        raise DataError(f"ic synthetic: {samples} samples leave none for training")
+    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"  # unique on a shared file system
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    records = (tfrecord.example(tfrecord.encode_jpeg(img), label + LABEL_OFFSET, side, side)
+               for img, label in tfrecord.synthetic_images(samples, side, SYNTHETIC_CLASSES, seed))
+    for split, n in (("validation", n_val), ("train", samples - n_val)):
+        tfrecord.write_split(tmp, split, records, n, -(-n // RECORDS_PER_SHARD))
+    _write_meta(tmp, side, SYNTHETIC_CLASSES, LABEL_OFFSET)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another writer (another node on a shared cache) got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.isdir(path):
+            raise
+
+
+def _write_meta(path: str, side: int, classes: int, label_offset: int) -> None:
+    with open(os.path.join(path, META), "w") as f:
+        json.dump({"side": side, "classes": classes, "label_offset": label_offset}, f)
+
+
+# ---- the model and the recipe ---------------------------------------------------------
+
+def build_model(data: ICData):
+    width = int(os.environ.get("HPCAI500_IC_WIDTH", resnet.WIDTH))
+    stages = tuple(int(s) for s in os.environ.get("HPCAI500_IC_STAGES", "").split(",") if s) or resnet.STAGES
+    return resnet.build((data.side, data.side, 3), data.num_classes, weight_decay=WEIGHT_DECAY,
+                        width=width, stages=stages)
+
+
+def loss(y, logits):
+    """Per-sample cross-entropy with label smoothing 0.1 (sparse integer labels)."""
+    import tensorflow as tf
+    onehot = tf.one_hot(tf.cast(y, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
+    return tf.keras.losses.categorical_crossentropy(onehot, logits, from_logits=True,
+                                                    label_smoothing=LABEL_SMOOTHING)
+
+
+def input_signature(data: ICData, batch: int):
+    import tensorflow as tf
+    return (tf.TensorSpec((batch, data.side, data.side, 3), tf.float32),
+            tf.TensorSpec((batch,), tf.int64))
+
+
+# ---- the input pipeline ---------------------------------------------------------------
+
+def _records(index: tfrecord.Index, rows: np.ndarray):
+    """tf.data of the raw records `rows`, in order: preads in a generator, CHUNK at a time
+    (one Python step per chunk, not per record)."""
+    import tensorflow as tf
+    rows = np.asarray(rows, np.int64)
+
+    def gen():
+        with tfrecord.Reader(index) as r:
+            for a in range(0, len(rows), CHUNK):
+                yield np.array(r.records(rows[a:a + CHUNK]), dtype=object)
+
+    return tf.data.Dataset.from_generator(
+        gen, output_signature=tf.TensorSpec((None,), tf.string)).unbatch()
+
+
+def _parse(record, offset):
+    import tensorflow as tf
+    f = tf.io.parse_single_example(record, {tfrecord.IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
+                                            tfrecord.LABEL_KEY: tf.io.FixedLenFeature([], tf.int64)})
+    return f[tfrecord.IMAGE_KEY], f[tfrecord.LABEL_KEY] - offset
+
+
+def _normalise(image):
+    import tensorflow as tf
+    return (image - tf.constant(MEAN) * 255.0) / (tf.constant(STD) * 255.0)
+
+
+def train_image(jpeg, side: int, seed):
+    """Random resized crop + horizontal flip, drawn from the stateless seed (2,) int64."""
+    import tensorflow as tf
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.image.extract_jpeg_shape(jpeg), tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=crop_seed,
+        min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
+        max_attempts=10, use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)  # decodes the crop only
+    image = tf.image.resize(image, (side, side))
+    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    return _normalise(image)
+
+
+def val_image(jpeg, side: int):
+    """The central CENTER_FRACTION square, resized to side x side."""
+    import tensorflow as tf
+    shape = tf.image.extract_jpeg_shape(jpeg)
+    crop = tf.cast(CENTER_FRACTION * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
+    crop = tf.maximum(crop, 1)
+    window = tf.stack([(shape[0] - crop) // 2, (shape[1] - crop) // 2, crop, crop])
+    image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+    return _normalise(tf.image.resize(image, (side, side)))
+
+
+def dataset(data: ICData, index: tfrecord.Index, rows, batch: int, *, augment: bool, seed: int = 0,
+            drop_remainder: bool = True):
+    """The tf.data pipeline of records `rows` of `index` (data.train or data.val), in
+    order: the training transform if `augment`, else the validation one."""
+    import tensorflow as tf
+    rows = np.asarray(rows, np.int64)
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(index)):
+        raise IndexError(f"ic: rows {rows.min()}..{rows.max()} outside 0..{len(index) - 1}")
+    if drop_remainder:
+        rows = rows[:len(rows) // batch * batch]  # read no record that is dropped
+    side, offset = data.side, data.label_offset
+    ds = _records(index, rows).map(lambda r: _parse(r, offset))
+    if augment:
+        base = tf.constant(seed % 2**63, tf.int64)
+        ds = ds.enumerate().map(
+            lambda i, jl: (train_image(jl[0], side, tf.stack([base, i])), jl[1]),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        ds = ds.map(lambda j, l: (val_image(j, side), l),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.batch(batch, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+
+
+def batches(data: ICData, rows, batch: int, *, training: bool, seed: int):
+    """len(rows) // batch batches (x, y) of training samples `rows`, in that order;
+    augmented if `training`, else the deterministic validation transform."""
+    return iter(dataset(data, data.train, rows, batch, augment=training, seed=seed))
+
+
+# ---- evaluation -----------------------------------------------------------------------
+
+def score_width(data: ICData) -> int:
+    return data.num_classes
+
+
+def predict(model, data: ICData, rows: slice) -> np.ndarray:
+    """Softmax probabilities (float32, computed in FP32) of validation rows `rows`:
+    averaging them across base models is the mean aggregation; argmax, a vote."""
+    import tensorflow as tf
+    idx = np.arange(data.n_val)[rows]
+    out = [tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy()
+           for x, _ in dataset(data, data.val, idx, EVAL_BATCH, augment=False, drop_remainder=False)]
+    return np.concatenate(out) if out else np.zeros((0, data.num_classes), np.float32)
+
+
+def quality(scores: np.ndarray, data: ICData) -> float:
+    """Top-1 accuracy against the validation labels; ties go to the lowest class."""
+    return float(np.mean(np.argmax(scores, axis=1) == data.y_val))
+
+
+# ---- staging (the Data Duplicator's copy) ----------------------------------------------
+
+def stage(data: ICData, rows, path: str) -> int:
+    """Copy training records `rows` (sorted, unique) as train shards, and the validation
+    shards whole, into `path` in the same layout, byte for byte (no re-encoding).
+    In the copy, training sample k is rows[k]. Returns the bytes written."""
+    rows = np.asarray(rows, np.int64)
+    if len(rows) == 0 or np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= data.n_train:
+        raise ValueError(f"ic.stage: rows must be sorted, unique, non-empty and in 0..{data.n_train - 1}")
+    os.makedirs(path, exist_ok=True)
+    for name in os.listdir(path):  # an earlier copy's shards would mix with this one's
+        if name.startswith(tfrecord.SPLITS) or name.startswith("ic-index-"):
+            os.remove(os.path.join(path, name))
+    framed = data.train.length[rows].astype(np.int64) + tfrecord.HEADER + tfrecord.FOOTER
+    shards = int(max(1, min(len(rows), -(-int(framed.sum()) // STAGE_SHARD_BYTES))))
+    written, files, parts = 0, [], []
+    for i, part in enumerate(np.array_split(rows, shards)):
+        files.append(os.path.join(path, tfrecord.shard_name("train", i, shards)))
+        offsets, lengths, n = tfrecord.copy_records(data.train, part, files[-1])
+        parts.append((np.full(len(part), i, np.uint32), offsets, lengths))
+        written += n
+    for f in data.val.files:
+        shutil.copyfile(f, os.path.join(path, os.path.basename(f)))
+        written += os.path.getsize(f)
+    _write_meta(path, data.side, data.num_classes, data.label_offset)
+    # the index of the copy is known without a scan: save it where read(path) looks
+    val_files = [os.path.join(path, os.path.basename(f)) for f in data.val.files]
+    key = tfrecord.cache_key(files + val_files)
+    tfrecord.save_npz(os.path.join(path, f"ic-index-{key}.npz"),
+                      train_shard=np.concatenate([p[0] for p in parts]),
+                      train_offset=np.concatenate([p[1] for p in parts]),
+                      train_length=np.concatenate([p[2] for p in parts]),
+                      val_shard=data.val.shard, val_offset=data.val.offset, val_length=data.val.length,
+                      val_label=data.y_val + data.label_offset)
+    return written

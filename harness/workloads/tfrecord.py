@@ -1,0 +1,302 @@
+"""TFRecord shards without TensorFlow's sequential reader: index, random access, copy.
+
+A TFRecord file is a sequence of framed records:
+
+    uint64 length | uint32 masked CRC-32C of the 8 length bytes | data | uint32 masked CRC of data
+
+(little-endian). `scan` walks a file reading only the 12-byte headers and seeking over
+the payloads, so indexing ImageNet's 1.28 M training records reads ~15 MB, not 140 GB.
+The index keeps, per record, the shard number, the data's byte offset and its length:
+16 bytes a record (uint32 + int64 + uint32), ~20 MB at 1.28 M records. A record is then
+one `os.pread` at its offset. `copy_records` copies whole framed records (header and
+CRCs included) byte for byte, so a copy needs no CRC computation and no re-encoding.
+
+Length headers are checked against their CRC (vectorised in numpy, so the check costs
+little); payload CRCs are not checked here (that would read every byte): a damaged
+payload surfaces when the record is parsed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.workloads import DataError
+
+HEADER, FOOTER = 12, 4
+_MASK_DELTA = 0xA282EAD8
+
+
+def _crc32c_table() -> np.ndarray:
+    poly, table = 0x82F63B78, np.zeros(256, np.uint32)  # Castagnoli, reflected
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ poly if c & 1 else c >> 1
+        table[i] = c
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def masked_crc32c(rows: np.ndarray) -> np.ndarray:
+    """TFRecord's masked CRC-32C of each row of a (n, k) uint8 array: (n,) uint32."""
+    crc = np.full(len(rows), 0xFFFFFFFF, np.uint32)
+    for j in range(rows.shape[1]):
+        crc = _TABLE[(crc ^ rows[:, j]) & 0xFF] ^ (crc >> np.uint32(8))
+    crc ^= np.uint32(0xFFFFFFFF)
+    return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
+
+
+@dataclass(frozen=True)
+class Index:
+    """Where every record of a list of shards is: record k is files[shard[k]] at
+    byte offset[k], length[k] bytes (the data, without framing)."""
+    files: tuple
+    shard: np.ndarray   # uint32
+    offset: np.ndarray  # int64
+    length: np.ndarray  # uint32
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    @property
+    def nbytes(self) -> int:
+        return self.shard.nbytes + self.offset.nbytes + self.length.nbytes
+
+
+def scan(file: str) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, lengths) of the records of one TFRecord file, from its headers only.
+    Raises DataError naming the file on a truncated file or a corrupt length header."""
+    offsets, headers = [], bytearray()
+    try:
+        fd = os.open(file, os.O_RDONLY)
+    except OSError as e:
+        raise DataError(f"{file}: cannot open ({e.strerror})") from None
+    try:
+        size, pos = os.fstat(fd).st_size, 0
+        while pos < size:
+            head = os.pread(fd, HEADER, pos)
+            if len(head) < HEADER:
+                raise DataError(f"{file}: truncated TFRecord: a {len(head)}-byte record header "
+                                f"at byte {pos} (record {len(offsets)}), 12 expected")
+            (length,) = struct.unpack_from("<Q", head)
+            end = pos + HEADER + length + FOOTER
+            if end > size or length >= 2**32:  # lengths are kept as uint32 (JPEGs are far smaller)
+                raise DataError(f"{file}: truncated or corrupt TFRecord: record {len(offsets)} at "
+                                f"byte {pos} claims {length} bytes, the file ends at byte {size}")
+            offsets.append(pos + HEADER)
+            headers += head
+            pos = end
+    finally:
+        os.close(fd)
+    heads = np.frombuffer(bytes(headers), np.uint8).reshape(-1, HEADER)
+    stored = heads[:, 8:12].copy().view("<u4").ravel()
+    bad = np.flatnonzero(masked_crc32c(heads[:, :8]) != stored)
+    if len(bad):
+        k = int(bad[0])
+        raise DataError(f"{file}: corrupt TFRecord: the length header of record {k} at byte "
+                        f"{offsets[k] - HEADER} fails its CRC ({len(bad)} bad header(s))")
+    lengths = heads[:, :8].copy().view("<u8").ravel()
+    return np.asarray(offsets, np.int64), lengths.astype(np.uint32)
+
+
+def build_index(files) -> Index:
+    parts = [scan(f) for f in files]
+    empty = [(np.zeros(0, np.int64), np.zeros(0, np.uint32))]  # no files: an empty index
+    shard = np.concatenate([np.full(len(o), i, np.uint32) for i, (o, _) in enumerate(parts or empty)])
+    offset = np.concatenate([o for o, _ in parts or empty])
+    length = np.concatenate([n for _, n in parts or empty])
+    return Index(tuple(files), shard, offset, length)
+
+
+def cache_key(files) -> str:
+    """Names, sizes and mtimes of the shards: a changed or replaced shard re-indexes.
+    Base names, not paths: a directory moved or renamed into place keeps its index."""
+    stats = [(os.path.basename(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    return hashlib.sha1(json.dumps(stats).encode()).hexdigest()[:20]
+
+
+def save_npz(file: str, **arrays) -> None:
+    """Write atomically: concurrent readers see the old file or the whole new one."""
+    tmp = f"{file}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, file)
+
+
+def load_npz(file: str):
+    """The arrays of an .npz cache, or None if there is none or it is unreadable."""
+    try:
+        with np.load(file) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError):
+        return None
+
+
+class Reader:
+    """Random access to an index's records: one pread each. Shards are opened on first
+    use and kept open, at most a quarter of the open-file limit at once (ImageNet has
+    1024 training shards; a soft limit of 1024 is common), least recently used closed."""
+
+    def __init__(self, index: Index):
+        import resource
+        from collections import OrderedDict
+        self.index = index
+        self.open_max = max(8, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
+        self._fds = OrderedDict()
+
+    def fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is not None:
+            self._fds.move_to_end(shard)
+            return fd
+        if len(self._fds) >= self.open_max:
+            os.close(self._fds.popitem(last=False)[1])
+        file = self.index.files[shard]
+        try:
+            fd = self._fds[shard] = os.open(file, os.O_RDONLY)
+        except OSError as e:
+            raise DataError(f"{file}: cannot open ({e.strerror})") from None
+        return fd
+
+    def record(self, k: int) -> bytes:
+        i = self.index
+        n = int(i.length[k])
+        data = os.pread(self.fd(int(i.shard[k])), n, int(i.offset[k]))
+        if len(data) != n:
+            raise DataError(f"{i.files[i.shard[k]]}: record at byte {int(i.offset[k])} is short "
+                            f"({len(data)} of {n} bytes): the file changed after indexing")
+        return data
+
+    def records(self, ks) -> list:
+        return [self.record(k) for k in ks]
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def copy_records(index: Index, rows: np.ndarray, out_file: str,
+                 chunk: int = 16 << 20) -> tuple[np.ndarray, np.ndarray, int]:
+    """Copy the framed records `rows` (in that order) into a new TFRecord file, byte for
+    byte. Runs of records adjacent in their source shard are copied as one read.
+    Returns the new file's (offsets, lengths) of the data and the bytes written."""
+    rows = np.asarray(rows, np.int64)
+    shard, length = index.shard[rows], index.length[rows].astype(np.int64)
+    start = index.offset[rows] - HEADER
+    end = index.offset[rows] + length + FOOTER
+    # a new run wherever the shard changes or the next record is not the adjacent one
+    brk = np.ones(len(rows), bool)
+    brk[1:] = (shard[1:] != shard[:-1]) | (start[1:] != end[:-1])
+    firsts = np.flatnonzero(brk)
+    lasts = np.append(firsts[1:], len(rows)) - 1
+    written = 0
+    with Reader(index) as reader, open(out_file, "wb") as out:
+        for a, b in zip(firsts, lasts):
+            fd, pos, stop = reader.fd(int(shard[a])), int(start[a]), int(end[b])
+            while pos < stop:
+                data = os.pread(fd, min(chunk, stop - pos), pos)
+                if not data:
+                    raise DataError(f"{index.files[shard[a]]}: ends at byte {pos}, the index says "
+                                    f"{stop}: the file changed after indexing")
+                out.write(data)
+                pos += len(data)
+                written += len(data)
+    framed = length + HEADER + FOOTER
+    offsets = np.concatenate([[0], np.cumsum(framed)[:-1]]).astype(np.int64) + HEADER
+    return offsets, length.astype(np.uint32), written
+
+
+# ---- the ImageNet layout ------------------------------------------------------------
+# As the common converter (TensorFlow models' build_imagenet_data.py) writes it: shards
+# `train-00000-of-01024` ... and `validation-00000-of-00128` ..., one tf.train.Example
+# a record with the JPEG bytes in `image/encoded` and the class in `image/class/label`
+# (1..1000 there: 0 is kept for "background").
+SPLITS = ("train", "validation")
+IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"
+
+
+def shard_name(split: str, i: int, n: int) -> str:
+    return f"{split}-{i:05d}-of-{n:05d}"
+
+
+def list_shards(path: str, split: str) -> list:
+    """The sorted shard files of a split; DataError unless they are all there."""
+    import re
+    pattern = re.compile(rf"{split}-(\d{{5}})-of-(\d{{5}})\Z")
+    try:
+        names = sorted(n for n in os.listdir(path) if pattern.match(n))
+    except OSError as e:
+        raise DataError(f"{path}: cannot list the directory ({e.strerror})") from None
+    if not names:
+        raise DataError(f"{path}: no {split} shards (files named {shard_name(split, 0, 1024)}, ...) "
+                        "in the ImageNet TFRecord layout")
+    totals = {int(pattern.match(n).group(2)) for n in names}
+    if len(totals) != 1 or [int(pattern.match(n).group(1)) for n in names] != list(range(totals.pop())):
+        raise DataError(f"{path}: {split} shards are incomplete or inconsistent: found "
+                        f"{len(names)} ({names[0]} .. {names[-1]})")
+    return [os.path.join(path, n) for n in names]
+
+
+def example(jpeg: bytes, label: int, height: int, width: int) -> bytes:
+    """One serialized tf.train.Example with the converter's main features."""
+    import tensorflow as tf
+    f = tf.train.Feature
+    feats = {IMAGE_KEY: f(bytes_list=tf.train.BytesList(value=[jpeg])),
+             LABEL_KEY: f(int64_list=tf.train.Int64List(value=[int(label)])),
+             "image/format": f(bytes_list=tf.train.BytesList(value=[b"JPEG"])),
+             "image/height": f(int64_list=tf.train.Int64List(value=[height])),
+             "image/width": f(int64_list=tf.train.Int64List(value=[width])),
+             "image/channels": f(int64_list=tf.train.Int64List(value=[3]))}
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+def write_split(path: str, split: str, records, n: int, shards: int) -> None:
+    """Write n serialized records (any iterable, consumed in order) into `shards`
+    shard files of `split`, as evenly as possible."""
+    import tensorflow as tf
+    it = iter(records)
+    for i, size in enumerate(len(p) for p in np.array_split(np.arange(n), shards)):
+        with tf.io.TFRecordWriter(os.path.join(path, shard_name(split, i, shards))) as w:
+            for _ in range(size):
+                w.write(next(it))
+
+
+def encode_jpeg(image: np.ndarray, quality: int = 90) -> bytes:
+    """JPEG bytes of a uint8 RGB image, with Pillow (matplotlib's dependency) rather than
+    a TensorFlow op, which would start TensorFlow's runtime before the harness pins it."""
+    import io
+
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(image, "RGB").save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def synthetic_images(samples: int, side: int, classes: int, seed: int):
+    """Yields (uint8 image (side, side, 3), label in 0..classes-1), one at a time (224 px
+    x many samples would not fit in memory at once): a class colour and a class stripe
+    orientation, with a per-image colour shift and pixel noise. Colour survives random
+    crops and flips, so a few epochs learn it; the noise keeps it from being trivial."""
+    rng = np.random.default_rng(seed)
+    colours = rng.uniform(0.2, 0.8, (classes, 3))
+    angles = np.pi * np.arange(classes) / classes
+    freq = 2 * np.pi * 3 / side  # three stripes across the image
+    yy, xx = np.mgrid[0:side, 0:side].astype(np.float32)
+    for c in rng.integers(0, classes, samples):
+        stripes = 0.12 * np.sin(freq * (xx * np.cos(angles[c]) + yy * np.sin(angles[c])))
+        img = (colours[c] + rng.normal(0, 0.06, 3))[None, None, :] + stripes[..., None]
+        img = img + rng.normal(0, 0.15, (side, side, 3))
+        yield np.clip(img * 255, 0, 255).astype(np.uint8), int(c)
