@@ -37,6 +37,9 @@ bench: $(STAMP)
 	$(PY) bench/scaling.py
 	$(PY) bench/kernels.py
 	$(PY) bench/telemetry.py
+	$(PY) bench/options.py
+	$(PY) bench/staging.py
+	$(PY) bench/ic.py
 
 venv: $(STAMP)
 
