@@ -113,7 +113,7 @@ def main() -> None:
     print(f"\nPart 2: distribute + stage under mpirun, {common.NP} base models (one per rank), "
           f"{SIDE}x{SIDE} float32 samples, to {STAGE}; other load {other:.2f} cores\n")
     print(common.table(["rank", "distinct samples", "MB written", "distribute s", "stage s (write+read)",
-                        "MB/s", "raw npy s (same bytes)", "stage / raw"], rows))
+                        "MB/s", "raw npz s (same samples)", "stage / raw"], rows))
 
 
 if __name__ == "__main__":
