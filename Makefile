@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) bench/options.py
 	$(PY) bench/staging.py
 	$(PY) bench/ic.py
+	$(PY) bench/ewa.py
 
 venv: $(STAMP)
 

@@ -133,19 +133,30 @@ def data(tmp_path_factory):
 
 
 def test_synthetic_round_trip(data):
+    """The synthetic set is written in the published layout (per-year files, channels
+    first, box rows in the default order) and read back by the one reader; the
+    statistics are computed at the first read and cached beside the data."""
     folder = data.path
-    assert os.path.basename(folder) == f"ewa-synthetic-v{ewa.FORMAT_VERSION}-40-32"
+    assert os.path.basename(folder) == f"ewa-synthetic-v{ewa.FORMAT_VERSION}-40-32-yxyxc"
     assert (data.n_train, data.n_val, data.height, data.width) == (32, 8, 32, 48)
-    with h5py.File(os.path.join(folder, "train.h5")) as f:  # the documented layout
-        assert f["images"].shape == (32, 32, 48, 16) and f["boxes"].shape == (32, 3, 5)
-        stored = f["channel_mean"][...], f["channel_std"][...]
+    years = sorted(f for f in os.listdir(folder) if f.endswith(".h5"))
+    assert years == [f"climo_{y}.h5" for y in range(1979, 1984)]
+    with h5py.File(os.path.join(folder, "climo_1983.h5")) as f:  # the last year: validation
+        assert f["images"].shape == (8, 16, 32, 48) and f["images"].dtype == np.float32
+        assert f["boxes"].shape == (8, 3, 5) and "channel_mean" not in f
+        raw, first = f["boxes"][...], f["images"][0]
+    real = raw[..., 4] >= 0
+    assert np.array_equal(data.val_boxes[..., 0], np.where(real, raw[..., 4], -1))
+    assert np.array_equal(data.val_boxes[real][:, 1:], raw[real][:, :4])
+    assert (raw[~real] == -1).all()                           # padding rows: all -1
+    assert np.array_equal(data.images("val", [0])[0], first.transpose(1, 2, 0))
+    (stats,) = [f for f in os.listdir(folder) if f.startswith("ewa-stats-")]
+    assert stats == ewa.stats_name(data)
     again = ewa.read(folder)
-    assert np.array_equal(again.val_boxes, data.val_boxes)
-    assert np.array_equal(again.images("val", slice(0, 8)), data.images("val", slice(0, 8)))
-    # stored statistics are those of the stored training images (normalised: ~0, ~1)
+    assert np.array_equal(again.val_boxes, data.val_boxes) and np.array_equal(again.mean, data.mean)
+    # statistics of the training images (normalised: ~0, ~1)
     x = data.normalised(data.images("train", slice(0, 32)))
-    assert np.allclose(x.mean((0, 1, 2)), 0, atol=1e-2) and np.allclose(x.std((0, 1, 2)), 1, atol=1e-2)
-    assert np.allclose(ewa._statistics(data)[0], stored[0], rtol=1e-3)
+    assert np.allclose(x.mean((0, 1, 2)), 0, atol=1e-3) and np.allclose(x.std((0, 1, 2)), 1, atol=1e-3)
     boxes = np.concatenate([data.train_boxes, data.val_boxes])
     per_image = (boxes[..., 0] >= 0).sum(1)
     assert per_image.min() >= 1 and per_image.max() <= 3
@@ -169,7 +180,7 @@ def test_synthetic_objects_are_where_their_boxes_are(data):
 
 
 def test_only_node_rank_zero_writes(tmp_path):
-    with pytest.raises(DataError, match="not a directory"):
+    with pytest.raises(DataError, match="no such file or directory"):
         ewa.load("synthetic:20:32", str(tmp_path), node_rank=1)
     with pytest.raises(DataError, match="no embedded data set"):
         ewa.load("embedded", str(tmp_path))
@@ -201,16 +212,44 @@ def test_batches_flip_images_and_boxes_together(data):
     assert all(np.array_equal(a[0][0], b[0][0]) for a, b in zip(again, ewa.batches(data, rows, 2, training=True, seed=5)))
 
 
-def test_stage_writes_the_resample_in_the_same_format(data, tmp_path):
+def test_prefetch_feeds_the_same_batches(data, monkeypatch):
+    rows = np.array([3, 1, 3, 0, 2, 7])
+    plain = list(ewa.batches(data, rows, 2, training=True, seed=4))
+    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "2")
+    fed = list(ewa.batches(data, rows, 2, training=True, seed=4))
+    assert len(fed) == len(plain) == 3
+    for ((x, gt), y), ((fx, fgt), fy) in zip(plain, fed):
+        assert np.array_equal(x, fx.numpy()) and np.array_equal(gt, fgt.numpy()) and np.array_equal(y, fy.numpy())
+
+
+def test_stage_writes_the_resample_in_our_layout(data, tmp_path):
     rows = np.array([0, 2, 5, 31])
     written = ewa.stage(data, rows, str(tmp_path / "copy"))
     assert written == sum(os.path.getsize(tmp_path / "copy" / f) for f in ("train.h5", "val.h5"))
+    with h5py.File(tmp_path / "copy" / "train.h5") as f:     # channels last, class first
+        assert f["images"].shape == (4, 32, 48, 16) and f.attrs["split"] == "train"
     copy = ewa.read(str(tmp_path / "copy"))
     assert (copy.n_train, copy.n_val) == (4, data.n_val)
     assert np.array_equal(copy.train_boxes, data.train_boxes[rows])
     assert np.array_equal(copy.images("train", slice(0, 4)), data.images("train", rows))
     assert np.array_equal(copy.mean, data.mean) and np.array_equal(copy.std, data.std)
     assert np.array_equal(copy.val_boxes, data.val_boxes)
+    assert not [f for f in os.listdir(tmp_path / "copy") if f.startswith("ewa-stats")]  # stored, not computed
+
+
+def test_box_order_by_hand():
+    # columns of (class, ymin, xmin, ymax, xmax)
+    assert ewa.box_columns("yxyxc") == ewa.box_columns("yxyx") == [4, 0, 1, 2, 3]
+    assert ewa.box_columns("xyxyc") == [4, 1, 0, 3, 2]
+    assert ewa.box_columns("cyxyx") == [0, 1, 2, 3, 4]
+    assert ewa.box_columns("yyxxc") == [4, 0, 2, 1, 3]
+    raw = np.array([[10, 20, 30, 40, 3], [-1, -1, -1, -1, -1]], np.float32)  # x0 y0 x1 y1 c
+    rows = ewa.to_rows(raw, "xyxyc")
+    assert rows.tolist() == [[3, 20, 10, 40, 30], [-1, 0, 0, 0, 0]]
+    assert np.array_equal(ewa.from_rows(rows, "xyxyc"), raw)
+    for bad in ("yxy", "yxyxcc", "yxzxc"):
+        with pytest.raises(DataError, match="HPCAI500_EWA_BOX_ORDER"):
+            ewa.box_columns(bad)
 
 
 def _write(path, images=None, boxes=None):
@@ -221,37 +260,131 @@ def _write(path, images=None, boxes=None):
             f["boxes"] = boxes
 
 
+def _published(tmp_path, order="yxyxc"):
+    """Two hand-built year files of 3 + 2 images of 8 x 12: channel c of image i is
+    10 i + c plus a ramp along x; one box per image, written in `order`."""
+    ramp = np.arange(12, dtype=np.float32)
+    cols = ewa.box_columns(order)
+    files = {}
+    for name, first, n in (("climo_2000.h5", 0, 3), ("climo_2001.h5", 3, 2)):
+        images = np.zeros((n, 16, 8, 12), np.float32)
+        boxes = np.full((n, 2, 5), -1, np.float32)
+        for k in range(n):
+            i = first + k
+            images[k] = (10 * i + np.arange(16))[:, None, None] + ramp
+            boxes[k, 0, cols] = [i % 4, 1, 2, 5, 3 + i]      # class, ymin, xmin, ymax, xmax
+        _write(tmp_path / name, images, boxes)
+        files[name] = images
+    return files
+
+
+@pytest.mark.parametrize("order", ["yxyxc", "xyxyc", "cyxyx"])
+def test_reader_on_hand_built_published_files(tmp_path, monkeypatch, order):
+    monkeypatch.setenv("HPCAI500_EWA_BOX_ORDER", order)
+    files = _published(tmp_path, order)
+    d = ewa.read(str(tmp_path), cache_dir=str(tmp_path / "cache"))
+    assert (d.n_train, d.n_val, d.height, d.width, d.max_boxes) == (3, 2, 8, 12, 2)  # last year: validation
+    assert d.train_boxes[:, 0].tolist() == [[0, 1, 2, 5, 3], [1, 1, 2, 5, 4], [2, 1, 2, 5, 5]]
+    assert d.val_boxes[:, 0].tolist() == [[3, 1, 2, 5, 6], [0, 1, 2, 5, 7]]
+    assert (d.train_boxes[:, 1] == [-1, 0, 0, 0, 0]).all()
+    x = d.images("val", [1, 0, 1])                           # channels last, in the asked order
+    assert x.shape == (3, 8, 12, 16)
+    assert np.array_equal(x[0], files["climo_2001.h5"][1].transpose(1, 2, 0)) and np.array_equal(x[0], x[2])
+    assert np.array_equal(d.images("train", slice(1, 3)), files["climo_2000.h5"][1:].transpose(0, 2, 3, 1))
+    # statistics over the training images, cached beside the data, read back next time
+    train = files["climo_2000.h5"].transpose(0, 2, 3, 1).reshape(-1, 16)
+    assert np.allclose(d.mean, train.mean(0)) and np.allclose(d.std, train.std(0), rtol=1e-5)
+    assert os.path.exists(tmp_path / ewa.stats_name(d))
+    np.savez(tmp_path / ewa.stats_name(d), mean=np.full(16, 7.0), std=np.full(16, 2.0))
+    assert (ewa.read(str(tmp_path)).mean == 7.0).all()       # the cache is what is used
+
+
+def test_reader_split_options_and_unwritable_data_directory(tmp_path, monkeypatch):
+    _published(tmp_path)
+    monkeypatch.setenv("HPCAI500_EWA_VAL", "climo_2000.h5")
+    d = ewa.read(str(tmp_path), cache_dir=str(tmp_path / "cache"))
+    assert (d.n_train, d.n_val) == (2, 3) and d.val_boxes[:, 0, 0].tolist() == [0, 1, 2]
+    monkeypatch.setenv("HPCAI500_EWA_VAL", "climo_1999.h5")
+    with pytest.raises(DataError, match="no file 'climo_1999.h5' in .* climo_2000.h5, climo_2001.h5"):
+        ewa.read(str(tmp_path))
+    monkeypatch.delenv("HPCAI500_EWA_VAL")
+    # one file: its last VAL_FRACTION of images are the validation set (5 -> 4 + 1)
+    one = tmp_path / "one"
+    one.mkdir()
+    with h5py.File(tmp_path / "climo_2000.h5", locking=False) as a, \
+            h5py.File(tmp_path / "climo_2001.h5", locking=False) as b:
+        _write(one / "all.h5", np.concatenate([a["images"][...], b["images"][...]]),
+               np.concatenate([a["boxes"][...], b["boxes"][...]]))
+    d = ewa.read(str(one / "all.h5"), cache_dir=str(tmp_path / "cache"))
+    assert (d.n_train, d.n_val) == (4, 1) and d.val_boxes[0, 0].tolist() == [0, 1, 2, 5, 7]
+    # the data's directory refuses the cache file (root ignores permissions, so a
+    # directory sits on its name): the statistics go to the cache directory instead
+    name = ewa.stats_name(d)
+    os.remove(one / name)
+    (one / name).mkdir()
+    (one / name / "x").touch()
+    d2 = ewa.read(str(one / "all.h5"), cache_dir=str(tmp_path / "cache"))
+    assert os.path.isfile(tmp_path / "cache" / name) and np.allclose(d2.mean, d.mean)
+    assert sorted(os.listdir(one)) == ["all.h5", name]       # no temporary file left behind
+
+
 @pytest.mark.parametrize("case,message", [
-    ("missing-dir", "not a directory holding train.h5 and val.h5"),
-    ("no-val", "val.h5: missing"),
-    ("no-boxes", "train.h5: no dataset 'boxes'"),
-    ("channels", "train.h5: images must be (N, H, W, 16)"),
-    ("count", "train.h5: boxes must be (N, G, 5) with N = 4"),
-    ("class", "train.h5: box classes must be -1 (padding) or integers in [0, 4), found 7"),
-    ("empty-box", "train.h5: image 1 box 0"),
-    ("outside", "train.h5: image 2 box 0 lies outside the 16 x 24 image"),
-    ("truncated", "train.h5: cannot read HDF5"),
-    ("val-no-truth", "val.h5: no boxes"),
+    ("missing-dir", "nowhere': no such file or directory"),
+    ("empty-dir", "no HDF5 files"),
+    ("no-boxes", "climo_2000.h5: no dataset 'boxes'"),
+    ("channels", "climo_2000.h5: dataset 'images' must be (N, 16, H, W), channels first"),
+    ("channels-last", "climo_2000.h5: dataset 'images' must be (N, 16, H, W), channels first"),
+    ("count", "climo_2000.h5: dataset 'boxes' must be (N, G, 5) with N = 4"),
+    ("class", "climo_2000.h5: dataset 'boxes': image 2 box 1: class must be -1 (padding) or an integer in [0, 4), found 7"),
+    ("empty-box", "climo_2000.h5: dataset 'boxes': image 1 box 0"),
+    ("outside", "climo_2000.h5: dataset 'boxes': image 2 box 0 [20.0, 1.0, 30.0, 5.0, 0.0] lies outside the 16 x 24 image"),
+    ("sizes", "files hold images of different sizes"),
+    ("truncated-head", "climo_2000.h5: cannot open as HDF5"),
+    ("truncated-data", "climo_2000.h5: cannot open as HDF5 (Unable to synchronously open file (truncated file"),
+    ("corrupt-chunk", "climo_2000.h5: dataset 'images': cannot read the last image"),
+    ("val-no-truth", "have no boxes"),
+    ("mixed", "mixes files written by stage()"),
 ])
-def test_bad_data_names_file_and_problem(tmp_path, case, message):
-    images = np.zeros((4, 16, 24, 16), np.float32)
+def test_bad_data_names_file_dataset_and_problem(tmp_path, case, message):
+    images = np.zeros((4, 16, 16, 24), np.float32)
     boxes = np.full((4, 2, 5), -1, np.float32)
-    boxes[:, 0] = [0, 1, 1, 5, 5]
-    if case != "no-val":
-        _write(tmp_path / "val.h5", images, np.full_like(boxes, -1) if case == "val-no-truth" else boxes)
-    train = tmp_path / "train.h5"
+    boxes[:, 0] = [1, 1, 5, 5, 0]                     # yxyxc
+    _write(tmp_path / "climo_2001.h5", images[..., :20] if case == "sizes" else images,
+           np.full_like(boxes, -1) if case == "val-no-truth" else boxes)
+    train = tmp_path / "climo_2000.h5"
     bad = boxes.copy()
     if case == "class":
-        bad[2, 1, 0] = 7
-        bad[2, 1, 1:] = [1, 1, 5, 5]
+        bad[2, 1] = [1, 1, 5, 5, 7]
     if case == "empty-box":
-        bad[1, 0, 3] = 1  # ymax == ymin
+        bad[1, 0, 2] = 1  # ymax == ymin
     if case == "outside":
-        bad[2, 0, 1:] = [20, 1, 30, 5]  # below the image
-    _write(train, images[..., :3] if case == "channels" else images,
-           None if case == "no-boxes" else bad[:3] if case == "count" else bad)
-    if case == "truncated":
+        bad[2, 0] = [20, 1, 30, 5, 0]  # below the image
+    if case == "mixed":  # a well-formed file of our layout: class first
+        bad = bad[..., [4, 0, 1, 2, 3]]
+    shaped = {"channels": images[:, :3], "channels-last": np.zeros((4, 12, 24, 16), np.float32),
+              "mixed": images.transpose(0, 2, 3, 1)}.get(case, images)
+    if case in ("truncated-data", "corrupt-chunk"):
+        with h5py.File(train, "w") as f:
+            f["boxes"] = bad
+            f.create_dataset("images", data=images + 1, chunks=(1, 16, 16, 24), compression="gzip")
+            last = f["images"].id.get_chunk_info(3)  # the last image's compressed bytes
+        with open(train, "r+b") as f:
+            if case == "truncated-data":  # HDF5 itself refuses the file at open
+                f.truncate(train.stat().st_size - 100)
+            else:
+                f.seek(last.byte_offset + 10)
+                f.write(b"\xff" * 20)
+    else:
+        _write(train, shaped, None if case == "no-boxes" else bad[:3] if case == "count" else bad)
+    if case == "truncated-head":
         train.write_bytes(train.read_bytes()[:2000])
+    if case == "mixed":
+        with h5py.File(train, "a") as f:
+            f.attrs["hpcai500_ewa"] = "channels_last"
+            f.attrs["split"] = "train"
+    if case == "empty-dir":
+        os.remove(train)
+        os.remove(tmp_path / "climo_2001.h5")
     path = tmp_path / "nowhere" if case == "missing-dir" else tmp_path
     with pytest.raises(DataError) as err:
         ewa.read(str(path))
@@ -371,22 +504,83 @@ def test_flops_backbone_and_rpn_agree_with_the_profiler(model):
     assert ours.forward - ours.by_operator["normalization"] - ours.by_operator["elementwise"] <= theirs
 
 
+def test_backbone_choice_and_resnet50_trunk(monkeypatch):
+    """ResNet-50 at full size, the small backbone below 384 px, HPCAI500_EWA_BACKBONE
+    overriding; the ResNet-50 trunk is conv1 to conv4 (43 convolutions: stem, 13
+    bottlenecks of 3, 3 projections), stride 16, 1024 features; its FLOPs agree with
+    the profiler's."""
+    import tensorflow as tf
+
+    from harness import flops
+    from harness.workloads import faster_rcnn
+    assert faster_rcnn.config_for(768, 1152, 15).backbone == "resnet50"
+    assert faster_rcnn.config_for(96, 144, 3).backbone == "small"
+    monkeypatch.setenv("HPCAI500_EWA_BACKBONE", "small")
+    assert faster_rcnn.config_for(768, 1152, 15).backbone == "small"
+    monkeypatch.setenv("HPCAI500_EWA_BACKBONE", "vgg16")
+    with pytest.raises(ValueError, match="HPCAI500_EWA_BACKBONE='vgg16'"):
+        faster_rcnn.config_for(768, 1152, 15)
+    monkeypatch.setenv("HPCAI500_EWA_BACKBONE", "resnet50")
+    cfg = faster_rcnn.config_for(64, 96, 3)
+    assert (cfg.backbone, cfg.stride, cfg.feature_hw) == ("resnet50", 16, (4, 6))
+    model = faster_rcnn.build(cfg)
+    features = model.get_layer("rpn_conv").input
+    assert tuple(features.shape[1:]) == (4, 6, 1024)
+    convs = [l for l in model.layers if isinstance(l, tf.keras.layers.Conv2D) and not l.name.startswith("rpn")]
+    assert len(convs) == 43 and convs[0].kernel_size == (7, 7) and convs[0].kernel.shape[2] == 16
+    sub = tf.keras.Model(model.inputs[0], [model.get_layer("rpn_cls").output, model.get_layer("rpn_box").output])
+    ours, theirs = flops.count(sub), flops.profiler_flops(sub)
+    assert abs(ours.forward - theirs) < 0.01 * theirs
+
+
+def test_anchors_include_elongated_ones_for_rivers(data):
+    from harness.workloads import faster_rcnn
+    for cfg in (data.config, faster_rcnn.config_for(768, 1152, 15)):
+        a = cfg.anchors()
+        ratio = (a[:, 3] - a[:, 1]) / (a[:, 2] - a[:, 0])    # width / height
+        assert np.isclose(ratio, 4).any() and np.isclose(ratio, 2).any()
+    assert np.isclose(ratio, 0.25).any()                      # full size: north-south rivers too
+
+
 # ---- end to end ----------------------------------------------------------------------
+
+def prior_detector(data) -> np.ndarray:
+    """The trivial baseline, packed as `predict` packs: on every validation image, one
+    detection per class at that class's mean training box, scored by the class's share
+    of the training boxes. It knows where and how often each class occurs on average,
+    and nothing about the image."""
+    real = data.train_boxes[data.train_boxes[..., 0] >= 0]
+    rows = [[c, np.mean(real[:, 0] == c), *real[real[:, 0] == c, 1:].mean(0)]
+            for c in range(ewa.CLASSES) if (real[:, 0] == c).any()]
+    return _packed([np.array(rows)] * data.n_val, data.config.detections)
+
+
+def test_prior_detector_by_hand(data):
+    p = prior_detector(data).reshape(data.n_val, -1, 6)
+    assert np.array_equal(p[0], p[-1]) and np.isclose(p[0, :, 1].sum(), 1.0)
+    assert 0.0 <= ewa.quality(p, data) < 0.5
+
 
 def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
     """Bagging (M = 2, P = 1: two models' detections fused) and data parallelism
-    (M = 1, P = 2: replicas must stay equal) on 2 ranks. A 2-epoch CPU run's mAP may
-    be low: only its range is asserted."""
-    p = run_dat(2, l7="ewa", l8="synthetic:96:64", l9=2, l10="2 1", l11="1 2", l14=4, l15=2,
+    (M = 1, P = 2: replicas must stay equal) on 2 ranks, a few epochs on tiny synthetic
+    data: the ensemble's mAP must beat the prior detector's on the same data."""
+    p = run_dat(2, l7="ewa", l8="synthetic:96:64", l9=2, l10="2 1", l11="1 2", l14=2, l15=8,
                 l19=0.02, l30=0, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "PASSED" in p.stdout and "FAILED" not in p.stdout
     assert "ewa: FLOPs count the backbone, RPN and the ROI head once per ROI" in p.stdout
     tests = results(tmp_path / "runs")["tests"]
     assert [len(t["base_quality"]) for t in tests] == [2, 1]
+    (folder,) = (tmp_path / "runs" / ".data").glob("ewa-synthetic-*")
+    data = ewa.read(str(folder))
+    baseline = ewa.quality(prior_detector(data), data)
+    print(f"mAP: prior detector {baseline:.4f}, runs "
+          + ", ".join(f"{t['quality']:.4f} {t['base_quality']}" for t in tests))
     for t in tests:
         assert t["quality_name"] == "mAP@0.5" and t["consistency"]["passed"]
         assert all(0.0 <= q <= 1.0 for q in [t["quality"], *t["base_quality"]])
+        assert t["quality"] > baseline + 0.05, (t["quality"], baseline)
 
 
 def test_vote_is_refused_for_detection(run_dat, tmp_path):

@@ -1,18 +1,36 @@
 """Faster-RCNN (Ren et al. 2015) in Keras for 16-channel climate images.
 
-    images (H, W, 16) -> ResNet-style backbone (stride 2^(1+stages)) -> features
+    images (H, W, 16) -> backbone -> features
     features -> RPN: objectness logit and box deltas for every anchor
-    RPN -> proposals: decode, top pre_nms, NMS, the best `rois` boxes per image
+    RPN -> proposals: decode, top pre_nms, NMS, the best R = `rois` boxes per image
            (in training the last max_boxes slots hold the ground-truth boxes, so the
            head sees positives from the first step: the usual Faster-RCNN practice)
     features, proposals -> crop_and_resize to 2 pool, max pool to pool x pool -> MLP head ->
            class logits (background + 4) and class-agnostic box deltas per ROI
 
+Backbones (Config.backbone; `config_for` picks one, HPCAI500_EWA_BACKBONE overrides):
+* "resnet50" (default at 384 pixels and above): ResNet-50's conv1 to conv4 (stem,
+  max pool, 3-4-6 bottleneck blocks of 256, 512, 1024 channels; v1.5 strides), taking
+  the 16 channels in conv1; features at stride 16. This is the "C4" Faster-RCNN of
+  the ResNet paper, with its per-ROI conv5 replaced by the two 1024-wide fully
+  connected layers (the FPN-era head): conv5 on every ROI would be ~0.8 GFLOPs per
+  ROI. At 768 x 1152: features 48 x 72 x 1024, 69 120 anchors (20 per cell); 63.4 M
+  parameters (fc6 on 7 x 7 x 1024 pooled features holds 51 M of them); 164.0 GFLOPs
+  forward per image (harness.flops: 150.1 convolution, 13.4 dense = the head at R =
+  128), 492 GFLOPs per training sample.
+* "small" (below 384 pixels: tests, laptops): a narrow two-stage residual backbone
+  (basic blocks of 32 and 64 channels, stride 8).
+
+Anchors: sizes are fractions of the image height; ratios (height / width) include
+1:4 and 1:2 for the long, thin atmospheric rivers (and 4:1 at full size for rivers
+running north-south).
+
 The model takes (images, gt_boxes) so that training can put the ground truth among
-the ROIs; at inference gt_boxes is ignored. Every output has a fixed shape; `loss`
-computes anchor and ROI targets in-graph from the outputs and the ground truth.
-The ROI head is Dense layers on (batch, rois, features) tensors, so the analytic
-FLOP count (harness.flops: 2 x FLin x FLout per row) charges it once per ROI.
+the ROIs; at inference gt_boxes is ignored. Every output has a fixed shape: R ROIs
+per image whatever the image holds, in training and in inference. `loss` computes
+anchor and ROI targets in-graph from the outputs and the ground truth. The ROI head
+is Dense layers on (batch, R, features) tensors, so the analytic FLOP count
+(harness.flops: 2 x FLin x FLout per row) charges it once per ROI: R times per image.
 """
 from __future__ import annotations
 
@@ -40,10 +58,11 @@ class Config:
     max_boxes: int                 # G: ground-truth rows per image (padded)
     channels: int = 16
     classes: int = 4               # foreground classes; the head adds background
-    widths: tuple = (64, 128, 256)  # backbone stages, each halving the resolution
-    blocks: tuple = (2, 2, 2)       # residual blocks per stage
+    backbone: str = "resnet50"     # or "small": basic blocks of `widths`, `blocks`
+    widths: tuple = (32, 64)       # small backbone: stages, each halving the resolution
+    blocks: tuple = (1, 1)         # small backbone: residual blocks per stage
     anchor_sizes: tuple = (0.0625, 0.125, 0.25, 0.5)   # fractions of the image height
-    anchor_ratios: tuple = (0.25, 0.5, 1.0, 2.0)       # height / width
+    anchor_ratios: tuple = (0.25, 0.5, 1.0, 2.0, 4.0)  # height / width
     rpn_channels: int = 256
     pre_nms: int = 2000
     rpn_nms_iou: float = 0.7
@@ -54,7 +73,7 @@ class Config:
 
     @property
     def stride(self) -> int:
-        return 2 ** (1 + len(self.widths))
+        return 16 if self.backbone == "resnet50" else 2 ** (1 + len(self.widths))
 
     @property
     def feature_hw(self) -> tuple[int, int]:
@@ -65,14 +84,23 @@ class Config:
         return det.anchors(self.feature_hw, self.stride, sizes, self.anchor_ratios)
 
 
-def config_for(height: int, width: int, max_boxes: int) -> Config:
-    """Full size (the benchmark's 768 x 1152) gets the ResNet-18-like default; images
-    below 384 pixels (tests, laptops) a narrow two-stage backbone."""
-    if height >= 384:
+BACKBONE_ENV = "HPCAI500_EWA_BACKBONE"
+RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2))   # conv2..conv4: inner width, blocks, stride
+
+
+def config_for(height: int, width: int, max_boxes: int, backbone: str | None = None) -> Config:
+    """The ResNet-50 model at 384 pixels and above (the benchmark's 768 x 1152), the
+    small one below (tests, laptops); `backbone` or HPCAI500_EWA_BACKBONE (resnet50,
+    small, auto) chooses."""
+    choice = (backbone or os.environ.get(BACKBONE_ENV, "") or "auto").lower()
+    if choice not in ("auto", "resnet50", "small"):
+        raise ValueError(f"{BACKBONE_ENV}={choice!r}: expected resnet50, small or auto")
+    if choice == "auto":
+        choice = "resnet50" if height >= 384 else "small"
+    if choice == "resnet50":
         return Config(height, width, max_boxes)
-    return Config(height, width, max_boxes, widths=(32, 64), blocks=(1, 1),
-                  anchor_sizes=(0.125, 0.25, 0.5), rpn_channels=64, pre_nms=600,
-                  rois=64, fc=128)
+    return Config(height, width, max_boxes, backbone="small", anchor_sizes=(0.125, 0.25, 0.5),
+                  anchor_ratios=(0.25, 0.5, 1.0, 2.0), rpn_channels=64, pre_nms=600, rois=64, fc=128)
 
 
 def build(cfg: Config):
@@ -88,14 +116,27 @@ def build(cfg: Config):
         x = L.BatchNormalization()(x)
         return L.ReLU()(x) if relu else x
 
-    x = conv_bn(images, cfg.widths[0], 3, 2)
-    for width, blocks in zip(cfg.widths, cfg.blocks):
-        for b in range(blocks):
-            stride = 2 if b == 0 else 1
-            short = x if (stride == 1 and x.shape[-1] == width) else conv_bn(x, width, 1, stride, relu=False)
-            y = conv_bn(x, width, 3, stride)
-            y = conv_bn(y, width, 3, relu=False)
-            x = L.ReLU()(L.Add()([short, y]))
+    if cfg.backbone == "resnet50":
+        x = conv_bn(images, 64, 7, 2)
+        x = L.MaxPooling2D(3, 2, padding="same")(x)
+        for inner, blocks, stride in RESNET50:
+            for b in range(blocks):
+                s = stride if b == 0 else 1
+                # bottleneck, stride on the 3 x 3 (v1.5); projection shortcut on change
+                short = x if (s == 1 and x.shape[-1] == 4 * inner) else conv_bn(x, 4 * inner, 1, s, relu=False)
+                y = conv_bn(x, inner, 1)
+                y = conv_bn(y, inner, 3, s)
+                y = conv_bn(y, 4 * inner, 1, relu=False)
+                x = L.ReLU()(L.Add()([short, y]))
+    else:
+        x = conv_bn(images, cfg.widths[0], 3, 2)
+        for width, blocks in zip(cfg.widths, cfg.blocks):
+            for b in range(blocks):
+                stride = 2 if b == 0 else 1
+                short = x if (stride == 1 and x.shape[-1] == width) else conv_bn(x, width, 1, stride, relu=False)
+                y = conv_bn(x, width, 3, stride)
+                y = conv_bn(y, width, 3, relu=False)
+                x = L.ReLU()(L.Add()([short, y]))
     features = x
 
     k = len(cfg.anchor_sizes) * len(cfg.anchor_ratios)
