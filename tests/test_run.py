@@ -96,7 +96,8 @@ def test_check_prints_the_map_without_training(run_dat, tmp_path):
 
 
 @pytest.mark.parametrize("lines,message", [
-    ({"l7": "ic"}, ":7: found 'ic': workload 'ic' not supported yet"),
+    ({"l27": "101"}, ":27: found '101': repetitions 101 not supported yet"),
+    ({"l7": "ic"}, "workload ic: ic: there is no embedded data set"),     # a data error, agreed
     ({"l14": "x"}, ":14: found 'x'"),
     ({"l9": 1, "l10": 3, "l11": 2}, "M x P = 3 x 2 = 6 exceeds the world size 4"),
     ({"l8": "/nonexistent/digits"}, "/nonexistent/digits"),
