@@ -128,7 +128,7 @@ class Run:
             path = staging.folder(cfg.staging, os.path.basename(self.run_dir), t.index, self.rep, job, node)
             try:
                 copy = staging.stage(wl, data, indices, job_comm, cfg.staging, path)
-            except (staging.StagingError, OSError) as e:
+            except (staging.StagingError, OSError, ValueError) as e:  # ValueError: a DataError reading the copy
                 err = str(e)
         failed = [(r, e) for r, e in enumerate(world.allgather(err)) if e]
         if failed:
