@@ -5,6 +5,8 @@ needs one reduction, never a gather of all M models' predictions on one rank:
   mean: scores = class probabilities; ensemble = argmax of their average;
   vote: scores = one-hot of each model's predicted class; ensemble = majority class
         (ties go to the lowest class index).
+A detection workload (ENSEMBLE = "stack") fuses the models' detections itself: each
+model writes into its own columns of the reduced array, so the sum is their union.
 """
 from __future__ import annotations
 
@@ -23,6 +25,31 @@ def model_scores(probs: np.ndarray, method: str) -> np.ndarray:
         votes[np.arange(len(probs)), np.argmax(probs, axis=1)] = 1.0
         return votes
     raise ValueError(f"unknown aggregation {method!r} (expected one of {', '.join(AGGREGATIONS)})")
+
+
+def stacks(workload) -> bool:
+    """The workload fuses the M models' outputs itself (detection) instead of summing them."""
+    return getattr(workload, "ENSEMBLE", "sum") == "stack"
+
+
+def reduced_shape(n: int, width: int, M: int, stack: bool) -> tuple[int, int]:
+    """The shape of the world-reduced array: (n, width) summed, or M slots of width."""
+    return (n, M * width) if stack else (n, width)
+
+
+def contribution(scores: np.ndarray, method: str, job: int, M: int, stack: bool) -> np.ndarray:
+    """Base model `job`'s term of the world sum (zeros outside its own slot if `stack`)."""
+    if not stack:
+        return model_scores(scores, method)
+    width = scores.shape[1]
+    out = np.zeros(reduced_shape(len(scores), width, M, True), np.float64)
+    out[:, job * width:(job + 1) * width] = scores
+    return out
+
+
+def ensemble_scores(total: np.ndarray, M: int, stack: bool) -> np.ndarray:
+    """What the workload's quality() gets: the mean score matrix, or (n, M, width)."""
+    return total.reshape(total.shape[0], M, -1) if stack else total / M
 
 
 def combine(per_model_probs: list[np.ndarray], method: str) -> np.ndarray:

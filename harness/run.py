@@ -10,8 +10,6 @@ import sys
 import threading
 import time
 
-import numpy as np
-
 from harness.report import TOLERANCE
 
 
@@ -87,7 +85,8 @@ class Run:
         watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {t.index}")
         staging.cleanup(copy, cfg.staging_keep)
         t2 = time.perf_counter()
-        total = ensemble.reduce_scores(world, scores, _score_shape(wl, data, layout.M))
+        total = ensemble.reduce_scores(world, scores, ensemble.reduced_shape(
+            data.n_val, wl.score_width(data), layout.M, ensemble.stacks(wl)))
         rec["eval_seconds"] += time.perf_counter() - t2
         records = world.gather(rec, root=0)
         if world.rank == 0:
@@ -171,8 +170,8 @@ class Run:
         full = ensemble.gather_job(job_comm, wl.predict(model, local, rows), data.n_val)
         scores = None
         if root:
-            rec["quality"] = wl.quality(_stacked(wl, full), data)
-            scores = _contribution(wl, full, cfg.aggregation, job, M)
+            rec["quality"] = wl.quality(full, data)
+            scores = ensemble.contribution(full, cfg.aggregation, job, M, ensemble.stacks(wl))
             rec.update(index_digest=sampler.digest(indices), resample_size=int(len(indices)),
                        out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train))
             log.finish(rec["quality"], cfg.epochs, ok=res.weights_diff <= TOLERANCE)
@@ -195,7 +194,8 @@ class Run:
         fc = workers[0]["flops"]
         seconds = max(r["seconds"] for r in records)
         total_flops = metrics.total_flops([r["samples"] for r in roots], fc.training)
-        quality = wl.quality(_ensemble_scores(wl, total, layout.M), data)
+        from harness import ensemble
+        quality = wl.quality(ensemble.ensemble_scores(total, layout.M, ensemble.stacks(wl)), data)
         target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
         n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
         fl = metrics.flops(total_flops, seconds)
@@ -303,35 +303,6 @@ class Run:
             if "mllog" in r:
                 report.atomic_write(os.path.join(folder, mllog.filename(t.index, self.rep, r["job"])),
                                     "\n".join(r["mllog"]) + "\n")
-
-
-def _stacked(wl, full):
-    """One model's predictions in the shape the workload's quality() takes."""
-    return full[:, None, :] if getattr(wl, "ENSEMBLE", "sum") == "stack" else full
-
-
-def _score_shape(wl, data, M: int) -> tuple:
-    """The world-reduced array: classification sums M score matrices (n_val, width);
-    detection ("stack") gives each model its own slot, so the sum is the union."""
-    width = wl.score_width(data)
-    return (data.n_val, M * width) if getattr(wl, "ENSEMBLE", "sum") == "stack" else (data.n_val, width)
-
-
-def _contribution(wl, full, aggregation: str, job: int, M: int):
-    """Base model `job`'s term of the world sum (zeros outside its slot for "stack")."""
-    from harness import ensemble
-    if getattr(wl, "ENSEMBLE", "sum") != "stack":
-        return ensemble.model_scores(full, aggregation)
-    width = full.shape[1]
-    out = np.zeros((full.shape[0], M * width), np.float64)
-    out[:, job * width:(job + 1) * width] = full
-    return out
-
-
-def _ensemble_scores(wl, total, M: int):
-    if getattr(wl, "ENSEMBLE", "sum") == "stack":
-        return total.reshape(total.shape[0], M, -1)
-    return total / M
 
 
 def _staging_seconds(workers) -> float:

@@ -73,3 +73,24 @@ def test_olympic_repeats():
     two = metrics.repeats(runs[:2])
     assert (two.kept, two.flops) == (2, 105.0)              # fewer than 3: all averaged
     assert metrics.repeats(runs[:1]).cv_flops == 0.0
+
+
+def test_stacked_contributions_sum_to_every_models_own_slot():
+    """Detection: one world sum of the M contributions must give back each model's
+    predictions intact, in job order, for the workload to fuse."""
+    rng = np.random.default_rng(0)
+    preds = [rng.random((5, 6)) for _ in range(3)]
+    assert ensemble.reduced_shape(5, 6, 3, stack=True) == (5, 18)
+    total = sum(ensemble.contribution(p, "mean", j, 3, stack=True) for j, p in enumerate(preds))
+    stacked = ensemble.ensemble_scores(total, 3, stack=True)
+    assert stacked.shape == (5, 3, 6)
+    for j, p in enumerate(preds):
+        np.testing.assert_array_equal(stacked[:, j], p)
+
+
+def test_summed_contributions_average_to_the_mean():
+    rng = np.random.default_rng(1)
+    preds = [rng.random((4, 3)) for _ in range(2)]
+    assert ensemble.reduced_shape(4, 3, 2, stack=False) == (4, 3)
+    total = sum(ensemble.contribution(p, "mean", j, 2, stack=False) for j, p in enumerate(preds))
+    np.testing.assert_allclose(ensemble.ensemble_scores(total, 2, stack=False), (preds[0] + preds[1]) / 2)
