@@ -17,30 +17,9 @@ import time
 
 import numpy as np
 
+from harness.errors import RunError, agree, say
+
 VERSION = "0.1"
-
-
-class RunError(Exception):
-    """An error every rank agreed on; printed once by rank 0."""
-
-
-def say(msg: str) -> None:
-    print(f"hpcai500: {msg}", file=sys.stderr, flush=True)
-
-
-def agree(world, fn, what: str):
-    """Run fn on every rank; if it fails on any rank, raise RunError on all of them
-    with the lowest failing rank's message (a lone failing rank would hang the rest)."""
-    try:
-        value, err = fn(), None
-    except Exception as e:  # noqa: BLE001 - turned into an agreed error below
-        value, err = None, f"{what}: {e}"
-    errors = world.allgather(err)
-    failed = [(r, e) for r, e in enumerate(errors) if e]
-    if failed:
-        r, e = failed[0]
-        raise RunError(e if world.size == 1 else f"rank {r}: {e}")
-    return value
 
 
 def launcher_rank() -> int:

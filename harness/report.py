@@ -28,26 +28,6 @@ Quality : Ensemble quality on the validation set"""
 HEADER = f"{'T/V':<15} {'WL':<8} {'M':>4} {'P':>4} {'B':>5} {'Time':>12} {'Tflops':>12} {'VTflops':>11} {'Quality':>9}"
 
 
-def atomic_write(path: str, text: str) -> None:
-    """Write a file whole or not at all: temporary file in the same folder, then rename."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json(path: str, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
-
-
 def header(version: str, tv_legend: str, params: list[str], conventions: list[str]) -> str:
     lines = [RULE, f"HPC AI500 V3.0  --  bagging-based scalable HPC AI benchmark  --  hpcai500 {version}",
              RULE, LEGEND.format(tv=tv_legend), "",

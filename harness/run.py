@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+from harness import files
+from harness.errors import RunError, first_failure
 from harness.report import TOLERANCE
 
 
@@ -119,7 +121,6 @@ class Run:
         if cfg.staging == "none":
             return None
         from harness import staging
-        from harness.driver import RunError
         watchdog.beat(f"staging, test {t.index}")
         copy, err = None, None
         if job is not None:
@@ -129,12 +130,13 @@ class Run:
                 copy = staging.stage(wl, data, indices, job_comm, cfg.staging, path)
             except (staging.StagingError, OSError, ValueError) as e:  # ValueError: a DataError reading the copy
                 err = str(e)
-        failed = [(r, e) for r, e in enumerate(world.allgather(err)) if e]
-        if failed:
+        try:
+            first_failure(world, err and f"test {t.index}: {err}")
+        except RunError:
             staging.cleanup(copy, keep=False)
             if job_comm is not None:
                 job_comm.Free()
-            raise RunError(f"test {t.index}: rank {failed[0][0]}: {failed[0][1]}")
+            raise
         if log is not None:
             log.staging(*copy.wall, copy.samples, copy.bytes)
         return copy
@@ -272,10 +274,10 @@ class Run:
 
     def _save(self) -> None:
         from harness import report
-        report.atomic_write(os.path.join(self.run_dir, "report.txt"), self.text)
-        report.write_json(os.path.join(self.run_dir, "results.json"), self.meta)
+        files.atomic_write(os.path.join(self.run_dir, "report.txt"), self.text)
+        files.write_json(os.path.join(self.run_dir, "results.json"), self.meta)
         if self.cfg.device_out not in (6, 7):
-            report.atomic_write(self.cfg.output_file, self.text)
+            files.atomic_write(self.cfg.output_file, self.text)
 
     def _summarise_repeats(self, index: int) -> None:
         from harness import metrics, report
@@ -301,7 +303,7 @@ class Run:
         os.makedirs(folder, exist_ok=True)
         for r in records:
             if "mllog" in r:
-                report.atomic_write(os.path.join(folder, mllog.filename(t.index, self.rep, r["job"])),
+                files.atomic_write(os.path.join(folder, mllog.filename(t.index, self.rep, r["job"])),
                                     "\n".join(r["mllog"]) + "\n")
 
 

@@ -13,6 +13,7 @@ import os
 import h5py
 import numpy as np
 
+from harness.files import atomic_path, node_once
 from harness.workloads import Data, DataError
 
 NAME = "digits"
@@ -33,9 +34,7 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
     if kind == "synthetic":
         samples, side = samples or SYNTHETIC_DEFAULT[0], side or SYNTHETIC_DEFAULT[1]
         path = os.path.join(cache_dir, f"digits-synthetic-{samples}-{side}")
-        if node_rank == 0 and not os.path.exists(os.path.join(path, "val.h5")):
-            write_synthetic(path, samples, side)
-        node_barrier()  # one writer per node; the others read what it wrote
+        node_once(node_rank, node_barrier, lambda: os.path.isdir(path) or write_synthetic(path, samples, side))
         return read(path, source=dataset)
     return read(dataset, source=dataset)
 
@@ -51,7 +50,8 @@ def _embedded() -> Data:
 
 
 def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> None:
-    """Digits-like data in the on-disk format: one smooth template per class plus noise."""
+    """Digits-like data in the on-disk format: one smooth template per class plus noise,
+    written in a temporary directory and renamed into place."""
     rng = np.random.default_rng(seed)
     k = np.ones(3) / 3.0
     raw = rng.random((CLASSES, side, side))
@@ -62,17 +62,16 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> Non
     labels = rng.integers(0, CLASSES, samples)
     images = np.clip(templates[labels] + 0.35 * rng.standard_normal((samples, side, side)), 0, 1)
     n_val = max(1, int(round(VAL_FRACTION * samples)))
-    os.makedirs(path, exist_ok=True)
-    _write(os.path.join(path, "train.h5"), images[n_val:], labels[n_val:])
-    _write(os.path.join(path, "val.h5"), images[:n_val], labels[:n_val])
+    with atomic_path(path) as tmp:
+        os.makedirs(tmp)
+        _write(os.path.join(tmp, "train.h5"), images[n_val:], labels[n_val:])
+        _write(os.path.join(tmp, "val.h5"), images[:n_val], labels[:n_val])
 
 
 def _write(file: str, images: np.ndarray, labels: np.ndarray) -> None:
-    tmp = f"{file}.tmp{os.getpid()}"
-    with h5py.File(tmp, "w") as f:
+    with atomic_path(file) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("images", data=images.astype(np.float32, copy=False))
         f.create_dataset("labels", data=labels.astype(np.int64))
-    os.replace(tmp, file)  # readers never see a half-written file
 
 
 def read(path: str, source: str | None = None) -> Data:

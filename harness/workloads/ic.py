@@ -40,11 +40,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from dataclasses import dataclass
 
 import numpy as np
 
+from harness.files import atomic_path, node_once
 from harness.workloads import DataError, resnet, tfrecord
 
 NAME = "ic"
@@ -110,17 +110,10 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
     else:
         path, index_dir, prepare = dataset, cache_dir, lambda: None
     # One writer a node (data, index cache); the others wait and read what it wrote.
-    # Its error is raised only after the barrier, or the other ranks would wait forever.
-    err = None
-    if node_rank == 0:
-        try:
-            prepare()
-            read(path, cache_dir=index_dir)
-        except (DataError, OSError) as e:
-            err = e
-    node_barrier()
-    if err is not None:
-        raise err
+    def prepare_and_index():
+        prepare()
+        read(path, cache_dir=index_dir)
+    node_once(node_rank, node_barrier, prepare_and_index)
     return read(path, cache_dir=index_dir, source=dataset)
 
 
@@ -223,20 +216,13 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> Non
     n_val = max(1, int(round(VAL_FRACTION * samples)))
     if samples - n_val < 1:
         raise DataError(f"ic synthetic: {samples} samples leave none for training")
-    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"  # unique on a shared file system
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     records = (tfrecord.example(tfrecord.encode_jpeg(img), label + LABEL_OFFSET, side, side)
                for img, label in tfrecord.synthetic_images(samples, side, SYNTHETIC_CLASSES, seed))
-    for split, n in (("validation", n_val), ("train", samples - n_val)):
-        tfrecord.write_split(tmp, split, records, n, -(-n // RECORDS_PER_SHARD))
-    _write_meta(tmp, side, SYNTHETIC_CLASSES, LABEL_OFFSET)
-    try:
-        os.rename(tmp, path)
-    except OSError:  # another writer (another node on a shared cache) got there first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.isdir(path):
-            raise
+    with atomic_path(path) as tmp:
+        os.makedirs(tmp)
+        for split, n in (("validation", n_val), ("train", samples - n_val)):
+            tfrecord.write_split(tmp, split, records, n, -(-n // RECORDS_PER_SHARD))
+        _write_meta(tmp, side, SYNTHETIC_CLASSES, LABEL_OFFSET)
 
 
 def _write_meta(path: str, side: int, classes: int, label_offset: int) -> None:

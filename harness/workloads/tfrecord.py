@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.files import atomic_path
 from harness.workloads import DataError
 
 HEADER, FOOTER = 12, 4
@@ -124,10 +125,8 @@ def cache_key(files) -> str:
 
 def save_npz(file: str, **arrays) -> None:
     """Write atomically: concurrent readers see the old file or the whole new one."""
-    tmp = f"{file}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with atomic_path(file) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
-    os.replace(tmp, file)
 
 
 def load_npz(file: str):

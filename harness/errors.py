@@ -1,0 +1,42 @@
+"""Errors every rank agrees on.
+
+A failure that one rank sees alone (a file it cannot read, a directory it cannot
+write) must end the run on every rank, or the others wait forever in their next
+collective. `agree` runs a step on every rank and turns any rank's failure into the
+same `RunError` on all of them; rank 0 prints it once as `FILE:LINE: found ...,
+expected ...` (or the step's own message) and every rank exits with status 1.
+The communicator is passed in: any object with `allgather` and `size` serves, so the
+logic is tested without MPI.
+"""
+from __future__ import annotations
+
+import sys
+
+
+class RunError(Exception):
+    """An error every rank agreed on; printed once by rank 0."""
+
+
+def say(msg: str) -> None:
+    """A line for the user on stderr (stdout stays the pasteable report)."""
+    print(f"hpcai500: {msg}", file=sys.stderr, flush=True)
+
+
+def agree(comm, fn, what: str):
+    """Run fn on every rank; if it fails on any rank, raise RunError on all of them
+    with the lowest failing rank's message (a lone failing rank would hang the rest)."""
+    try:
+        value, err = fn(), None
+    except Exception as e:  # noqa: BLE001 - turned into an agreed error below
+        value, err = None, f"{what}: {e}" if what else str(e)
+    first_failure(comm, err)
+    return value
+
+
+def first_failure(comm, err: str | None) -> None:
+    """Exchange each rank's error (None for none); raise the lowest rank's on all."""
+    errors = comm.allgather(err)
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    if failed:
+        r, e = failed[0]
+        raise RunError(e if comm.size == 1 else f"rank {r}: {e}")
