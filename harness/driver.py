@@ -1,25 +1,29 @@
-"""Driver (HPL_pddriver / HPL_pdtest): the data flows one way,
-dat -> topology -> sampler -> staging -> train -> ensemble -> metrics -> report.
+"""Driver (HPL_pddriver): the command line, start-up, and the sweep of tests.
 
-Every failure that can be known before training (input, layout, data) is agreed on by
-all ranks and ends the run with exit status 1 and one message from rank 0. A failure
-during a test calls MPI_Abort, so no rank is left blocked in a collective.
+    read input (plan.read) -> nodes, devices -> validate and load data (plan.make)
+    -> [--check: print the plan] -> roofline micro-kernels -> inventory
+    -> for each test and repetition: run.test -> report.Output.add -> finish
+
+The data flows one way, dat -> topology -> sampler -> staging -> train -> ensemble ->
+metrics -> report. Every failure that can be known before training is agreed on by all
+ranks (harness/errors.py) and ends the run with exit status 1 and one message from rank
+0; `--check` goes through the same checks. A failure during a test calls MPI_Abort, so
+no rank is left blocked in a collective.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import platform
 import secrets
 import sys
 import time
 
 import numpy as np
 
-from harness.errors import RunError, agree, say
+from harness.errors import RunError, native_stderr_captured, say
+from harness.watchdog import DEFAULT_SECONDS, Watchdog
 
-VERSION = "0.1"
+VERSION = "0.2"
 
 
 def launcher_rank() -> int:
@@ -68,9 +72,9 @@ def parse_args(argv):
     p.add_argument("--check", action="store_true",
                    help="validate the input and print the tests and the job-to-rank-to-node map, without training")
     p.add_argument("--watchdog", type=_seconds, metavar="SECONDS",
-                   default=os.environ.get("HPCAI500_WATCHDOG", "1800"),
+                   default=os.environ.get("HPCAI500_WATCHDOG", str(DEFAULT_SECONDS)),
                    help="abort the job when a rank makes no progress (no training step, no phase change)"
-                        " for this long; 0 = off (default: $HPCAI500_WATCHDOG or 1800)")
+                        f" for this long; 0 = off (default: $HPCAI500_WATCHDOG or {DEFAULT_SECONDS:g})")
     p.add_argument("--resume", metavar="RUN",
                    help="continue the interrupted invocation whose folder is RUN (runs/<id>): its finished"
                         " tests are kept and skipped; the input file must be the one it ran")
@@ -91,7 +95,6 @@ def main(argv=None) -> int:
         return 0
     from mpi4py import MPI
     world = MPI.COMM_WORLD
-    from harness.watchdog import Watchdog
     watchdog = Watchdog(args.watchdog, world.rank, lambda: world.Abort(1)).start()
     try:
         return _run(args, world, watchdog)
@@ -108,93 +111,86 @@ def main(argv=None) -> int:
 
 
 def _run(args, world, watchdog) -> int:
-    from harness import dat, signals, topology
+    from harness import plan as planning
+    from harness import run, signals, telemetry, topology, train
 
-    run = None  # set once the results exist; the signal handler then records the interruption
+    output = None  # set once the results exist; the signal handler then records the interruption
 
     def stop(signum):
         if world.rank != 0:
             time.sleep(1.0)  # let rank 0 write before mpirun, seeing us gone, kills it
-        elif run is None:
+        elif output is None:
             say(f"{_signame(signum)} received during {watchdog.phase}; no test had finished, nothing written")
         else:
-            run.finish(interrupted=f"{_signame(signum)} received")
+            output.finish(interrupted=f"{_signame(signum)} received")
     signals.on_signal(stop)
 
     watchdog.beat("input")
-    cfg, tests, err, previous = None, None, None, None
-    if world.rank == 0:
-        try:
-            cfg = dat.parse(args.dat)
-            tests = dat.expand(cfg)
-            if args.resume:
-                previous = _previous(args.resume, cfg, len(tests))
-        except (dat.DatError, RunError) as e:
-            err = str(e)
-    done = {(t["index"], t.get("repetition", 0)) for t in previous["tests"]} if previous else set()
-    cfg, tests, err, done = world.bcast((cfg, tests, err, done), root=0)
-    if err:
-        raise RunError(err)
-    runs = [(t, rep) for t in tests for rep in range(cfg.repetitions) if (t.index, rep) not in done]
-    tests_to_run = list({t.index: t for t, _ in runs}.values())
-
+    given = planning.read(world, args.dat, args.resume)
     nodes = topology.discover(world)
-    layouts = {}
-    for t in tests:
-        try:
-            M, warnings = topology.resolve(world.size, t.M, t.P)
-            layouts[(t.M, t.P)] = (topology.map_jobs(nodes.node_of_rank, M, t.P, cfg.pmap), warnings)
-        except topology.TopologyError as e:
-            raise RunError(f"{cfg.path}:10-11: layout M={t.M}, P={t.P} on {world.size} ranks: {e}")
-
+    watchdog.beat("device set-up")
+    with native_stderr_captured() as native:
+        devices = train.setup_devices(nodes.local_rank, nodes.local_size)
+    if not devices["gpus_on_node"] and telemetry.gpu_inventory():
+        say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but TensorFlow"
+            f" found none; its start-up messages:\n{native[0]}")
+    plan = planning.make(world, given, nodes, watchdog)
+    cfg = plan.cfg
     if args.check:
         if world.rank == 0:
-            _print_check(cfg, tests, layouts, nodes, world.size)
+            print("\n".join(planning.describe(plan, world.size)), flush=True)
         return 0
 
-    from harness import workloads
-    watchdog.beat("data loading")
-    datas = {}
-    for name in cfg.workloads:
-        wl = workloads.get(name)
-        node_comm = topology.node_comm(world)
-        datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
-                                                   node_comm.rank, node_comm.Barrier), f"workload {name}")
-        node_comm.Free()
-    for name in cfg.workloads:
-        if cfg.aggregation not in workloads.get(name).AGGREGATIONS:
-            raise RunError(f"{cfg.path}:24: aggregation {cfg.aggregation!r} is not defined for workload {name} "
-                           f"(it supports: {', '.join(workloads.get(name).AGGREGATIONS)})")
-    if cfg.staging != "none":
-        from harness import staging
-        watchdog.beat("staging directory check")
-        agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
-    for t in tests_to_run:
-        small = datas[t.workload].n_train < t.P * t.batch
-        if small:
-            raise RunError(f"{cfg.path}:14: B={t.batch} with P={t.P} needs at least {t.P * t.batch} "
-                           f"training samples, {t.workload} has {datas[t.workload].n_train}")
-
-    from harness import train as training
-    watchdog.beat("device set-up")
-    devices = training.setup_devices(nodes.local_rank, nodes.local_size)
     ceilings = None
     if cfg.roofline:
         watchdog.beat("roofline micro-kernels")
         ceilings = _roofline(world, cfg.precisions)
+    watchdog.beat("inventory")
+    environment = telemetry.environment(world, nodes, devices)  # collective: every rank
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
-    from harness.run import Run
-    run = Run(cfg, tests, nodes, devices, run_dir, world, VERSION, previous, ceilings)
+    ctx = run.Context(cfg, world, nodes, devices, os.path.basename(os.path.normpath(run_dir)), ceilings or {},
+                      plan.n_tests)
+    if world.rank == 0:
+        output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {})
     try:
-        for t, rep in runs:
+        for p, rep in plan.runs:
+            t = p.test
             watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
-            layout, warnings = layouts[(t.M, t.P)]
-            run.test(t, layout, warnings, datas[t.workload], watchdog, rep)
+            if output:
+                output.begin(t.index, rep)
+            done = run.test(ctx, t, p.layout, p.warnings, plan.datas[t.workload], watchdog, rep)
+            if output:
+                output.add(*done)
     except RunError as e:  # agreed by all ranks mid-sweep (staging): the finished tests stand
-        run.finish(interrupted=f"error: {e}")
+        if output:
+            output.finish(interrupted=f"error: {e}")
         raise
-    run.finish()
+    if output:
+        output.finish()
     return 0
+
+
+def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
+    """Rank 0's writer of the report and results.json, with the run's conventions."""
+    from dataclasses import asdict
+
+    from harness import dat, report, results, workloads
+    nccl = False
+    if cfg.allreduce == "hierarchical":
+        import horovod.tensorflow as hvd
+        nccl = hvd.nccl_built()
+    notes = [f"{w}: {workloads.get(w).FLOPS_NOTE}" for w in cfg.workloads if getattr(workloads.get(w), "FLOPS_NOTE", None)]
+    cores = os.cpu_count() or 1
+    over = (f"Oversubscribed: {nodes.local_size} ranks on {cores} cores on a node; a test with idle ranks gives"
+            " its ranks more than the share the kernels ran with") if nodes.local_size > cores else None
+    config = asdict(cfg)
+    config.pop("text")
+    record = results.Record(
+        hpcai500=VERSION, run_dir=run_dir, input={"path": cfg.path, "sha256": results.sha256(cfg.text), "text": cfg.text},
+        config=config, environment=environment, roofline=ceilings,
+        conventions=report.conventions(cfg, devices, notes, over, ceilings, nccl),
+        skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
+    return report.Output(cfg, record, dat.describe(cfg), dat.TV_LEGEND, plan.previous)
 
 
 def _roofline(world, precisions) -> dict | None:
@@ -206,7 +202,8 @@ def _roofline(world, precisions) -> dict | None:
     for prec in precisions:
         world.Barrier()
         fault.point(world.rank, "roofline")
-        mine = kernels.roofline(prec, quick=os.environ.get("HPCAI500_ROOFLINE_QUICK") == "1")
+        with native_stderr_captured():  # the triad's first XLA compilation prints banners
+            mine = kernels.roofline(prec, quick=os.environ.get("HPCAI500_ROOFLINE_QUICK") == "1")
         per_rank = world.gather(mine, root=0)
         if world.rank == 0:
             out[prec] = _ceilings(prec, per_rank)
@@ -220,23 +217,6 @@ def _ceilings(prec: str, per_rank: list[dict]) -> dict:
             "conv_flops": med([r["conv"]["flops"] for r in per_rank]),
             "bandwidth": med([r["stream"]["bandwidth"] for r in per_rank]),
             "peak": per_rank[0]["peak"]}
-
-
-def _previous(run_dir: str, cfg, n_tests: int) -> dict:
-    """The results of the invocation to resume, checked against the input file."""
-    import json
-    path = os.path.join(run_dir, "results.json")
-    try:
-        with open(path) as f:
-            previous = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise RunError(f"--resume {run_dir}: cannot read {path} ({e})") from None
-    if previous.get("input", {}).get("sha256") != sha256(cfg.text):
-        raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
-                       f"(SHA-256 differs); resume with the same file, or start a new run")
-    if len(previous.get("tests", [])) >= n_tests * cfg.repetitions:
-        raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
-    return previous
 
 
 def _signame(signum: int) -> str:
@@ -264,46 +244,3 @@ def _make_run_dir(world, results_dir: str) -> str:
     if err:
         raise RunError(err)
     return path
-
-
-def _print_check(cfg, tests, layouts, nodes, world_size) -> None:
-    from harness import dat, topology
-    print(f"{cfg.path}: valid. {len(tests)} test(s) on {world_size} rank(s), {len(nodes.hosts)} node(s):")
-    for line in dat.describe(cfg):
-        print(f"  {line}")
-    for t in tests:
-        layout, warnings = layouts[(t.M, t.P)]
-        print(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")
-        for line in topology.describe(layout, nodes):
-            print(f"  {line}")
-        for w in warnings:
-            print(f"  warning: {w}")
-    sys.stdout.flush()
-
-
-def environment(world, nodes, devices) -> dict:
-    """Versions and inventory recorded in results.json."""
-    import horovod
-    import mpi4py
-    import tensorflow as tf
-    from mpi4py import MPI
-    return {
-        "python": platform.python_version(), "numpy": np.__version__, "tensorflow": tf.__version__,
-        "horovod": horovod.__version__, "mpi4py": mpi4py.__version__,
-        "mpi_library": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
-        "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
-        "machine": platform.machine(), "cpu_count": os.cpu_count(), "rank0_devices": devices,
-        "node_inventory": [n for n in world.gather(_node_inventory(nodes)) or [] if n],
-    }
-
-
-def _node_inventory(nodes) -> dict | None:
-    """Host and GPU inventory, from the first rank of each node only."""
-    if nodes.local_rank != 0:
-        return None
-    from harness import telemetry
-    return {**telemetry.host_inventory(), "ranks": nodes.local_size, "gpus": telemetry.gpu_inventory()}
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()

@@ -10,7 +10,10 @@ logic is tested without MPI.
 """
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from contextlib import contextmanager
 
 
 class RunError(Exception):
@@ -40,3 +43,33 @@ def first_failure(comm, err: str | None) -> None:
     if failed:
         r, e = failed[0]
         raise RunError(e if comm.size == 1 else f"rank {r}: {e}")
+
+
+@contextmanager
+def native_stderr_captured():
+    """Capture the process's native stderr (file descriptor 2) for the duration: at
+    start-up and at its first XLA compilation TensorFlow's C++ runtime prints a dozen
+    lines per rank (cuInit failures and cuDNN/cuBLAS factory registrations on a machine
+    without a GPU, XLA service banners) that mean nothing to the user. Yields a list
+    that receives the captured text at the end, for the caller to show when it matters;
+    on an exception the text is printed before the exception goes on."""
+    out: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        failed = False
+        try:
+            yield out
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            out.append(sink.read().decode(errors="replace"))
+            if failed:
+                sys.stderr.write(out[0])
+                sys.stderr.flush()

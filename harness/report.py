@@ -1,13 +1,19 @@
-"""Output: the HPL-like report, results.json, written whole or not at all.
+"""Output: the HPL-like report, results.json, MLLOG files and charts, written whole or not at all.
 
-Text rendering is pure (strings from dictionaries); writing goes through
-`atomic_write`, so a crash at any moment leaves the previous complete file.
+Text rendering is pure (strings from the results' dictionaries); `Output` is world
+rank 0's writer, and every file goes through `files.atomic_write`, so a crash at any
+moment leaves the previous complete file. After each finished test the report and
+results.json are rewritten: the finished tests survive whatever happens next.
 """
 from __future__ import annotations
 
-import json
 import os
-import tempfile
+import sys
+import threading
+import time
+from dataclasses import asdict
+
+from harness import files, results
 
 RULE = "=" * 80
 THIN = "-" * 80
@@ -98,12 +104,16 @@ def telemetry_line(t: dict) -> str:
     return "Telemetry   : " + " ; ".join(parts)
 
 
+def skipped_line(index: int, reason: str) -> str:
+    return f"Test {index} skipped: {reason}"
+
+
 def footer(tests: list[dict], skipped: int, scaling_lines: list[str], interrupted: bool = False) -> str:
     passed = sum(t["consistency"]["passed"] for t in tests)
     lines = ["", f"Finished {len(tests):6d} tests with the following results:",
              f"         {passed:6d} tests completed and passed consistency checks,",
              f"         {len(tests) - passed:6d} tests completed and failed consistency checks,",
-             f"         {skipped:6d} tests skipped because of illegal input values.", THIN,
+             f"         {skipped:6d} tests skipped because they need more ranks than the run has.", THIN,
              *scaling_lines, "End of Tests." if not interrupted else "Tests interrupted.", RULE]
     return "\n".join(lines) + "\n"
 
@@ -131,14 +141,10 @@ def summarize(run_dirs: list[str]) -> str:
     for d in run_dirs:
         if not os.path.isdir(d):
             raise ValueError(f"{d}: not a folder; give runs/<id> folders, e.g. runs/2*")
-        path = os.path.join(d, "results.json")
         try:
-            with open(path) as f:
-                res = json.load(f)
+            res = results.load(os.path.join(d, "results.json"))
         except FileNotFoundError:
             raise ValueError(f"{d}: no results.json (not a runs/<id> folder?)") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
         name = os.path.basename(os.path.normpath(d))
         if not res.get("tests"):
             lines.append(f"{name:<24} (no finished test; status {res.get('status', '?')})")
@@ -149,3 +155,173 @@ def summarize(run_dirs: list[str]) -> str:
                          f" {t['flops'] / 1e12:>11.4e} {t['vflops'] / 1e12:>10.3e} "
                          f"{t['quality']:>8.4f} {check}")
     return "\n".join(lines + [RULE]) + "\n"
+
+
+# -- what the report states about how it measures --------------------------------------
+def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None, ceilings: dict,
+                nccl: bool) -> list[str]:
+    """The conventions block: every rule behind a figure of this run. `notes`: the
+    workloads' FLOP notes; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
+    from harness import flops
+    lines = [
+        flops.CONVENTION,
+        "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
+        " evaluation and resampling timed apart",
+        "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
+        "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
+        f" base model; PASSED at <= {TOLERANCE:.0e}",
+        f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
+        *option_lines(cfg, nccl), *notes]
+    if oversubscribed:
+        lines.append(oversubscribed)
+    for c in ceilings.values():
+        lines += roofline_lines(c)
+    return lines
+
+
+def option_lines(cfg, nccl: bool) -> list[str]:
+    """What the Table 2 choices of this input mean here, stated in the report."""
+    lines = []
+    if set(cfg.precisions) - {"fp32"}:
+        lines.append("Mixed precision (fp16, bf16): Keras policy, FP32 master weights, logits/softmax/loss"
+                     " in FP32, fp16 with dynamic loss scaling; FLOPs counted as for fp32")
+    if cfg.comm_precision == "fp16":
+        lines.append("Communication fp16: gradients cast to FP16 for the all-reduce (Horovod Compression.fp16)")
+    if cfg.allreduce == "hierarchical":
+        lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
+                     " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if nccl else
+                     "and this build has none: its flat MPI all-reduce ran"))
+    if cfg.optimizer != "sgd":
+        lines.append(f"Optimizer {cfg.optimizer}: see harness/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
+                     " i.e. biases and batch-norm, from trust ratio and weight decay)")
+    if cfg.staging != "none":
+        lines.append(f"Staging to {cfg.staging}: one writer per job per node copies the job's distinct resampled"
+                     " samples and the validation set, in the workload's format; the job trains from the copy."
+                     " Staging time = job barrier to the end of the read-back, max over ranks; time to solution"
+                     " = staging + Time (MLPerf HPC counts staging in time to train); Tflops use Time only")
+    if cfg.repetitions > 1:
+        lines.append(f"Repetitions: {cfg.repetitions} runs of each test with seeds {cfg.seed}..{cfg.seed + cfg.repetitions - 1};"
+                     " summary = mean without the fastest and slowest run (3 or more), CV over all runs")
+    return lines
+
+
+def roofline_lines(c: dict) -> list[str]:
+    """The conventions block's roofline lines for one precision."""
+    n = len(c["per_rank"])
+    lines = [f"Roofline ({c['precision']}, per rank, median of {n} ranks run at once): GEMM "
+             f"{c['gemm_flops'] / 1e12:.4f} Tflops, CONV {c['conv_flops'] / 1e12:.4f} Tflops,"
+             f" triad {c['bandwidth'] / 1e9:.1f} GB/s; first call excluded, median of repeats",
+             "Utilisation: FLOPS / sum of the measured GEMM (and CONV) figures of the ranks the test used"]
+    peak, source = c["peak"]["flops"], c["peak"]["source"]
+    if peak:
+        lines.append(f"Theoretical peak per rank ({source}): {peak / 1e12:.1f} Tflops;"
+                     f" GEMM reaches {c['gemm_flops'] / peak:.2f} of it")
+    else:
+        lines.append(f"Theoretical peak per rank: {source} (set HPCAI500_PEAK_TFLOPS to give it)")
+    return lines
+
+
+# -- rank 0's writer -----------------------------------------------------------------
+class Output:
+    """The report and the results record of one invocation, on world rank 0. The
+    signal thread may call `finish` while the main thread writes: one lock."""
+
+    def __init__(self, cfg, record: results.Record, params: list[str], tv_legend: str,
+                 previous: dict | None = None):
+        """`previous`: the results.json of the invocation being resumed; its finished
+        tests stand as they were and the report shows them again."""
+        self.cfg, self.record = cfg, record
+        self.text = ""
+        self.current: tuple[int, int] | None = None   # (test, repetition) under way
+        self.lock = threading.RLock()
+        self._emit(header(record.hpcai500, tv_legend, params, record.conventions))
+        for s in record.skipped:
+            self._emit(skipped_line(s["index"], s["reason"]) + "\n")
+        if previous:
+            record.tests.extend(previous["tests"])
+            record.repeats.extend(previous.get("repeats", []))
+            record.resumed = previous.get("resumed", []) + [time.strftime("%Y-%m-%dT%H:%M:%S")]
+            for r in record.tests:
+                self._emit(row(r))
+        self._save()
+
+    def begin(self, index: int, rep: int) -> None:
+        self.current = (index, rep)
+
+    def add(self, result: results.TestResult, mllogs: dict) -> None:
+        """A finished test: its MLLOG files, its block in the report, both files rewritten."""
+        r = asdict(result)
+        with self.lock:
+            self.record.tests.append(r)
+            self._write_mllogs(result.index, result.repetition, mllogs)
+            self._emit(row(r))
+            if result.repetition == self.cfg.repetitions - 1 and result.repetition > 0:
+                self._summarise_repeats(result.index)
+            self._save()
+            self.current = None
+
+    def finish(self, interrupted: str | None = None) -> None:
+        """The summary, the charts, the final results. `interrupted` says why the tests
+        stopped early (a signal, an agreed error); the finished tests stand as they are."""
+        from harness import metrics
+        rec = self.record
+        with self.lock:
+            if rec.status != "running":  # a signal after the normal end
+                return
+            rec.status = "interrupted" if interrupted else "complete"
+            if interrupted:
+                test, rep = self.current or (None, None)
+                rec.interrupted = {"reason": interrupted, "test": test}
+                if test and self.cfg.repetitions > 1:
+                    rec.interrupted["repetition"] = rep
+                self._emit(f"\nInterrupted: {interrupted}" +
+                           (f" during test {test}; its result is lost, the finished tests' stand.\n"
+                            if test else ".\n"))
+            self._emit(footer(rec.tests, len(rec.skipped), scaling_lines(rec.tests, metrics.weak_scaling),
+                              bool(interrupted)))
+            self._save()     # the figures first: on a signal, the launcher may kill us any moment
+            self._charts()
+            self._save()
+        print(f"hpcai500: results in {rec.run_dir}/ (report.txt, results.json)", file=sys.stderr, flush=True)
+
+    def _emit(self, text: str) -> None:
+        """Append to the report; the device of lines 3-4 gets it as it grows (stdout and
+        stderr at once, a file rewritten whole)."""
+        self.text += text
+        dev = self.cfg.device_out
+        if dev in (6, 7):
+            stream = sys.stdout if dev == 6 else sys.stderr
+            stream.write(text)
+            stream.flush()
+
+    def _save(self) -> None:
+        files.atomic_write(os.path.join(self.record.run_dir, "report.txt"), self.text)
+        files.write_json(os.path.join(self.record.run_dir, "results.json"), self.record.json())
+        if self.cfg.device_out not in (6, 7):
+            files.atomic_write(self.cfg.output_file, self.text)
+
+    def _summarise_repeats(self, index: int) -> None:
+        from harness import metrics
+        runs = [r for r in self.record.tests if r["index"] == index]
+        summary = {"index": index, **vars(metrics.repeats(runs))}
+        self.record.repeats.append(summary)
+        self._emit(repeats_block(runs[0], summary))
+
+    def _charts(self) -> None:
+        from harness import plots
+        rec = self.record
+        rec.charts = []
+        if rec.tests and plots.scaling(rec.tests, os.path.join(rec.run_dir, "scaling.png")):
+            rec.charts.append("scaling.png")
+        for prec, ceil in rec.roofline.items():
+            tests = [t for t in rec.tests if t["precision"] == prec]
+            name = "roofline.png" if len(rec.roofline) == 1 else f"roofline-{prec}.png"
+            if tests and plots.roofline(tests, ceil, os.path.join(rec.run_dir, name)):
+                rec.charts.append(name)
+
+    def _write_mllogs(self, index: int, rep: int, mllogs: dict) -> None:
+        from harness import mllog
+        folder = os.path.join(self.record.run_dir, "mllog")
+        os.makedirs(folder, exist_ok=True)
+        for job, lines in mllogs.items():
+            files.atomic_write(os.path.join(folder, mllog.filename(index, rep, job)), "\n".join(lines) + "\n")

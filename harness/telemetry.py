@@ -279,3 +279,26 @@ def host_inventory() -> dict:
             "cores_logical": psutil.cpu_count(), "cores_physical": psutil.cpu_count(logical=False),
             "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count(),
             "memory_total_bytes": psutil.virtual_memory().total}
+
+
+def software() -> dict:
+    """Versions of the stack this rank runs (the same on every rank of a sane install)."""
+    import horovod
+    import mpi4py
+    import numpy
+    import tensorflow as tf
+    from mpi4py import MPI
+    return {"python": platform.python_version(), "numpy": numpy.__version__, "tensorflow": tf.__version__,
+            "horovod": horovod.__version__, "mpi4py": mpi4py.__version__,
+            "mpi_library": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
+            "machine": platform.machine(), "cpu_count": os.cpu_count()}
+
+
+def environment(world, nodes, devices: dict) -> dict:
+    """COLLECTIVE over `world`: every rank must call it. Versions, the world's shape and
+    each node's host and GPU inventory (from the node's first rank) on rank 0."""
+    mine = ({**host_inventory(), "ranks": nodes.local_size, "gpus": gpu_inventory()}
+            if nodes.local_rank == 0 else None)
+    inventory = world.gather(mine, root=0)
+    return {**software(), "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
+            "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n]}

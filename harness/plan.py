@@ -1,0 +1,192 @@
+"""User Configuration, second half (HPL_pdinfo's job): read, validate, broadcast, plan.
+
+One step that `--check` and a run share, so that `--check` refuses every input a run
+would refuse before training, with the same message: the input file, the resumed run,
+the layouts against the world, each workload's aggregation, the staging directory,
+the results directory, the data (loaded here; a run trains from what this step
+loaded) and each test's batch against its data. World rank 0 reads the file and the
+others receive the Config, so no rank runs with its own reading of it.
+
+Tests whose layout needs more ranks than the run has are skipped, as HPL skips a
+process grid larger than its world: the shipped file's sweep then fits any machine,
+and the report counts them. A run in which no test fits is an error.
+
+MPI at the edges only (`make`); the checks themselves are plain functions.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from harness import dat, topology
+from harness.errors import RunError, agree, first_failure
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A test of the sweep that fits the world, with its job-to-rank map."""
+    test: dat.Test
+    layout: topology.Layout
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    test: dat.Test
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    cfg: dat.Config
+    tests: tuple[Planned, ...]               # the tests that fit, in sweep order
+    skipped: tuple[Skipped, ...]             # the tests that need more ranks
+    runs: tuple[tuple[Planned, int], ...]    # (test, repetition) still to run
+    nodes: topology.Nodes
+    datas: dict                              # workload name -> its data, as the tests read it
+    previous: dict | None                    # rank 0: results.json of the run resumed
+
+    @property
+    def n_tests(self) -> int:
+        return len(self.tests) + len(self.skipped)
+
+
+@dataclass(frozen=True)
+class Input:
+    """The input file as world rank 0 read it, on every rank."""
+    cfg: dat.Config
+    tests: tuple[dat.Test, ...]
+    done: frozenset            # (test, repetition) finished in the run resumed
+    previous: dict | None      # rank 0: results.json of the run resumed
+
+
+def read(world, path: str, resume: str | None) -> Input:
+    """Rank 0 parses the file (and the run to resume); every rank gets the result or
+    the same error. No TensorFlow, no data: a bad file is refused at once."""
+    cfg, tests, err, previous = None, None, None, None
+    if world.rank == 0:
+        try:
+            cfg = dat.parse(path)
+            tests = dat.expand(cfg)
+            if resume:
+                previous = resumed(resume, cfg, len(tests))
+        except (dat.DatError, RunError) as e:
+            err = str(e)
+    done = {(t["index"], t.get("repetition", 0)) for t in previous["tests"]} if previous else set()
+    cfg, tests, err, done = world.bcast((cfg, tests, err, done), root=0)
+    if err:
+        raise RunError(err)
+    return Input(cfg, tuple(tests), frozenset(done), previous)
+
+
+def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
+    """Every other check a run makes before training, agreed by all ranks (RunError)."""
+    cfg = given.cfg
+    planned, skipped = layouts(cfg, given.tests, world.size, nodes.node_of_rank)
+    check_aggregations(cfg)
+    if cfg.staging != "none":
+        from harness import staging
+        watchdog.beat("staging directory check")
+        agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
+    first_failure(world, results_dir_problem(cfg) if world.rank == 0 else None)
+    watchdog.beat("data loading")
+    datas = load(world, cfg)
+    check_batches(cfg, planned, datas)
+    runs = tuple((p, rep) for p in planned for rep in range(cfg.repetitions) if (p.test.index, rep) not in given.done)
+    return Plan(cfg, planned, skipped, runs, nodes, datas, given.previous)
+
+
+def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_rank) -> tuple[tuple, tuple]:
+    """(planned, skipped): each test's layout on this world, or why it does not fit."""
+    planned, skipped = [], []
+    for t in tests:
+        try:
+            M, warnings = topology.resolve(world_size, t.M, t.P)
+        except topology.TopologyError as e:
+            skipped.append(Skipped(t, str(e)))
+            continue
+        planned.append(Planned(t, topology.map_jobs(node_of_rank, M, t.P, cfg.pmap), tuple(warnings)))
+    if not planned:
+        raise RunError(f"{cfg.path}:10-11: found no layout that fits {world_size} rank(s) "
+                       f"({'; '.join(s.reason for s in skipped)}), expected M x P <= {world_size}")
+    return tuple(planned), tuple(skipped)
+
+
+def check_aggregations(cfg: dat.Config) -> None:
+    from harness import workloads
+    for name in cfg.workloads:
+        supported = workloads.get(name).AGGREGATIONS
+        if cfg.aggregation not in supported:
+            raise RunError(f"{cfg.path}:24: found {cfg.aggregation!r}, expected an aggregation that workload"
+                           f" {name} defines ({', '.join(supported)})")
+
+
+def results_dir_problem(cfg: dat.Config) -> str | None:
+    """Why the results directory (line 5) cannot take a run's folder, or None. Made if
+    missing (a run makes it anyway); nothing is left in it."""
+    from harness.files import atomic_write
+    try:
+        os.makedirs(cfg.results_dir, exist_ok=True)
+        atomic_write(os.path.join(cfg.results_dir, ".hpcai500-probe"), "")
+        os.unlink(os.path.join(cfg.results_dir, ".hpcai500-probe"))
+    except OSError as e:
+        return f"{cfg.path}:5: found results directory {cfg.results_dir!r} ({e.strerror or e}), expected a writable directory"
+    return None
+
+
+def load(world, cfg: dat.Config) -> dict:
+    """Each workload's data on every rank; synthetic data is written once per node
+    under <results>/.data (harness/files.node_once)."""
+    from harness import workloads
+    datas = {}
+    for name in cfg.workloads:
+        wl = workloads.get(name)
+        node = topology.node_comm(world)
+        try:
+            datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
+                                                       node.rank, node.Barrier), f"{cfg.path}:8: workload {name}")
+        finally:
+            node.Free()
+    return datas
+
+
+def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
+    for p in planned:
+        t, n = p.test, datas[p.test.workload].n_train
+        if n < t.P * t.batch:
+            raise RunError(f"{cfg.path}:14: found B={t.batch}, expected at most {n // t.P} with P={t.P}: "
+                           f"{t.workload} has {n} training samples and a job's step takes P x B")
+
+
+def resumed(run_dir: str, cfg: dat.Config, n_tests: int) -> dict:
+    """The results of the invocation to resume, checked against the input file."""
+    from harness import results
+    path = os.path.join(run_dir, "results.json")
+    try:
+        previous = results.load(path)
+    except (OSError, ValueError) as e:
+        raise RunError(f"--resume {run_dir}: cannot read {path} ({e})") from None
+    if previous.get("input", {}).get("sha256") != results.sha256(cfg.text):
+        raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
+                       f"(SHA-256 differs); resume with the same file, or start a new run")
+    if len(previous.get("tests", [])) >= n_tests * cfg.repetitions:
+        raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
+    return previous
+
+
+def describe(plan: Plan, world_size: int) -> list[str]:
+    """What --check prints: the parameters, each test's map, the skipped tests."""
+    cfg = plan.cfg
+    lines = [f"{cfg.path}: valid. {len(plan.tests)} test(s) on {world_size} rank(s), "
+             f"{len(plan.nodes.hosts)} node(s):"]
+    lines += [f"  {line}" for line in dat.describe(cfg)]
+    for name, data in plan.datas.items():
+        lines.append(f"data {name}: {data.source}, {data.n_train} training / {data.n_val} validation samples")
+    for p in plan.tests:
+        t, layout = p.test, p.layout
+        lines.append(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")
+        lines += [f"  {line}" for line in topology.describe(layout, plan.nodes)]
+        lines += [f"  warning: {w}" for w in p.warnings]
+    lines += [f"test {s.test.index}: skipped, {s.reason}" for s in plan.skipped]
+    return lines
+

@@ -1,0 +1,116 @@
+"""The results record: what results.json holds, as typed records with a schema version.
+
+`TestResult` is one finished test (one repetition); `Record` the whole invocation.
+results.json is `Record` as JSON, and every reader of it (the report's `--summarize`,
+`--resume`) goes through `load`, which refuses a file of another major schema version
+with a message naming both versions instead of failing on a missing key.
+
+Pure data: no MPI, no TensorFlow. World rank 0 builds the records (harness/run.py
+measures a test, harness/report.py writes the record).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+# major.minor: the major changes when a key is removed or changes meaning (readers of
+# another major refuse the file); the minor when keys are only added.
+SCHEMA = "2.0"
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """One repetition of one test of the sweep, as measured and derived on rank 0."""
+    index: int                        # 1-based position in the sweep
+    tv: str                           # T/V code (harness/dat.py)
+    workload: str
+    M: int                            # base models (jobs)
+    P: int                            # ranks per base model
+    B: int                            # per-rank batch (samples)
+    precision: str
+    sampler: str
+    aggregation: str
+    repetition: int                   # 0-based; the run used seed + repetition
+    seed: int
+    epochs: int
+    jobs: list                        # world ranks of each job, root first
+    idle_ranks: list
+    warnings: list
+    data: str                         # what was read
+    train_samples: int                # samples in the training set
+    val_samples: int
+    forward_flops_per_sample: int     # FLOPs, analytic (Table 3 rules)
+    training_flops_per_sample: int    # FLOPs, 3 x forward
+    flops_by_operator: dict           # FLOPs per sample, forward, by Table 3 operator
+    activations_per_sample: int       # output elements of every layer, forward
+    weights: int                      # trainable parameters
+    intensity: float                  # FLOPs / byte, estimate (harness/metrics.py)
+    steps_per_epoch: list             # per job
+    samples_trained: int              # samples, all jobs, all epochs
+    total_flops: float                # FLOPs, all base models (Eq. 4-6)
+    train_seconds: float              # s, world barrier to the last step, max over ranks
+    train_seconds_min: float          # s, the fastest training rank
+    staging: dict | None              # the Data Duplicator's copies, or None
+    time_to_solution: float           # s, staging + train_seconds
+    eval_seconds: float               # s, prediction + reduction, max over ranks
+    sampler_seconds: float            # s, drawing and sending the resamples (rank 0)
+    flops: float                      # FLOP/s, total_flops / train_seconds (Eq. 6)
+    vflops: float                     # FLOP/s, flops x penalty (Eq. 7-8)
+    quality_name: str                 # "Top-1", "mAP@0.5", ...
+    quality: float                    # the ensemble's, on the validation set
+    base_quality: list                # each base model's, in job order
+    target_quality: float
+    penalty_n: float
+    penalty: float                    # (quality / target)^n
+    final_loss: list                  # last epoch's mean loss, each job's root
+    utilisation: dict | None          # FLOPS over the used ranks' roofline figures
+    telemetry: dict                   # harness/telemetry.py, reduced over training ranks
+    vflops_per_watt: float | None     # FLOP/s per W, where power is known
+    consistency: dict                 # max_diff, tolerance, passed
+    resample: list                    # per job: size, out_of_bag, digest
+    weights_digest: list              # per job, per rank: digest of the trained weights
+
+
+@dataclass
+class Record:
+    """The whole invocation; rewritten after every finished test (harness/report.py)."""
+    hpcai500: str                     # the harness's version
+    run_dir: str
+    input: dict                       # path, sha256, text (verbatim)
+    config: dict                      # the parsed input (harness/dat.Config)
+    environment: dict                 # versions and node inventory (harness/telemetry.py)
+    conventions: list                 # the report's conventions lines
+    roofline: dict                    # precision -> micro-kernel figures
+    schema: str = SCHEMA
+    status: str = "running"           # running | complete | interrupted
+    skipped: list = field(default_factory=list)   # tests that need more ranks: index, reason
+    tests: list = field(default_factory=list)     # TestResult as dicts, in finishing order
+    repeats: list = field(default_factory=list)   # repetition summaries (harness/metrics.Repeats)
+    charts: list = field(default_factory=list)
+    resumed: list = field(default_factory=list)   # times of each --resume
+    interrupted: dict | None = None   # reason, test, repetition
+
+    def json(self) -> dict:
+        return asdict(self)
+
+
+def load(path: str) -> dict:
+    """A results.json as a dict, refused (ValueError) if its schema's major version is
+    not ours: the keys this version reads may not be there or mean something else."""
+    with open(path) as f:
+        try:
+            res = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(res, dict):
+        raise ValueError(f"{path}: found a JSON {type(res).__name__}, expected a results object")
+    found = str(res.get("schema", "1 (no schema key: written before schema versions)"))
+    if found.split(".")[0] != SCHEMA.split(".")[0]:
+        raise ValueError(f"{path}: found results schema {found}, expected {SCHEMA.split('.')[0]}.x "
+                         f"(this is hpcai500 with results schema {SCHEMA}; read it with the version that wrote it)")
+    return res

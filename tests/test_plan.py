@@ -1,0 +1,95 @@
+"""The one validation step (harness/plan.py) that --check and a run share: pure checks
+in-process, and under mpirun every input a run refuses before training is refused by
+--check with the same message."""
+import pytest
+
+from harness import dat, plan, topology
+from harness.errors import RunError
+from tests.conftest import dat_text, mpirun
+
+CFG = dat.parse_text(dat_text(l10="1 2 4", l11="1 1 1"), "x.dat")
+
+
+def test_layouts_skip_what_does_not_fit_the_world_as_hpl_does():
+    planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])
+    assert [p.test.index for p in planned] == [1, 2]
+    assert [s.test.index for s in skipped] == [3]
+    assert skipped[0].reason == "M x P = 4 x 1 = 4 exceeds the world size 2"
+    assert planned[0].warnings == ("M x P = 1 < world size 2: 1 rank(s) idle in this test",)
+    assert planned[1].layout.jobs == ((0,), (1,))
+
+
+def test_no_layout_that_fits_is_an_error_naming_the_lines():
+    cfg = dat.parse_text(dat_text(l9=1, l10=3, l11=2), "x.dat")
+    with pytest.raises(RunError, match=r"x.dat:10-11: found no layout that fits 4 rank\(s\) \(M x P = 3 x 2 = 6 "
+                                       r"exceeds the world size 4\), expected M x P <= 4"):
+        plan.layouts(cfg, dat.expand(cfg), 4, [0] * 4)
+
+
+def test_aggregation_must_be_one_the_workload_defines():
+    plan.check_aggregations(dat.parse_text(dat_text(l7="ewa"), "x.dat"))  # mean: fine
+    with pytest.raises(RunError, match=r"x.dat:24: found 'vote', expected an aggregation that workload ewa defines \(mean\)"):
+        plan.check_aggregations(dat.parse_text(dat_text(l7="ewa", l24="vote"), "x.dat"))
+
+
+class _Data:
+    n_train = 100
+
+
+def test_batch_must_fit_the_training_set_with_p_ranks():
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l14=50), "x.dat")
+    planned, _ = plan.layouts(cfg, dat.expand(cfg), 2, [0, 0])
+    plan.check_batches(cfg, planned, {"digits": _Data()})  # 2 x 50 = 100: one step
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l14=51), "x.dat")
+    planned, _ = plan.layouts(cfg, dat.expand(cfg), 2, [0, 0])
+    with pytest.raises(RunError, match=r"x.dat:14: found B=51, expected at most 50 with P=2"):
+        plan.check_batches(cfg, planned, {"digits": _Data()})
+
+
+def test_results_directory_must_be_writable(tmp_path):
+    (tmp_path / "file").write_text("")
+    cfg = dat.parse_text(dat_text(l5=str(tmp_path / "file" / "runs")), "x.dat")
+    assert plan.results_dir_problem(cfg).startswith(f"x.dat:5: found results directory '{tmp_path}/file/runs'")
+    cfg = dat.parse_text(dat_text(l5=str(tmp_path / "runs")), "x.dat")
+    assert plan.results_dir_problem(cfg) is None
+    assert list((tmp_path / "runs").iterdir()) == []  # the probe leaves nothing
+
+
+def test_check_describes_skipped_tests():
+    nodes = topology.Nodes((0, 0), ("h",), 0, 2)
+    planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])
+    p = plan.Plan(CFG, planned, skipped, (), nodes, {}, None)
+    text = "\n".join(plan.describe(p, 2))
+    assert "x.dat: valid. 2 test(s) on 2 rank(s), 1 node(s):" in text
+    assert "test 3: skipped, M x P = 4 x 1 = 4 exceeds the world size 2" in text
+
+
+# Each of these passed --check and failed only once the nodes were allocated, before.
+@pytest.mark.parametrize("lines,message", [
+    ({"l7": "ewa", "l8": "synthetic:10:64", "l24": "vote"},
+     ":24: found 'vote', expected an aggregation that workload ewa defines (mean)"),
+    ({"l7": "ic", "l8": "embedded"}, ":8: workload ic: ic: there is no embedded data set"),
+    ({"l14": 5000}, ":14: found B=5000, expected at most 1438 with P=1"),
+    ({"l28": "STAGE_UNDER_FILE"}, ":28: staging directory"),
+], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file"])
+def test_check_refuses_what_a_run_refuses(tmp_path, lines, message):
+    (tmp_path / "file").write_text("")
+    lines = {k: (str(tmp_path / "file" / "stage") if v == "STAGE_UNDER_FILE" else v) for k, v in lines.items()}
+    path = tmp_path / "in.dat"
+    path.write_text(dat_text(l5=str(tmp_path / "runs"), l9=1, l10=1, l11=1, l30=0, **lines))
+    p = mpirun(2, ["--check", str(path)], tmp_path, timeout=120)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.stderr.count("hpcai500: error:") == 1, p.stderr[-2000:]
+    assert f"in.dat{message}" in p.stderr, p.stderr[-2000:]
+    assert "valid." not in p.stdout and "Traceback" not in p.stderr
+
+
+def test_a_run_refuses_with_the_same_message_as_check(tmp_path):
+    path = tmp_path / "in.dat"
+    path.write_text(dat_text(l5=str(tmp_path / "runs"), l9=1, l10=1, l11=1, l14=5000, l30=0))
+    checked = mpirun(2, ["--check", str(path)], tmp_path, timeout=120)
+    ran = mpirun(2, [str(path)], tmp_path, timeout=120)
+    assert ran.returncode == checked.returncode == 1
+    said = [ln for ln in ran.stderr.splitlines() if "hpcai500: error:" in ln]
+    assert said == [ln for ln in checked.stderr.splitlines() if "hpcai500: error:" in ln], (said, checked.stderr)
+    assert not [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]  # no run folder
