@@ -18,7 +18,7 @@ from harness.workloads import Data, DataError
 
 NAME = "digits"
 QUALITY = "Top-1"
-TARGET_QUALITY = 0.95      # ours: a 3-epoch ensemble reaches it on the embedded data
+TARGET_QUALITY = 0.95      # ours: the shipped 10-epoch ensembles reach ~0.99 on the embedded data
 PENALTY_N = 5              # as Image Classification in HPC AI500 V2.0
 AGGREGATIONS = ("mean", "vote")
 VAL_FRACTION = 0.2
