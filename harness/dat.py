@@ -7,13 +7,11 @@ that many tokens are taken, and the token after them must not look like one more
 value. The parser is strict and stops at the first error, raising DatError.
 Pure parsing: no MPI here, rank 0 parses and the caller broadcasts the Config.
 
-T/V code (Test.tv), HPL-like, encodes the variant of a test in five fields:
-    sampler      B = bootstrap, P = poisson, N = none
-    precision    32 = fp32, 16 = fp16 (mixed), BF = bf16 (mixed)
-    comm         C32 = fp32, C16 = fp16 compression
-    optimizer    S = sgd, A = adam, G = adagrad, L = lars, M = lamb
-    all-reduce   R = ring, H = hierarchical
-e.g. B32C32SR = bootstrap, fp32, fp32 communication, SGD, ring all-reduce.
+T/V code (Test.tv), HPL-like, encodes the variant of a test in five fields (TV_FIELDS):
+sampler, precision, communication, optimizer, all-reduce, each with the code its
+choice has in CHOICES; e.g. B32C32SR = bootstrap, fp32, fp32 communication, SGD, ring.
+The keyword choices live beside what implements them (sampler, train, ensemble,
+workloads); this module only reads them.
 """
 from __future__ import annotations
 
@@ -21,54 +19,42 @@ import math
 import re
 from dataclasses import dataclass
 
-# Every value the input format knows (first = default) ...
-KNOWN = {
-    "workload": ("digits", "ic", "ewa"),
-    "precision": ("fp32", "fp16", "bf16"),
-    "optimizer": ("sgd", "adam", "adagrad", "lars", "lamb"),
-    "comm_precision": ("fp32", "fp16"),
-    "allreduce": ("ring", "hierarchical"),
-    "sampler": ("bootstrap", "poisson", "none"),
-    "aggregation": ("mean", "vote"),
-}
-# ... and the ones built so far. Known but unsupported values are refused with
-# "not supported yet"; a feature that lands only widens this table.
-SUPPORTED = {
-    "workload": {"digits", "ic", "ewa"},
-    "precision": {"fp32", "fp16", "bf16"},
-    "optimizer": {"sgd", "adam", "adagrad", "lars", "lamb"},
-    "comm_precision": {"fp32", "fp16"},
-    "allreduce": {"ring", "hierarchical"},
-    "sampler": {"bootstrap", "poisson", "none"},
-    "aggregation": {"mean", "vote"},
-    "staging": {"none", "path"},
-    "repetitions": range(1, 101),
-    "roofline": {0, 1},
-}
+from harness import ensemble, sampler, train, workloads
 
+# The keyword choices of the input file, each table kept beside what implements it:
+# name -> (T/V code, meaning); the first name is the default.
+CHOICES = {
+    "workload": workloads.CHOICES,
+    "precision": train.PRECISIONS,
+    "optimizer": train.OPTIMIZERS,
+    "comm_precision": train.COMMUNICATION,
+    "allreduce": train.ALLREDUCE,
+    "sampler": sampler.METHODS,
+    "aggregation": ensemble.AGGREGATIONS,
+}
+KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
+MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
 NLINES = 30
+_ONE_OF = {kind: ", ".join(names) for kind, names in KNOWN.items()}
 LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "a title line", "a title line", "output file name", "device out (6=stdout,7=stderr,file)",
-    "results directory", "# of workloads", "workloads (digits, ic, ewa)",
+    "results directory", "# of workloads", f"workloads ({_ONE_OF['workload']})",
     "dataset (embedded, synthetic[:SAMPLES[:SIDE]], or a path)",
     "# of ensemble layouts (M x P)", "Ms (base models; 0 = world size / P)",
     "Ps (P_degree: ranks per base model)", "PMAP job mapping (0=node-packed, 1=round-robin)",
     "# of batch sizes", "Bs (per-rank batch size)", "epochs", "# of training precisions",
-    "PRECs (fp32, fp16, bf16)", "optimizer (sgd, adam, adagrad, lars, lamb)",
-    "base learning rate", "warm-up epochs", "communication precision (fp32, fp16)",
-    "all-reduce (ring, hierarchical)", "sampler (bootstrap, poisson, none)",
-    "aggregation (mean, vote)", "target quality (-1 = workload default)",
-    "penalty exponent n (-1 = workload default)", "repetitions",
+    f"PRECs ({_ONE_OF['precision']})", f"optimizer ({_ONE_OF['optimizer']})",
+    "base learning rate", "warm-up epochs", f"communication precision ({_ONE_OF['comm_precision']})",
+    f"all-reduce ({_ONE_OF['allreduce']})", f"sampler ({_ONE_OF['sampler']})",
+    f"aggregation ({_ONE_OF['aggregation']})", "target quality (-1 = workload default)",
+    "penalty exponent n (-1 = workload default)", f"repetitions (1 to {MAX_REPETITIONS})",
     "staging directory (none, or a node-local path [keep])", "seed",
     "roofline micro-kernels (0=skip, 1=run)")
-TV_CODES = {"sampler": {"bootstrap": "B", "poisson": "P", "none": "N"},
-            "precision": {"fp32": "32", "fp16": "16", "bf16": "BF"},
-            "comm_precision": {"fp32": "C32", "fp16": "C16"},
-            "optimizer": {"sgd": "S", "adam": "A", "adagrad": "G", "lars": "L", "lamb": "M"},
-            "allreduce": {"ring": "R", "hierarchical": "H"}}
-# the report prints "T/V     : Encoded variant ({TV_LEGEND})"
-TV_LEGEND = "sampler B|P|N, prec 32|16|BF, comm C32|C16, opt S|A|G|L|M, AR R|H"
+# The T/V code's fields, in order (Test.tv); the report prints "T/V : Encoded variant ({TV_LEGEND})"
+TV_FIELDS = (("sampler", "sampler"), ("precision", "prec"), ("comm_precision", "comm"), ("optimizer", "opt"),
+             ("allreduce", "AR"))
+TV_LEGEND = ", ".join(f"{short} {'|'.join(code for code, _ in CHOICES[kind].values())}" for kind, short in TV_FIELDS)
 SEED_MAX = 2**32 - 1
 _INT = re.compile(r"[+-]?\d+\Z")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
@@ -82,11 +68,9 @@ class _Bare(str):
 
 class DatError(ValueError):
     """One-line error: '<path>:<line>: found <token>, expected <what>'."""
-    def __init__(self, path, line_no, found, expected, unsupported=False):
+    def __init__(self, path, line_no, found, expected):
         self.path, self.line_no, self.found, self.expected = path, line_no, found, expected
-        self.unsupported = unsupported
-        sep = ": " if unsupported else ", expected "
-        super().__init__(f"{path}:{line_no}: found {found!r}{sep}{expected}")
+        super().__init__(f"{path}:{line_no}: found {found!r}, expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -131,10 +115,8 @@ class Test:
     precision: str
 
     def tv(self, cfg: Config) -> str:
-        c = TV_CODES
-        return (c["sampler"][cfg.sampler] + c["precision"][self.precision]
-                + c["comm_precision"][cfg.comm_precision] + c["optimizer"][cfg.optimizer]
-                + c["allreduce"][cfg.allreduce])
+        value = {**vars(cfg), "precision": self.precision}
+        return "".join(CHOICES[kind][value[kind]][0] for kind, _ in TV_FIELDS)
 
 
 def _n(k, noun):
@@ -157,8 +139,8 @@ class _Reader:
         if self.lines[-1] == "":
             self.lines.pop()
 
-    def err(self, n, found, expected, unsupported=False):
-        return DatError(self.path, n, found, expected, unsupported)
+    def err(self, n, found, expected):
+        return DatError(self.path, n, found, expected)
 
     def tokens(self, n):
         if n > len(self.lines):
@@ -178,20 +160,11 @@ class _Reader:
             raise self.err(n, tok, what)
         return v
 
-    def supported(self, n, tok, kind, value, label):
-        if value not in SUPPORTED[kind]:
-            ok = [v for v in KNOWN.get(kind, sorted(SUPPORTED[kind])) if v in SUPPORTED[kind]]
-            ok = ", ".join(map(str, ok)) if len(ok) < 8 else f"{ok[0]}..{ok[-1]}"
-            shown = repr(value) if isinstance(value, str) else value
-            raise self.err(n, tok, f"{label} {shown} not supported yet (supported: {ok})",
-                           unsupported=True)
-
     def keyword(self, n, kind, label, article="a"):
         what = f"{article} {label} ({', '.join(KNOWN[kind])})"
         tok = self.first(n, what)
         if tok.lower() not in KNOWN[kind]:
             raise self.err(n, tok, what)
-        self.supported(n, tok, kind, tok.lower(), label)
         return tok.lower()
 
     def values(self, n, count_line, what, conv, looks):
@@ -223,13 +196,11 @@ class _Reader:
                            and ok(v) else None, lambda t: _int(t) is not None)
 
     def keywords(self, n, count_line, kind, label):
-        """Keyword sweep: known, each once, supported; lowercase."""
+        """Keyword sweep: known, each once; lowercase."""
         vals = self.values(n, count_line, f"a {label} ({', '.join(KNOWN[kind])})",
                            lambda t: t.lower() if t.lower() in KNOWN[kind] else None,
                            lambda t: t.lower() in KNOWN[kind])
         self.unique(n, vals, label)
-        for tok, v in zip(self.tokens(n), vals):
-            self.supported(n, tok, kind, v, label)
         return tuple(vals)
 
     def unique(self, n, vals, what):
@@ -293,18 +264,14 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
                       lambda v: v == -1 or 0 < v <= 1, _num)
     penalty_n = r.number(26, "a penalty exponent n: -1 (workload default) or a number >= 0",
                          lambda v: v == -1 or v >= 0, _num)
-    repetitions = r.number(27, "repetitions: an integer >= 1", lambda v: v >= 1)
-    r.supported(27, r.first(27, ""), "repetitions", repetitions, "repetitions")
+    repetitions = r.number(27, f"repetitions: an integer from 1 to {MAX_REPETITIONS}",
+                           lambda v: 1 <= v <= MAX_REPETITIONS)
     tok = r.first(28, "a staging directory (none, or a node-local path [keep])")
     staging = "none" if tok.lower() == "none" else tok
-    if staging != "none" and "path" not in SUPPORTED["staging"]:
-        raise r.err(28, tok, "staging to a node-local path not supported yet (supported: "
-                    "none)", unsupported=True)
     # an optional second value 'keep': leave the staged copies in place after each test
     staging_keep = staging != "none" and len(r.tokens(28)) > 1 and r.tokens(28)[1].lower() == "keep"
     seed = r.number(29, f"a seed: an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
     roofline = r.number(30, "roofline micro-kernels: 0 (skip) or 1 (run)", lambda v: v in (0, 1))
-    r.supported(30, r.first(30, ""), "roofline", roofline, "roofline")
     for n in range(NLINES + 1, len(r.lines) + 1):
         if r.lines[n - 1].strip():
             raise r.err(n, r.lines[n - 1].split()[0], f"end of file (unexpected line {n}: "

@@ -179,7 +179,7 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     if cfg.allreduce == "hierarchical":
         import horovod.tensorflow as hvd
         nccl = hvd.nccl_built()
-    notes = [f"{w}: {workloads.get(w).FLOPS_NOTE}" for w in cfg.workloads if getattr(workloads.get(w), "FLOPS_NOTE", None)]
+    notes = [f"{w}: {workloads.get(w).FLOPS_NOTE}" for w in cfg.workloads if workloads.get(w).FLOPS_NOTE]
     cores = os.cpu_count() or 1
     over = (f"Oversubscribed: {nodes.local_size} ranks on {cores} cores on a node; a test with idle ranks gives"
             " its ranks more than the share the kernels ran with") if nodes.local_size > cores else None

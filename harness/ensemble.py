@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-AGGREGATIONS = ("mean", "vote")
+# Line 24's choices: name -> (T/V code (none), meaning). harness/dat.py reads them here.
+AGGREGATIONS = {"mean": ("", "mean of the models' probabilities"), "vote": ("", "majority vote")}
 _REDUCE_ROWS_ELEMENTS = 1 << 22   # reduce in slices of ~32 MB (float64) to bound memory
 
 
@@ -29,7 +30,7 @@ def model_scores(probs: np.ndarray, method: str) -> np.ndarray:
 
 def stacks(workload) -> bool:
     """The workload fuses the M models' outputs itself (detection) instead of summing them."""
-    return getattr(workload, "ENSEMBLE", "sum") == "stack"
+    return workload.ENSEMBLE == "stack"
 
 
 def reduced_shape(n: int, width: int, M: int, stack: bool) -> tuple[int, int]:
@@ -50,11 +51,6 @@ def contribution(scores: np.ndarray, method: str, job: int, M: int, stack: bool)
 def ensemble_scores(total: np.ndarray, M: int, stack: bool) -> np.ndarray:
     """What the workload's quality() gets: the mean score matrix, or (n, M, width)."""
     return total.reshape(total.shape[0], M, -1) if stack else total / M
-
-
-def combine(per_model_probs: list[np.ndarray], method: str) -> np.ndarray:
-    """Ensemble scores from every model's probabilities (the pure form of `reduce_scores`)."""
-    return sum(model_scores(p, method) for p in per_model_probs) / len(per_model_probs)
 
 
 def my_rows(n: int, rank: int, size: int) -> slice:

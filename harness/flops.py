@@ -93,11 +93,6 @@ def count(model) -> FlopCount:
                      activations=activations, weights=model.count_params())
 
 
-def forward_flops(model) -> int:
-    """Table 3 FLOPs of one sample's forward pass (see `count` for the breakdown)."""
-    return count(model).forward
-
-
 def _walk(model) -> dict:
     # Walk the graph's nodes, not model.layers: a shared layer called twice costs
     # twice, and every node knows the shapes of its own call.

@@ -21,9 +21,6 @@ reference matches names instead).
 """
 import tensorflow as tf
 
-NAMES = ("sgd", "adam", "adagrad", "lars", "lamb")
-
-
 def _excluded(variable) -> bool:
     """Biases and batch-norm gamma/beta: no trust ratio, no weight decay."""
     return variable.shape.rank <= 1
@@ -138,18 +135,18 @@ class LAMB(_LayerwiseOptimizer):
 
 def make(name: str, learning_rate, *, momentum: float = 0.9,
          weight_decay: float = 0.0) -> tf.keras.optimizers.Optimizer:
-    """The optimizer `name` (one of NAMES). `momentum` is used by sgd and lars; adam, adagrad
-    and lamb keep their own defaults (lamb: beta_1 0.9, beta_2 0.999, eps 1e-6)."""
+    """The optimizer `name` (one of harness/train.OPTIMIZERS). `momentum` is used by sgd
+    and lars; adam, adagrad and lamb keep their own defaults (lamb: beta_1 0.9, beta_2
+    0.999, eps 1e-6)."""
     key = name.lower()
-    if key == "lars":
-        return LARS(learning_rate, momentum=momentum, weight_decay=weight_decay)
-    if key == "lamb":
-        return LAMB(learning_rate, weight_decay=weight_decay)
-    keras = {"sgd": lambda **kw: tf.keras.optimizers.SGD(momentum=momentum, **kw),
-             "adam": tf.keras.optimizers.Adam, "adagrad": tf.keras.optimizers.Adagrad}
-    if key not in keras:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(NAMES)}")
-    opt = keras[key](learning_rate=learning_rate, weight_decay=weight_decay or None)
+    made = {"sgd": lambda **kw: tf.keras.optimizers.SGD(momentum=momentum, **kw),
+            "adam": tf.keras.optimizers.Adam, "adagrad": tf.keras.optimizers.Adagrad,
+            "lars": lambda **kw: LARS(momentum=momentum, **kw), "lamb": LAMB}
+    if key not in made:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(made)}")
+    if key in ("lars", "lamb"):
+        return made[key](learning_rate=learning_rate, weight_decay=weight_decay)
+    opt = made[key](learning_rate=learning_rate, weight_decay=weight_decay or None)
     if weight_decay:
         opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
     return opt

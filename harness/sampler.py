@@ -11,7 +11,10 @@ import hashlib
 
 import numpy as np
 
-METHODS = ("bootstrap", "poisson", "none")
+# Line 23's choices: name -> (T/V code, meaning). harness/dat.py reads them from here.
+METHODS = {"bootstrap": ("B", "N draws with replacement"),
+           "poisson": ("P", "each sample Poisson(1) times"),
+           "none": ("N", "the whole set, shuffled per job")}
 
 
 def rng_for(seed: int, job: int, *stream: int) -> np.random.Generator:

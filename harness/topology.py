@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PMAP_NAMES = {0: "node-packed", 1: "round-robin"}
-
-
 class TopologyError(ValueError):
     pass
 

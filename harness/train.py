@@ -45,7 +45,14 @@ def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
     return tf.where(step < warmup_steps, warm, decay)
 
 
-POLICIES = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
+# The Table 2 choices this module implements: name -> (T/V code, meaning). harness/dat.py
+# reads the input file's keywords and the T/V code from these tables.
+PRECISIONS = {"fp32": ("32", "float32"), "fp16": ("16", "mixed_float16"), "bf16": ("BF", "mixed_bfloat16")}
+COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16", "Horovod Compression.fp16")}
+ALLREDUCE = {"ring": ("R", "Horovod's ring all-reduce"),
+             "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)")}
+OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Keras Adam"), "adagrad": ("G", "Keras AdaGrad"),
+              "lars": ("L", "LARS, harness/optimizers.py"), "lamb": ("M", "LAMB, harness/optimizers.py")}
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ def build(workload, data, seed: int, job: int, precision: str = "fp32"):
     and the job's ranks are then made equal by broadcasting from the job's root. The
     precision policy is global in Keras: set for every model, fp32 included."""
     import tensorflow as tf
-    tf.keras.mixed_precision.set_global_policy(POLICIES[precision])
+    tf.keras.mixed_precision.set_global_policy(PRECISIONS[precision][1])
     tf.keras.utils.set_random_seed((seed * 1_000_003 + job) % 2**31)
     return workload.build_model(data)
 
@@ -97,7 +104,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                          f"P x B = {size} x {batch}; lower B or P, or use more data")
     schedule = lambda s: learning_rate(s, steps * epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
                                        recipe.base_lr * size)
-    opt = optimizers.make(recipe.optimizer, schedule(0), momentum=getattr(workload, "MOMENTUM", 0.9))
+    opt = optimizers.make(recipe.optimizer, schedule(0), momentum=workload.MOMENTUM)
     fp16 = recipe.precision == "fp16"
     if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from harness import optimizers
+from harness import optimizers, train
 
 LRS = (2.0, 1.0, 0.5)  # a different LR each step, assigned the way train.py does
 WD = 0.1
@@ -136,7 +136,7 @@ def test_zero_norms_give_ratio_one(name, wd):
         np.testing.assert_allclose(two.numpy(), 2.0, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", optimizers.NAMES)
+@pytest.mark.parametrize("name", train.OPTIMIZERS)
 @pytest.mark.parametrize("lr_type", [float, tf.Variable])
 def test_trains_with_scheduled_lr(name, lr_type):
     """A toy regression in a tf.function, the LR assigned every step from a warm-up + decay

@@ -1,41 +1,21 @@
-"""Workloads: one module each, behind one small interface.
+"""Workloads: one module each, behind one small interface (`Workload`, below).
 
-A workload module provides:
-  NAME, QUALITY ("Top-1", "mAP@0.5", ...), TARGET_QUALITY, PENALTY_N
-  AGGREGATIONS        the ensemble aggregations it supports (mean, vote)
-  load(dataset: str, cache_dir: str, node_rank: int, node_barrier) -> data
-      `data` is the workload's own object; the harness reads only its attributes
-      n_train, n_val (ints) and source (str, what was read, for the report).
-  build_model(data) -> tf.keras.Model
-  loss(y, outputs) -> per-sample loss tensor (outputs cast to FP32 by the harness)
-  input_signature(data, batch) -> (x_spec, y_spec)   tf.TensorSpec (nests allowed)
-  batches(data, rows, batch, *, training: bool, seed: int) -> iterator of (x, y)
-      len(rows) // batch batches of the training samples `rows`, in that order
-      (the harness shuffles and shards; the workload reads, decodes, augments)
-  score_width(data) -> int
-  predict(model, data, rows: slice) -> np.ndarray (rows, score_width) float
-      scores of validation rows that can be averaged across base models
-  quality(scores, data) -> float in [0, 1]  (scores: the whole validation set)
-  stage(data, rows, path) -> int bytes written: the training samples `rows` (unique,
-      sorted) and the validation set, written to directory `path` in the workload's
-      own on-disk format (the Data Duplicator's copy)
-  read(path) -> data   reads such a directory (the one reader of real and synthetic data)
-Optional:
-  ENSEMBLE = "stack"   each model's predictions keep their own columns in the world
-      reduction and quality() gets (n_val, M, width) to fuse (detection); default
-      "sum": the models' score matrices are summed and quality() gets their mean
-  MOMENTUM             SGD/LARS momentum of the workload's reference recipe (default 0.9)
-  FLOPS_NOTE           what the analytic FLOP count leaves out, printed in the report
-The harness knows nothing else about a workload.
+`get(name)` returns the workload's module after checking that it provides every
+member of the interface, with the optional constants filled in from DEFAULTS: the one
+place their defaults live. The harness knows nothing else about a workload.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-_MODULES = {"digits": "harness.workloads.digits", "ic": "harness.workloads.ic", "ewa": "harness.workloads.ewa"}
+# Line 7's choices: name (the module harness/workloads/<name>.py) -> (T/V code (none), meaning)
+CHOICES = {"digits": ("", "small CNN on handwritten digits (demonstration)"),
+           "ic": ("", "Image Classification: ResNet-50 v1.5 on ImageNet"),
+           "ewa": ("", "Extreme Weather Analytics: Faster-RCNN on Extreme Weather")}
 
 
 class DataError(ValueError):
@@ -72,8 +52,74 @@ class Data:
             yield self.x_train[idx], self.y_train[idx]
 
 
-def get(name: str):
-    """The workload module for a name from HPCAI500.dat's workloads line."""
-    if name not in _MODULES:
-        raise KeyError(f"unknown workload {name!r} (built: {', '.join(sorted(_MODULES))})")
-    return importlib.import_module(_MODULES[name])
+def class_probabilities(model, inputs, classes: int) -> np.ndarray:
+    """Softmax of the model's logits, computed in FP32, over the batches `inputs` (an
+    iterable of x): what a classifier's predict() returns. Averaging it across base
+    models is the mean aggregation; its argmax, a vote."""
+    import tensorflow as tf
+    out = [tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy() for x in inputs]
+    return np.concatenate(out) if out else np.zeros((0, classes), np.float32)
+
+
+def top1(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Top-1 accuracy; ties in the scores go to the lowest class index."""
+    return float(np.mean(np.argmax(scores, axis=1) == labels))
+
+
+class Workload(Protocol):
+    """What a workload module provides. `data` is the workload's own object; the
+    harness reads only its attributes n_train, n_val (ints) and source (str, what was
+    read, for the report)."""
+    NAME: str
+    QUALITY: str                 # "Top-1", "mAP@0.5", ...
+    TARGET_QUALITY: float        # the default of line 25
+    PENALTY_N: float             # the default of line 26
+    AGGREGATIONS: tuple          # the ensemble aggregations it supports (harness/ensemble.py)
+    # Optional (DEFAULTS): "stack": each model's predictions keep their own columns in the
+    # world reduction and quality() gets (n_val, M, width) to fuse (detection); "sum":
+    # the models' score matrices are summed and quality() gets their mean.
+    ENSEMBLE: str
+    MOMENTUM: float              # SGD/LARS momentum of the workload's reference recipe
+    FLOPS_NOTE: str | None       # what the analytic FLOP count leaves out, printed in the report
+
+    def load(self, dataset: str, cache_dir: str, node_rank: int, node_barrier): ...
+    def read(self, path: str): ...    # the one reader of real, synthetic and staged data
+
+    def stage(self, data, rows, path: str) -> int:
+        """Bytes written: training samples `rows` (unique, sorted) and the validation set,
+        in the workload's own on-disk format, into directory `path` (the Data Duplicator)."""
+
+    def build_model(self, data): ...  # a tf.keras.Model
+    def loss(self, y, outputs): ...   # per-sample loss tensor (outputs cast to FP32 by the harness)
+    def input_signature(self, data, batch: int): ...  # (x_spec, y_spec), tf.TensorSpec nests
+
+    def batches(self, data, rows, batch: int, *, training: bool, seed: int):
+        """len(rows) // batch batches (x, y) of training samples `rows`, in that order
+        (the harness shuffles and shards; the workload reads, decodes, augments)."""
+
+    def score_width(self, data) -> int: ...
+
+    def predict(self, model, data, rows: slice):
+        """np.ndarray (rows, score_width): scores of validation rows, averageable over models."""
+
+    def quality(self, scores, data) -> float: ...  # in [0, 1]; scores of the whole validation set
+
+
+DEFAULTS = {"ENSEMBLE": "sum", "MOMENTUM": 0.9, "FLOPS_NOTE": None}
+REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
+                 if not n.startswith("_") and n not in DEFAULTS)
+
+
+def get(name: str) -> Workload:
+    """The workload module for a name from HPCAI500.dat's workloads line, checked
+    against the interface, with the optional constants' defaults filled in."""
+    if name not in CHOICES:
+        raise KeyError(f"unknown workload {name!r} (built: {', '.join(CHOICES)})")
+    module = importlib.import_module(f"harness.workloads.{name}")
+    missing = [n for n in REQUIRED if not hasattr(module, n)]
+    if missing:
+        raise TypeError(f"workload module {module.__name__} lacks {', '.join(missing)}")
+    for key, value in DEFAULTS.items():
+        if not hasattr(module, key):
+            setattr(module, key, value)
+    return module

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from harness.files import atomic_path, node_once
-from harness.workloads import Data, DataError
+from harness.workloads import Data, DataError, class_probabilities, top1
 
 NAME = "digits"
 QUALITY = "Top-1"
@@ -145,13 +145,10 @@ def score_width(data: Data) -> int:
 
 def predict(model, data: Data, rows: slice, batch: int = 512) -> np.ndarray:
     """Class probabilities (computed in FP32) of validation rows `rows`."""
-    import tensorflow as tf
     x = data.x_val[rows]
-    out = [tf.nn.softmax(tf.cast(model(x[i:i + batch], training=False), tf.float32)).numpy()
-           for i in range(0, len(x), batch)]
-    return np.concatenate(out) if out else np.zeros((0, CLASSES), np.float32)
+    return class_probabilities(model, (x[i:i + batch] for i in range(0, len(x), batch)), CLASSES)
 
 
 def quality(scores: np.ndarray, data: Data) -> float:
-    """Top-1 accuracy; ties in the scores go to the lowest class index."""
-    return float(np.mean(np.argmax(scores, axis=1) == data.y_val))
+    """Top-1 accuracy against the validation labels."""
+    return top1(scores, data.y_val)

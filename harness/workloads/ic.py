@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.files import atomic_path, node_once
-from harness.workloads import DataError, resnet, tfrecord
+from harness.workloads import DataError, class_probabilities, resnet, tfrecord, top1
 
 NAME = "ic"
 QUALITY = "Top-1"
@@ -346,16 +346,14 @@ def score_width(data: ICData) -> int:
 def predict(model, data: ICData, rows: slice) -> np.ndarray:
     """Softmax probabilities (float32, computed in FP32) of validation rows `rows`:
     averaging them across base models is the mean aggregation; argmax, a vote."""
-    import tensorflow as tf
     idx = np.arange(data.n_val)[rows]
-    out = [tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy()
-           for x, _ in dataset(data, data.val, idx, EVAL_BATCH, augment=False, drop_remainder=False)]
-    return np.concatenate(out) if out else np.zeros((0, data.num_classes), np.float32)
+    batches = dataset(data, data.val, idx, EVAL_BATCH, augment=False, drop_remainder=False)
+    return class_probabilities(model, (x for x, _ in batches), data.num_classes)
 
 
 def quality(scores: np.ndarray, data: ICData) -> float:
-    """Top-1 accuracy against the validation labels; ties go to the lowest class."""
-    return float(np.mean(np.argmax(scores, axis=1) == data.y_val))
+    """Top-1 accuracy against the validation labels."""
+    return top1(scores, data.y_val)
 
 
 # ---- staging (the Data Duplicator's copy) ----------------------------------------------

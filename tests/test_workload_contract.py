@@ -1,0 +1,58 @@
+"""One contract, run over every workload the input file can name: the interface of
+harness/workloads (the Workload protocol), the optional constants' defaults, and the
+values the harness relies on. A new workload is checked by being listed in CHOICES."""
+import inspect
+
+import numpy as np
+import pytest
+
+from harness import dat, ensemble, workloads
+
+
+@pytest.mark.parametrize("name", list(workloads.CHOICES))
+def test_every_workload_meets_the_interface(name):
+    wl = workloads.get(name)
+    assert wl.NAME == name
+    for member in workloads.REQUIRED:
+        assert hasattr(wl, member), member
+    for fn in ("load", "read", "stage", "build_model", "loss", "input_signature", "batches", "score_width",
+               "predict", "quality"):
+        # callable the way the harness calls it: the protocol's arguments bind
+        protocol = inspect.signature(getattr(workloads.Workload, fn)).parameters.values()
+        args = [p.name for p in protocol if p.name != "self" and p.kind is not p.KEYWORD_ONLY]
+        kwargs = {p.name: None for p in protocol if p.kind is p.KEYWORD_ONLY}
+        inspect.signature(getattr(wl, fn)).bind(*args, **kwargs)
+    assert isinstance(wl.QUALITY, str) and wl.QUALITY
+    assert 0 < wl.TARGET_QUALITY <= 1 and wl.PENALTY_N >= 0
+    assert wl.AGGREGATIONS and set(wl.AGGREGATIONS) <= set(ensemble.AGGREGATIONS)
+    assert wl.ENSEMBLE in ("sum", "stack") and 0 <= wl.MOMENTUM < 1
+    assert wl.FLOPS_NOTE is None or isinstance(wl.FLOPS_NOTE, str)
+
+
+def test_optional_constants_come_from_one_table():
+    digits = workloads.get("digits")      # declares none of them
+    assert (digits.ENSEMBLE, digits.MOMENTUM, digits.FLOPS_NOTE) == ("sum", 0.9, None)
+    ic = workloads.get("ic")               # its reference recipe's momentum
+    assert ic.MOMENTUM == 0.875 and ic.ENSEMBLE == "sum"
+    assert workloads.get("ewa").ENSEMBLE == "stack"
+
+
+def test_a_module_missing_a_member_is_refused(monkeypatch):
+    digits = workloads.get("digits")
+    monkeypatch.delattr(digits, "quality")
+    with pytest.raises(TypeError, match="harness.workloads.digits lacks quality"):
+        workloads.get("digits")
+
+
+def test_unknown_workload():
+    with pytest.raises(KeyError, match="unknown workload 'resnet'"):
+        workloads.get("resnet")
+
+
+def test_the_input_file_knows_exactly_the_built_workloads():
+    assert dat.KNOWN["workload"] == tuple(workloads.CHOICES)
+
+
+def test_top1_ties_go_to_the_lowest_class():
+    scores = np.array([[0.5, 0.5, 0.0], [0.1, 0.2, 0.7], [0.3, 0.3, 0.3]])
+    assert workloads.top1(scores, np.array([0, 2, 1])) == pytest.approx(2 / 3)
