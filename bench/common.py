@@ -100,6 +100,28 @@ def quietest(run):
     return best
 
 
+def alternate(dat: str, bare_args, runs: int, epochs: int, digits: int = 0):
+    """Harness and bare loop, alternated `runs` times, each the quietest of its tries:
+    (table rows, harness samples/s, bare samples/s, other loads). `bare_args(steps)`
+    gives the bare loop's mpirun arguments for the harness's number of steps; the bare
+    script prints its figures as JSON on its last line."""
+    rows, harness, bare, loads = [], [], [], []
+    for i in range(runs):
+        (t,), load = quietest(lambda: run_harness(dat))
+        steps = t["steps_per_epoch"][0] * epochs
+        harness.append(throughput(t))
+        loads.append(load)
+        rows.append([i + 1, "harness", steps, t["samples_trained"], f"{t['train_seconds']:.2f}",
+                     f"{harness[-1]:.{digits}f}", f"{load:.2f}"])
+        out, load = quietest(lambda: mpirun(*bare_args(steps)))
+        r = json.loads(out.strip().splitlines()[-1])
+        bare.append(r["samples_per_s"])
+        loads.append(load)
+        rows.append([i + 1, "bare Horovod", steps, r["samples"], f"{r['seconds']:.2f}",
+                     f"{bare[-1]:.{digits}f}", f"{load:.2f}"])
+    return rows, harness, bare, loads
+
+
 def throughput(test: dict) -> float:
     return test["samples_trained"] / test["train_seconds"]
 

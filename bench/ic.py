@@ -34,20 +34,8 @@ DATASET = f"synthetic:{SAMPLES}:{SIDE}"
 def main(runs: int = RUNS) -> None:
     print(f"machine: {common.machine()}")
     dat = common.make_dat("ic", l7="ic", l8=DATASET, l9=1, l10=1, l11=2, l13=1, l14=B, l15=EPOCHS, l30=0)
-    rows, harness, bare, loads = [], [], [], []
-    for i in range(runs):
-        (t,), load = common.quietest(lambda: common.run_harness(dat))
-        steps = t["steps_per_epoch"][0] * EPOCHS
-        harness.append(common.throughput(t))
-        loads.append(load)
-        rows.append([i + 1, "harness", steps, t["samples_trained"], f"{t['train_seconds']:.2f}",
-                     f"{harness[-1]:.1f}", f"{load:.2f}"])
-        out, load = common.quietest(lambda: common.mpirun("bench/ic.py", "--bare", "--steps", str(steps)))
-        r = json.loads(out.strip().splitlines()[-1])
-        bare.append(r["samples_per_s"])
-        loads.append(load)
-        rows.append([i + 1, "bare Horovod", steps, r["samples"], f"{r['seconds']:.2f}",
-                     f"{bare[-1]:.1f}", f"{load:.2f}"])
+    rows, harness, bare, loads = common.alternate(
+        dat, lambda steps: ("bench/ic.py", "--bare", "--steps", str(steps)), runs, EPOCHS, digits=1)
     print(f"\nper run (ResNet-50 v1.5, M=1, P=2, B={B}, {DATASET}, {EPOCHS} epochs; other load = "
           f"cores used by other processes during the run):")
     print(common.table(["run", "what", "steps", "images", "seconds", "images/s", "other load"], rows))

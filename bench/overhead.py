@@ -7,8 +7,6 @@ M=1, P=2, B=32 on 2 ranks, synthetic digits (16000 training images of 16x16, 3 e
 and number of steps. Runs alternate harness / bare, RUNS times each; medians compared
 (and, less sensitive to drifting machine speed, the ratio within each adjacent pair).
 """
-import json
-
 import common
 
 RUNS, B, SIDE, EPOCHS, GOAL = 3, 32, 16, 3, 0.98
@@ -18,21 +16,9 @@ DATASET = f"synthetic:20000:{SIDE}"
 def main() -> None:
     print(f"machine: {common.machine()}")
     dat = common.make_dat("overhead", l8=DATASET, l9=1, l10=1, l11=2, l13=1, l14=B, l15=EPOCHS)
-    rows, harness, bare, loads = [], [], [], []
-    for i in range(RUNS):
-        (t,), load = common.quietest(lambda: common.run_harness(dat))
-        steps = t["steps_per_epoch"][0] * EPOCHS
-        harness.append(common.throughput(t))
-        loads.append(load)
-        rows.append([i + 1, "harness", steps, t["samples_trained"], f"{t['train_seconds']:.2f}",
-                     f"{harness[-1]:.0f}", f"{load:.2f}"])
-        out, load = common.quietest(lambda: common.mpirun(
-            "bench/bare_horovod.py", "--steps", str(steps), "--batch", str(B), "--side", str(SIDE)))
-        r = json.loads(out.strip().splitlines()[-1])
-        bare.append(r["samples_per_s"])
-        loads.append(load)
-        rows.append([i + 1, "bare Horovod", steps, r["samples"], f"{r['seconds']:.2f}",
-                     f"{bare[-1]:.0f}", f"{load:.2f}"])
+    rows, harness, bare, loads = common.alternate(
+        dat, lambda steps: ("bench/bare_horovod.py", "--steps", str(steps), "--batch", str(B), "--side", str(SIDE)),
+        RUNS, EPOCHS)
     print(f"\nper run (M=1, P=2, B={B}, {DATASET}, {EPOCHS} epochs; other load = cores used by "
           f"other processes during the run; a run above {common.QUIET} is tried again, {common.TRIES} times at most):")
     print(common.table(["run", "what", "steps", "samples", "seconds", "samples/s", "other load"], rows))
