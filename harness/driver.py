@@ -108,6 +108,8 @@ def main(argv=None) -> int:
         sys.stderr.flush()
         world.Abort(1)
         return 1
+    finally:
+        watchdog.stop()  # the run is over: MPI_Finalize may wait for slower ranks' output
 
 
 def _run(args, world, watchdog) -> int:
