@@ -1,5 +1,5 @@
 # hpcai500: `make run` and `make test` work on a fresh clone; the first call builds .venv.
-#   make run                 set up, then run HPCAI500.dat on NP ranks (default 4)
+#   make run                 set up, then run HPCAI500.dat on NP ranks (default: one per core)
 #   make test                set up, then the whole test suite
 #   make check               set up, then validate HPCAI500.dat and print the job map
 #   make bench               set up, then the benchmarks of bench/ (not part of the tests)
@@ -7,7 +7,7 @@
 SHELL   := /bin/bash
 PYTHON  ?= python3
 VENV    ?= .venv
-NP      ?= 4
+NP      ?= $(shell nproc 2>/dev/null || echo 2)
 DAT     ?= HPCAI500.dat
 MPI     ?= pypi
 PY      := $(VENV)/bin/python
