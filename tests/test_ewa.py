@@ -10,7 +10,8 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from harness.workloads import DataError, ewa  # noqa: E402
+from harness.workloads import DataError, ewa, weather_synthetic  # noqa: E402
+from harness.workloads import extreme_weather as ew  # noqa: E402
 from harness.workloads import detection as det  # noqa: E402
 from tests.conftest import results  # noqa: E402
 
@@ -51,14 +52,6 @@ def test_anchors_by_hand():
     a = det.anchors((1, 2), 8, sizes=[4], ratios=[1.0, 4.0])
     # position-major: (0, 0) square, (0, 0) tall (h = 4 x 2, w = 4 / 2), then (0, 1)
     assert np.allclose(a, [[2, 2, 6, 6], [0, 3, 8, 5], [2, 10, 6, 14], [0, 11, 8, 13]])
-
-
-def test_nms_by_hand():
-    boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 10, 10]], float)
-    scores = np.array([0.9, 0.8, 0.7, 0.95])
-    # box 3 (best) suppresses its duplicate 0 and box 1 (IoU 81/119 = 0.68)
-    assert det.nms(boxes, scores, 0.5).tolist() == [3, 2]
-    assert det.nms(boxes, scores, 0.7).tolist() == [3, 1, 2]
 
 
 # ---- mAP@0.5 ------------------------------------------------------------------------
@@ -137,7 +130,7 @@ def test_synthetic_round_trip(data):
     first, box rows in the default order) and read back by the one reader; the
     statistics are computed at the first read and cached beside the data."""
     folder = data.path
-    assert os.path.basename(folder) == f"ewa-synthetic-v{ewa.FORMAT_VERSION}-40-32-yxyxc"
+    assert os.path.basename(folder) == f"ewa-synthetic-v{weather_synthetic.FORMAT_VERSION}-40-32-yxyxc"
     assert (data.n_train, data.n_val, data.height, data.width) == (32, 8, 32, 48)
     years = sorted(f for f in os.listdir(folder) if f.endswith(".h5"))
     assert years == [f"climo_{y}.h5" for y in range(1979, 1984)]
@@ -151,7 +144,8 @@ def test_synthetic_round_trip(data):
     assert (raw[~real] == -1).all()                           # padding rows: all -1
     assert np.array_equal(data.images("val", [0])[0], first.transpose(1, 2, 0))
     (stats,) = [f for f in os.listdir(folder) if f.startswith("ewa-stats-")]
-    assert stats == ewa.stats_name(data)
+    assert stats == ew.stats_name(data)
+    assert sorted(os.listdir(folder)) == [*years, stats]     # renamed into place whole: no marker
     again = ewa.read(folder)
     assert np.array_equal(again.val_boxes, data.val_boxes) and np.array_equal(again.mean, data.mean)
     # statistics of the training images (normalised: ~0, ~1)
@@ -172,7 +166,7 @@ def test_synthetic_objects_are_where_their_boxes_are(data):
     at_object, elsewhere = [], []
     for i, boxes in enumerate(data.train_boxes):
         for c, y0, x0, y1, x1 in boxes[boxes[:, 0] >= 0]:
-            channels, signs = ewa._SIGNATURE[int(c)]
+            channels, signs = weather_synthetic.SIGNATURE[int(c)]
             cy, cx = int((y0 + y1) / 2), int((x0 + x1) / 2)
             at_object.append(np.mean(x[i, cy, cx, list(channels)] * signs))
             elsewhere.append(np.mean(x[(i + 1) % len(x), cy, cx, list(channels)] * signs))
@@ -239,17 +233,17 @@ def test_stage_writes_the_resample_in_our_layout(data, tmp_path):
 
 def test_box_order_by_hand():
     # columns of (class, ymin, xmin, ymax, xmax)
-    assert ewa.box_columns("yxyxc") == ewa.box_columns("yxyx") == [4, 0, 1, 2, 3]
-    assert ewa.box_columns("xyxyc") == [4, 1, 0, 3, 2]
-    assert ewa.box_columns("cyxyx") == [0, 1, 2, 3, 4]
-    assert ewa.box_columns("yyxxc") == [4, 0, 2, 1, 3]
+    assert ew.box_columns("yxyxc") == ew.box_columns("yxyx") == [4, 0, 1, 2, 3]
+    assert ew.box_columns("xyxyc") == [4, 1, 0, 3, 2]
+    assert ew.box_columns("cyxyx") == [0, 1, 2, 3, 4]
+    assert ew.box_columns("yyxxc") == [4, 0, 2, 1, 3]
     raw = np.array([[10, 20, 30, 40, 3], [-1, -1, -1, -1, -1]], np.float32)  # x0 y0 x1 y1 c
-    rows = ewa.to_rows(raw, "xyxyc")
+    rows = ew.to_rows(raw, "xyxyc")
     assert rows.tolist() == [[3, 20, 10, 40, 30], [-1, 0, 0, 0, 0]]
-    assert np.array_equal(ewa.from_rows(rows, "xyxyc"), raw)
+    assert np.array_equal(ew.from_rows(rows, "xyxyc"), raw)
     for bad in ("yxy", "yxyxcc", "yxzxc"):
         with pytest.raises(DataError, match="HPCAI500_EWA_BOX_ORDER"):
-            ewa.box_columns(bad)
+            ew.box_columns(bad)
 
 
 def _write(path, images=None, boxes=None):
@@ -264,7 +258,7 @@ def _published(tmp_path, order="yxyxc"):
     """Two hand-built year files of 3 + 2 images of 8 x 12: channel c of image i is
     10 i + c plus a ramp along x; one box per image, written in `order`."""
     ramp = np.arange(12, dtype=np.float32)
-    cols = ewa.box_columns(order)
+    cols = ew.box_columns(order)
     files = {}
     for name, first, n in (("climo_2000.h5", 0, 3), ("climo_2001.h5", 3, 2)):
         images = np.zeros((n, 16, 8, 12), np.float32)
@@ -294,8 +288,8 @@ def test_reader_on_hand_built_published_files(tmp_path, monkeypatch, order):
     # statistics over the training images, cached beside the data, read back next time
     train = files["climo_2000.h5"].transpose(0, 2, 3, 1).reshape(-1, 16)
     assert np.allclose(d.mean, train.mean(0)) and np.allclose(d.std, train.std(0), rtol=1e-5)
-    assert os.path.exists(tmp_path / ewa.stats_name(d))
-    np.savez(tmp_path / ewa.stats_name(d), mean=np.full(16, 7.0), std=np.full(16, 2.0))
+    assert os.path.exists(tmp_path / ew.stats_name(d))
+    np.savez(tmp_path / ew.stats_name(d), mean=np.full(16, 7.0), std=np.full(16, 2.0))
     assert (ewa.read(str(tmp_path)).mean == 7.0).all()       # the cache is what is used
 
 
@@ -319,7 +313,7 @@ def test_reader_split_options_and_unwritable_data_directory(tmp_path, monkeypatc
     assert (d.n_train, d.n_val) == (4, 1) and d.val_boxes[0, 0].tolist() == [0, 1, 2, 5, 7]
     # the data's directory refuses the cache file (root ignores permissions, so a
     # directory sits on its name): the statistics go to the cache directory instead
-    name = ewa.stats_name(d)
+    name = ew.stats_name(d)
     os.remove(one / name)
     (one / name).mkdir()
     (one / name / "x").touch()
@@ -404,7 +398,7 @@ def test_training_steps_overfit_two_images(data, model):
     import tensorflow as tf
     (x, gt), y = next(ewa.batches(data, np.arange(2), 2, training=False))
     out = model((x, gt), training=True)
-    cfg = data.config
+    cfg = ewa.config(data)
     a = len(cfg.anchors())
     shapes = {k: tuple(v.shape) for k, v in out.items()}
     assert shapes == {"rpn_logits": (2, a), "rpn_deltas": (2, a, 4), "anchors": (2, a, 4),
@@ -429,7 +423,7 @@ def test_training_steps_overfit_two_images(data, model):
 
 def test_predict_shapes_and_ranges(data, model):
     s = ewa.predict(model, data, slice(2, 7))
-    k = data.config.detections
+    k = ewa.config(data).detections
     assert s.shape == (5, ewa.score_width(data)) == (5, 6 * k)
     rows = s.reshape(5, k, 6)
     real = rows[..., 1] > 0
@@ -455,7 +449,7 @@ def _as_detections(boxes, score):
 
 
 def test_quality_of_ground_truth_and_of_fused_models(data):
-    k = data.config.detections
+    k = ewa.config(data).detections
     truth = _packed([_as_detections(b, 0.9) for b in data.val_boxes], k)
     assert ewa.quality(truth[:, None], data) == 1.0
     assert ewa.quality(truth, data) == 1.0                        # 2-D: one model
@@ -481,7 +475,7 @@ def test_flops_count_the_roi_head_once_per_roi(data):
 
     from harness import flops
     from harness.workloads import faster_rcnn
-    cfg = data.config
+    cfg = ewa.config(data)
     counts = {r: flops.count(faster_rcnn.build(dataclasses.replace(cfg, rois=r))) for r in (16, 48)}
     c = cfg.widths[-1] * cfg.pool ** 2
     # per ROI: 2 x 2 max pooling to pool x pool; fc6, fc7 (+ bias, ReLU); class and box layers
@@ -535,7 +529,7 @@ def test_backbone_choice_and_resnet50_trunk(monkeypatch):
 
 def test_anchors_include_elongated_ones_for_rivers(data):
     from harness.workloads import faster_rcnn
-    for cfg in (data.config, faster_rcnn.config_for(768, 1152, 15)):
+    for cfg in (ewa.config(data), faster_rcnn.config_for(768, 1152, 15)):
         a = cfg.anchors()
         ratio = (a[:, 3] - a[:, 1]) / (a[:, 2] - a[:, 0])    # width / height
         assert np.isclose(ratio, 4).any() and np.isclose(ratio, 2).any()
@@ -551,8 +545,8 @@ def prior_detector(data) -> np.ndarray:
     and nothing about the image."""
     real = data.train_boxes[data.train_boxes[..., 0] >= 0]
     rows = [[c, np.mean(real[:, 0] == c), *real[real[:, 0] == c, 1:].mean(0)]
-            for c in range(ewa.CLASSES) if (real[:, 0] == c).any()]
-    return _packed([np.array(rows)] * data.n_val, data.config.detections)
+            for c in range(ew.CLASSES) if (real[:, 0] == c).any()]
+    return _packed([np.array(rows)] * data.n_val, ewa.config(data).detections)
 
 
 def test_prior_detector_by_hand(data):
@@ -581,13 +575,3 @@ def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
         assert t["quality_name"] == "mAP@0.5" and t["consistency"]["passed"]
         assert all(0.0 <= q <= 1.0 for q in [t["quality"], *t["base_quality"]])
         assert t["quality"] > baseline + 0.05, (t["quality"], baseline)
-
-
-def test_vote_is_refused_for_detection(run_dat, tmp_path):
-    """Detections are fused, not voted: line 24 'vote' ends the run before training,
-    on every rank, with the line and the workload named."""
-    p = run_dat(2, l7="ewa", l8="synthetic:40:32", l9=1, l10=1, l11=1, l24="vote", l30=0, timeout=200)
-    assert p.returncode == 1
-    assert ":24: aggregation 'vote' is not defined for workload ewa (it supports: mean)" in p.stderr
-    assert "Traceback" not in p.stderr
-    assert [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")] == []

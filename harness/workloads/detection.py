@@ -96,20 +96,6 @@ def _iou_one(b, boxes: np.ndarray) -> np.ndarray:
     return inter / np.maximum(union, 1e-9)
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
-    """Greedy non-maximum suppression: indices of the kept boxes, best first. A box is
-    dropped if its IoU with a kept, higher-scoring box exceeds the threshold; equal
-    scores keep the earlier box."""
-    order = np.argsort(-scores, kind="stable")
-    keep = []
-    while len(order):
-        i, order = order[0], order[1:]
-        keep.append(i)
-        if len(order):
-            order = order[iou(boxes[i:i + 1], boxes[order])[0] <= iou_threshold]
-    return np.array(keep, np.int64)
-
-
 def rows(flat: np.ndarray) -> np.ndarray:
     """A model's packed, zero-padded detections (K * 6,) -> its real (n, 6) rows.
     Non-finite or non-positive scores are padding (or a diverged model): dropped."""

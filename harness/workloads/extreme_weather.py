@@ -1,0 +1,408 @@
+"""extreme_weather: the ExtremeWeather data set on disk, read and checked, and our staged copy.
+
+`read` is the one reader of real, synthetic and staged data. A path is a directory of
+HDF5 files (`*.h5`, `*.hdf5`, sorted by name) or one such file. Two layouts, told apart
+by content (a root attribute), never by file name:
+
+* Published (extremeweatherdataset.github.io: one file per year, `climo_YYYY.h5`):
+      images  (N, 16, H, W) float32, channels first, raw physical values
+      boxes   (N, G, 5): four pixel coordinates and a class id; rows of -1 pad
+  The column order of a box row is HPCAI500_EWA_BOX_ORDER: the four coordinates as
+  letters, the first y/x the minimum, the second the maximum, and `c` for the class
+  (last when left out). Default `yxyxc` = (ymin, xmin, ymax, xmax, class): what we
+  believe the published files hold, unverified (no copy of the data here; the site
+  says "5 elements" a row). `xyxyc`, `cyxyx`, ... if not.
+  Split: the files named in HPCAI500_EWA_VAL (comma-separated file names) are the
+  validation set, by default the last file by name (the last year). A single file is
+  split by images: its last VAL_FRACTION are the validation set.
+  Normalisation: per-channel mean and standard deviation over up to STATS_SAMPLE evenly
+  spaced training images, computed once and cached as `ewa-stats-<key>.npz` (key: the
+  training files' names, sizes and ranges) beside the data, or in the run's cache
+  directory if the data's directory refuses it.
+* Ours (`write_staged`, the Data Duplicator's node-local copy): files with the root
+  attribute `hpcai500_ewa` = "channels_last", one split each (attribute `split`):
+  images (N, H, W, 16) channels last (what the model takes: no transpose a read), boxes
+  (N, G, 5) rows (class, ymin, xmin, ymax, xmax), and in the training file
+  `channel_mean`, `channel_std`: the source's statistics.
+
+After reading, every box row is (class, ymin, xmin, ymax, xmax) in pixels, continuous
+coordinates clipped to the image, class -1 for padding. Boxes are held in memory (20
+bytes a row); images stay on disk and are read a batch at a time (Data.images). Bad
+data raises DataError naming the file and the dataset.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import h5py
+import numpy as np
+
+from harness.files import atomic_path
+from harness.workloads import DataError
+
+CHANNELS, CLASSES = 16, 4
+CLASS_NAMES = ("tropical depression", "tropical cyclone", "extratropical cyclone", "atmospheric river")
+VAL_FRACTION = 0.2         # of a single file's images, when the data set is one file
+STATS_SAMPLE = 256         # training images the statistics are computed over, at most
+BOX_ORDER_ENV, VAL_ENV, DEFAULT_BOX_ORDER = "HPCAI500_EWA_BOX_ORDER", "HPCAI500_EWA_VAL", "yxyxc"
+OURS = ("hpcai500_ewa", "channels_last")   # root attribute of the files `write_staged` writes
+OUR_ORDER = "cyxyx"
+SPLITS = ("train", "val")
+
+
+class Part(NamedTuple):
+    """A run of images of one file: rows start .. start + count of its datasets."""
+    file: str
+    start: int
+    count: int
+    channels_first: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Data:
+    """An opened ewa data set: boxes and statistics in memory, images on disk."""
+    path: str                  # the directory (or the one file) read
+    source: str                # what was asked for, for the report
+    parts: dict                # split -> [Part], in sample order
+    train_boxes: np.ndarray    # (n_train, G, 5) float32 rows (class, ymin, xmin, ymax, xmax), pixels
+    val_boxes: np.ndarray      # (n_val, G, 5), the same
+    height: int                # pixels
+    width: int                 # pixels
+    mean: np.ndarray           # (16,) float32, per channel, in the data's physical units
+    std: np.ndarray            # (16,) float32, per channel, > 0
+    _files: dict = field(default_factory=dict, init=False, repr=False)  # file -> open h5py.File
+
+    n_train = property(lambda self: len(self.train_boxes))
+    n_val = property(lambda self: len(self.val_boxes))
+    max_boxes = property(lambda self: self.train_boxes.shape[1])
+
+    def _dataset(self, file: str):
+        if file not in self._files:
+            # no HDF5 file locks: nothing is written in place (temporary name, then
+            # rename), and locks fail on some parallel file systems
+            self._files[file] = h5py.File(file, "r", locking=False)
+        return self._files[file]["images"]
+
+    def images(self, split: str, index) -> np.ndarray:
+        """Raw images (n, H, W, 16), channels last, of `split` at a slice or at integer
+        indices (any order, repeats allowed). Each needed image is read once, on its
+        own: h5py's fancy-index reads of several rows are ~50x slower per image than
+        single-row reads (6 ms against 0.1 ms at 96 x 144, measured here)."""
+        parts = self.parts[split]
+        offsets = np.cumsum([0] + [p.count for p in parts])
+        idx = np.arange(offsets[-1])[index] if isinstance(index, slice) else np.asarray(index, np.int64)
+        which = np.searchsorted(offsets, idx, side="right") - 1
+        out, buf = None, None
+        for p in np.unique(which):
+            part, at = parts[p], np.flatnonzero(which == p)
+            ds = self._dataset(part.file)
+            if buf is None or buf.dtype != ds.dtype:
+                buf = np.empty(ds.shape[1:], ds.dtype)
+            if out is None:
+                out = np.empty((len(idx), self.height, self.width, CHANNELS), ds.dtype)
+            local = idx[at] - offsets[p] + part.start
+            for row in np.unique(local):
+                try:
+                    ds.read_direct(buf, np.s_[int(row)])
+                except (OSError, ValueError) as e:
+                    raise DataError(f"{part.file}: dataset 'images': cannot read image {row} ({e})") from None
+                for k in at[local == row]:  # once per occurrence: bootstrap rows repeat
+                    out[k] = buf.transpose(1, 2, 0) if part.channels_first else buf
+        return out if out is not None else np.zeros((0, self.height, self.width, CHANNELS), np.float32)
+
+    def normalised(self, images: np.ndarray) -> np.ndarray:
+        """(images - mean) / std per channel, FP32, computed in place on one copy."""
+        x = images.astype(np.float32, copy=True)
+        x -= self.mean
+        x *= 1.0 / self.std
+        return x
+
+
+# ---- box rows ----------------------------------------------------------------------
+
+def box_columns(order: str) -> list[int]:
+    """The columns of (class, ymin, xmin, ymax, xmax) in a box row described by `order`:
+    two y and two x letters, the first of each the minimum, and `c` for the class
+    (appended when left out). box_columns('xyxyc') == [4, 1, 0, 3, 2]."""
+    o = order.strip().lower()
+    o = o if "c" in o else o + "c"
+    if sorted(o) != sorted("cxxyy"):
+        raise DataError(f"{BOX_ORDER_ENV}={order!r}: expected two y, two x and at most one c "
+                        f"(e.g. yxyxc, xyxyc, cyxyx)")
+    ys, xs = [i for i, ch in enumerate(o) if ch == "y"], [i for i, ch in enumerate(o) if ch == "x"]
+    return [o.index("c"), ys[0], xs[0], ys[1], xs[1]]
+
+
+def to_rows(raw: np.ndarray, order: str) -> np.ndarray:
+    """Box rows in `order` -> (class, ymin, xmin, ymax, xmax); rows with a negative class
+    (the -1 padding) become (-1, 0, 0, 0, 0)."""
+    rows = np.asarray(raw, np.float32)[..., box_columns(order)]
+    rows[rows[..., 0] < 0] = [-1, 0, 0, 0, 0]
+    return rows
+
+
+def from_rows(rows: np.ndarray, order: str) -> np.ndarray:
+    """The inverse of `to_rows`: padding rows become all -1, as in the published files."""
+    out = np.empty_like(np.asarray(rows, np.float32))
+    out[..., box_columns(order)] = rows
+    out[rows[..., 0] < 0] = -1
+    return out
+
+
+def box_order() -> str:
+    """The published files' box column order, HPCAI500_EWA_BOX_ORDER or the default."""
+    order = os.environ.get(BOX_ORDER_ENV, DEFAULT_BOX_ORDER)
+    box_columns(order)  # validated here: a bad value fails before any file is opened
+    return order
+
+
+# ---- reading -----------------------------------------------------------------------
+
+def read(path: str, source: str | None = None, cache_dir: str | None = None) -> Data:
+    """Open a data set (see the module docstring): check every file, split, load boxes
+    and statistics. Reads the last value of every file's images: a truncated or
+    corrupt file end fails here, not in the middle of training."""
+    files = _files(path)
+    info = [_check(f) for f in files]
+    ours = [i["ours"] for i in info]
+    if any(ours) and not all(ours):
+        raise DataError(f"{path}: mixes files written by stage() (channels last) with "
+                        "published-layout files (channels first)")
+    hws = {i["hw"] for i in info}
+    if len(hws) > 1:
+        raise DataError(f"{path}: files hold images of different sizes: "
+                        + ", ".join(f"{os.path.basename(i['file'])} {i['hw']}" for i in info))
+    parts = _split(path, info) if not ours[0] else {
+        s: [Part(i["file"], 0, i["n"], False) for i in info if i["split"] == s] for s in SPLITS}
+    for s in SPLITS:
+        if not parts[s] or sum(p.count for p in parts[s]) == 0:
+            raise DataError(f"{path}: no {s} images (the validation files are those named in "
+                            f"{VAL_ENV}, else the last file by name)")
+    by_file = {i["file"]: i for i in info}
+    g = max(i["boxes"].shape[1] for i in info)  # one G for all: one model input shape
+    boxes = {s: np.concatenate([_pad(by_file[p.file]["boxes"][p.start:p.start + p.count], g)
+                                for p in parts[s]]) for s in parts}
+    if not (boxes["val"][..., 0] >= 0).any():
+        names = ", ".join(sorted({os.path.basename(p.file) for p in parts["val"]}))
+        raise DataError(f"{path}: the validation images ({names}) have no boxes: mAP needs "
+                        "ground truth to measure against")
+    (height, width), = hws
+    data = Data(path, source or path, parts, boxes["train"], boxes["val"], height, width,
+                np.zeros(CHANNELS, np.float32), np.ones(CHANNELS, np.float32))
+    stored = [i["stats"] for i in info if i["stats"] is not None and i["split"] == "train"]
+    mean, std = stored[0] if stored else _cached_statistics(data, cache_dir)
+    return replace(data, mean=mean.astype(np.float32), std=std.astype(np.float32))
+
+
+def _files(path: str) -> list[str]:
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise DataError(f"ewa dataset {path!r}: no such file or directory (expected a directory "
+                        "of HDF5 files, one per year, or one HDF5 file)")
+    files = sorted(os.path.join(path, f) for f in os.listdir(path)
+                   if f.endswith((".h5", ".hdf5")) and not f.startswith("."))
+    if not files:
+        raise DataError(f"ewa dataset {path!r}: no HDF5 files (*.h5, *.hdf5) in the directory")
+    return files
+
+
+def _split(path: str, info: list[dict]) -> dict:
+    """Published layout: train and validation parts (see the module docstring)."""
+    names = [os.path.basename(i["file"]) for i in info]
+    chosen = [v.strip() for v in os.environ.get(VAL_ENV, "").split(",") if v.strip()]
+    if chosen:
+        missing = [v for v in chosen if v not in names]
+        if missing:
+            raise DataError(f"{VAL_ENV}={','.join(chosen)}: no file {missing[0]!r} in {path} "
+                            f"(it holds {', '.join(names)})")
+    elif len(info) > 1:
+        chosen = names[-1:]
+    else:  # one file: its last images are the validation set
+        n = info[0]["n"]
+        n_val = max(1, int(round(VAL_FRACTION * n)))
+        if n - n_val < 1:
+            raise DataError(f"{info[0]['file']}: {n} image(s) cannot be split into training and validation")
+        f = info[0]["file"]
+        return {"train": [Part(f, 0, n - n_val, True)], "val": [Part(f, n - n_val, n_val, True)]}
+    return {s: [Part(i["file"], 0, i["n"], True) for i, name in zip(info, names) if (name in chosen) == (s == "val")]
+            for s in SPLITS}
+
+
+def _check(file: str) -> dict:
+    """One file's layout, shapes, boxes (converted to our rows, checked) and stored statistics."""
+    try:
+        f = h5py.File(file, "r", locking=False)
+    except OSError as e:
+        raise DataError(f"{file}: cannot open as HDF5 ({e})") from None
+    with f:
+        ours = f.attrs.get(OURS[0]) in (OURS[1], OURS[1].encode())
+        for name in ("images", "boxes"):
+            if name not in f:
+                raise DataError(f"{file}: no dataset '{name}'")
+        images = f["images"]
+        want = "(N, H, W, 16), channels last" if ours else "(N, 16, H, W), channels first"
+        if images.ndim != 4 or images.shape[-1 if ours else 1] != CHANNELS or len(images) == 0:
+            raise DataError(f"{file}: dataset 'images' must be {want} with N > 0, found {images.shape}")
+        if images.dtype.kind != "f":
+            raise DataError(f"{file}: dataset 'images' must hold floats, found {images.dtype}")
+        try:
+            raw = f["boxes"][...]
+        except OSError as e:
+            raise DataError(f"{file}: dataset 'boxes': cannot read ({e})") from None
+        if raw.ndim != 3 or raw.shape[-1] != 5 or len(raw) != len(images):
+            raise DataError(f"{file}: dataset 'boxes' must be (N, G, 5) with N = {len(images)} images, "
+                            f"found {raw.shape}")
+        try:  # the last value: the end of the data (a whole image would be 57 MB per file and rank)
+            images[-1, -1, -1, -1]
+        except OSError as e:
+            raise DataError(f"{file}: dataset 'images': cannot read the last image (truncated? {e})") from None
+        hw = tuple(images.shape[1:3] if ours else images.shape[2:4])
+        split = f.attrs.get("split", b"")
+        split = split.decode() if isinstance(split, bytes) else str(split)
+        if ours and split not in SPLITS:
+            raise DataError(f"{file}: attribute 'split' must be 'train' or 'val', found {split!r}")
+        stats = None
+        if "channel_mean" in f and "channel_std" in f:
+            stats = f["channel_mean"][...], f["channel_std"][...]
+            _check_stats(stats, f"{file}: datasets 'channel_mean'/'channel_std'")
+        n = len(images)
+    order = OUR_ORDER if ours else box_order()
+    return {"file": file, "ours": ours, "hw": hw, "n": n, "split": split, "stats": stats,
+            "boxes": _check_boxes(file, raw, order, hw)}
+
+
+def _check_stats(stats, where: str) -> None:
+    mean, std = stats
+    if (np.shape(mean) != (CHANNELS,) or np.shape(std) != (CHANNELS,)
+            or not np.isfinite(mean).all() or not np.isfinite(std).all() or (std <= 0).any()):
+        raise DataError(f"{where} must be {CHANNELS} finite values each (std > 0)")
+
+
+def _check_boxes(file: str, raw: np.ndarray, order: str, hw) -> np.ndarray:
+    if not np.isfinite(raw).all():
+        raise DataError(f"{file}: dataset 'boxes' contains NaN or infinity")
+    boxes = to_rows(raw, order)
+    cls = boxes[..., 0]
+    bad = (cls != np.round(cls)) | (cls >= CLASSES)
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise DataError(f"{file}: dataset 'boxes': image {i} box {j}: class must be -1 (padding) or "
+                        f"an integer in [0, {CLASSES}), found {cls[i, j]:g} (box order {order})")
+    real = cls >= 0
+    flat = (boxes[..., 3] <= boxes[..., 1]) | (boxes[..., 4] <= boxes[..., 2])
+    if (real & flat).any():
+        i, j = np.argwhere(real & flat)[0]
+        raise DataError(f"{file}: dataset 'boxes': image {i} box {j} {raw[i, j].tolist()} is empty "
+                        f"in box order {order} (min < max expected; see {BOX_ORDER_ENV})")
+    # Boxes reaching past the image are clipped to it: the detector cannot see beyond.
+    h, w = hw
+    boxes[..., 1:5] = np.clip(boxes[..., 1:5], 0, [h, w, h, w])
+    outside = real & ((boxes[..., 3] <= boxes[..., 1]) | (boxes[..., 4] <= boxes[..., 2]))
+    if outside.any():
+        i, j = np.argwhere(outside)[0]
+        raise DataError(f"{file}: dataset 'boxes': image {i} box {j} {raw[i, j].tolist()} lies outside "
+                        f"the {h} x {w} image in box order {order}")
+    boxes[~real] = [-1, 0, 0, 0, 0]
+    return boxes
+
+
+def _pad(boxes: np.ndarray, g: int) -> np.ndarray:
+    pad = np.tile(np.array([-1, 0, 0, 0, 0], np.float32), (len(boxes), g - boxes.shape[1], 1))
+    return np.concatenate([boxes, pad], axis=1)
+
+
+# ---- the statistics cache ----------------------------------------------------------
+
+def _statistics(data: Data) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and standard deviation over evenly spaced training images."""
+    total, total_sq, count = np.zeros(CHANNELS), np.zeros(CHANNELS), 0
+    for i in np.unique(np.linspace(0, data.n_train - 1, min(STATS_SAMPLE, data.n_train)).astype(int)):
+        x = data.images("train", [i]).astype(np.float64).reshape(-1, CHANNELS)
+        total, total_sq, count = total + x.sum(0), total_sq + (x * x).sum(0), count + len(x)
+    mean = total / count
+    return mean, np.sqrt(np.maximum(total_sq / count - mean * mean, 1e-12))
+
+
+def stats_name(data: Data) -> str:
+    """The statistics cache's file name: a digest of what they are computed from."""
+    key = [[os.path.basename(p.file), os.path.getsize(p.file), p.start, p.count] for p in data.parts["train"]]
+    digest = hashlib.sha1(json.dumps([key, STATS_SAMPLE]).encode()).hexdigest()[:16]
+    return f"ewa-stats-{digest}.npz"
+
+
+def _cached_statistics(data: Data, cache_dir: str | None):
+    """The training images' statistics from the cache beside the data (or in cache_dir),
+    computed and written there on first use."""
+    root = data.path if os.path.isdir(data.path) else os.path.dirname(os.path.abspath(data.path))
+    places = [root, cache_dir or os.path.join(tempfile.gettempdir(), "hpcai500-ewa-stats")]
+    name = stats_name(data)
+    for place in places:
+        file = os.path.join(place, name)
+        if os.path.exists(file):
+            try:
+                with np.load(file) as z:
+                    stats = z["mean"], z["std"]
+                _check_stats(stats, f"{file}: 'mean'/'std'")
+                return stats
+            except (OSError, KeyError, ValueError):
+                pass  # unreadable or bad: computed again and overwritten below
+    stats = _statistics(data)
+    for place in places:  # beside the data if writable, else the cache directory
+        try:
+            os.makedirs(place, exist_ok=True)
+            # an open file: np.savez would append '.npz' to the temporary name
+            with atomic_path(os.path.join(place, name)) as tmp, open(tmp, "wb") as f:
+                np.savez(f, mean=stats[0], std=stats[1])
+            break
+        except OSError:
+            pass  # not cached here: the next place, or computed again next time
+    return stats
+
+
+# ---- writing -----------------------------------------------------------------------
+
+def write_published(file: str, images, boxes: np.ndarray, order: str) -> None:
+    """One file of the published layout: `images` an iterable of len(boxes) images
+    (16, H, W), channels first (written one at a time: memory stays at one image,
+    whatever the size), `boxes` rows (class, ymin, xmin, ymax, xmax), written in box
+    order `order` with all -1 padding rows."""
+    with atomic_path(file) as tmp, h5py.File(tmp, "w") as f:
+        ds = None
+        for i, image in enumerate(images):
+            if ds is None:
+                ds = f.create_dataset("images", (len(boxes), *image.shape), np.float32, chunks=(1, *image.shape))
+            ds[i] = image
+        f.create_dataset("boxes", data=from_rows(boxes, order))
+
+
+def write_staged(data: Data, rows: np.ndarray, path: str) -> int:
+    """The Data Duplicator's copy: training images `rows` (unique, sorted) and the
+    validation set in our layout (channels last, class first: see the module
+    docstring), with the source's normalisation statistics (a resample is normalised as
+    the full set is). Copied in blocks of images; returns the bytes written."""
+    os.makedirs(path, exist_ok=True)
+    rows = np.asarray(rows, np.int64)
+    written = 0
+    for split, index, boxes in (("train", rows, data.train_boxes[rows]),
+                                ("val", np.arange(data.n_val), data.val_boxes)):
+        file = os.path.join(path, f"{split}.h5")
+        with atomic_path(file) as tmp, h5py.File(tmp, "w") as f:
+            f.attrs[OURS[0]], f.attrs["split"] = OURS[1], split
+            first = data.images(split, index[:1])
+            images = f.create_dataset("images", (len(index), *first.shape[1:]), first.dtype,
+                                      chunks=(1, *first.shape[1:]))
+            block = max(1, (64 << 20) // max(1, first.nbytes))  # ~64 MB at a time
+            for lo in range(0, len(index), block):
+                images[lo:lo + block] = data.images(split, index[lo:lo + block])
+            f.create_dataset("boxes", data=boxes)
+            if split == "train":
+                f.create_dataset("channel_mean", data=data.mean)
+                f.create_dataset("channel_std", data=data.std)
+        written += os.path.getsize(file)
+    return written
