@@ -300,13 +300,6 @@ def test_predict_and_quality(synthetic, monkeypatch):
 
 # ---- end to end ------------------------------------------------------------------------
 
-def _registered():
-    from harness import dat
-    from harness.workloads import _MODULES
-    return "ic" in _MODULES and "ic" in dat.SUPPORTED["workload"]
-
-
-@pytest.mark.skipif(not _registered(), reason="the harness does not run 'ic' yet")
 def test_ic_trains_under_mpirun(run_dat, tmp_path, monkeypatch):
     """Bagging (M=2, P=1) and data parallelism (M=1, P=2) in one run on 2 ranks, then
     M=1, P=2 again with staging."""
