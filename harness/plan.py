@@ -122,15 +122,22 @@ def check_aggregations(cfg: dat.Config) -> None:
 
 
 def results_dir_problem(cfg: dat.Config) -> str | None:
-    """Why the results directory (line 5) cannot take a run's folder, or None. Made if
-    missing (a run makes it anyway); nothing is left in it."""
+    """Why the results directory (line 5) cannot take a run's folder, or None. Nothing is
+    made and nothing is left: a probe file in the directory, or in its nearest existing
+    ancestor when it does not exist yet (a run makes it)."""
     from harness.files import atomic_write
+    place = os.path.abspath(cfg.results_dir)
+    while not os.path.lexists(place) and os.path.dirname(place) != place:
+        place = os.path.dirname(place)
+    probe = os.path.join(place, f".hpcai500-probe-{os.getpid()}")
     try:
-        os.makedirs(cfg.results_dir, exist_ok=True)
-        atomic_write(os.path.join(cfg.results_dir, ".hpcai500-probe"), "")
-        os.unlink(os.path.join(cfg.results_dir, ".hpcai500-probe"))
+        if not os.path.isdir(place):
+            raise NotADirectoryError(f"{place} is not a directory")
+        atomic_write(probe, "")
+        os.unlink(probe)
     except OSError as e:
-        return f"{cfg.path}:5: found results directory {cfg.results_dir!r} ({e.strerror or e}), expected a writable directory"
+        return (f"{cfg.path}:5: found results directory {cfg.results_dir!r} ({e.strerror or e}), "
+                "expected a directory that can be made and written")
     return None
 
 
