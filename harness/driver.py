@@ -176,7 +176,7 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     """Rank 0's writer of the report and results.json, with the run's conventions."""
     from dataclasses import asdict
 
-    from harness import dat, report, results, workloads
+    from harness import dat, report, results, settings, workloads
     nccl = False
     if cfg.allreduce == "hierarchical":
         import horovod.tensorflow as hvd
@@ -189,23 +189,24 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     config.pop("text")
     record = results.Record(
         hpcai500=VERSION, run_dir=run_dir, input={"path": cfg.path, "sha256": results.sha256(cfg.text), "text": cfg.text},
-        config=config, environment=environment, roofline=ceilings,
+        config=config, settings=plan.settings, environment=environment, roofline=ceilings,
         conventions=report.conventions(cfg, devices, notes, over, ceilings, nccl),
         skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
-    return report.Output(cfg, record, dat.describe(cfg), dat.TV_LEGEND, plan.previous)
+    return report.Output(cfg, record, dat.describe(cfg) + settings.describe(plan.settings), dat.TV_LEGEND,
+                         plan.previous)
 
 
 def _roofline(world, precisions) -> dict | None:
     """GEMM, convolution and triad on every rank at once (they share the node's memory
     and power, as training does), once per precision; per-rank figures on rank 0."""
     import kernels
-    from harness import fault
+    from harness import fault, settings
     out = {}
     for prec in precisions:
         world.Barrier()
         fault.point(world.rank, "roofline")
         with native_stderr_captured():  # the triad's first XLA compilation prints banners
-            mine = kernels.roofline(prec, quick=os.environ.get("HPCAI500_ROOFLINE_QUICK") == "1")
+            mine = kernels.roofline(prec, quick=settings.value("HPCAI500_ROOFLINE_QUICK") == "1")
         per_rank = world.gather(mine, root=0)
         if world.rank == 0:
             out[prec] = _ceilings(prec, per_rank)

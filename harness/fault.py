@@ -14,21 +14,28 @@ PHASES = ("eval", "roofline")
 KINDS = ("raise", "kill", "hang")
 
 
+def parse(spec: str) -> tuple[int, int | str, str]:
+    """RANK:WHERE[:KIND] -> (rank, step or phase, kind); ValueError saying what is expected."""
+    parts = spec.split(":")
+    usage = f"RANK:STEP|{'|'.join(PHASES)}[:{'|'.join(KINDS[1:])}]"
+    if not 2 <= len(parts) <= 3 or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] in PHASES):
+        raise ValueError(usage)
+    kind = parts[2] if len(parts) > 2 else "raise"
+    if kind not in KINDS:
+        raise ValueError(usage)
+    return int(parts[0]), (int(parts[1]) if parts[1].isdigit() else parts[1]), kind
+
+
 def _armed(world_rank: int):
     """(where, kind) when a fault is armed on this rank, else None."""
     spec = os.environ.get("HPCAI500_FAULT")
     if not spec:
         return None
-    parts = spec.split(":")
-    usage = f"HPCAI500_FAULT={spec!r}: expected RANK:STEP|{'|'.join(PHASES)}[:{'|'.join(KINDS[1:])}]"
-    if len(parts) < 2 or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] in PHASES):
-        raise ValueError(usage)
-    kind = parts[2] if len(parts) > 2 else "raise"
-    if kind not in KINDS:
-        raise ValueError(usage)
-    if int(parts[0]) != world_rank:
-        return None
-    return (int(parts[1]) if parts[1].isdigit() else parts[1]), kind
+    try:
+        rank, where, kind = parse(spec)
+    except ValueError as e:
+        raise ValueError(f"HPCAI500_FAULT={spec!r}: expected {e}") from None
+    return (where, kind) if rank == world_rank else None
 
 
 def _fire(kind: str, where) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness import dat, topology
+from harness import dat, settings, topology
 from harness.errors import RunError, agree, first_failure
 
 
@@ -39,6 +39,7 @@ class Skipped:
 @dataclass(frozen=True)
 class Plan:
     cfg: dat.Config
+    settings: dict                           # HPCAI500_* settings in force (rank 0's, on all)
     tests: tuple[Planned, ...]               # the tests that fit, in sweep order
     skipped: tuple[Skipped, ...]             # the tests that need more ranks
     runs: tuple[tuple[Planned, int], ...]    # (test, repetition) still to run
@@ -56,27 +57,31 @@ class Input:
     """The input file as world rank 0 read it, on every rank."""
     cfg: dat.Config
     tests: tuple[dat.Test, ...]
+    settings: dict             # HPCAI500_* environment settings as rank 0 read them
     done: frozenset            # (test, repetition) finished in the run resumed
     previous: dict | None      # rank 0: results.json of the run resumed
 
 
 def read(world, path: str, resume: str | None) -> Input:
-    """Rank 0 parses the file (and the run to resume); every rank gets the result or
-    the same error. No TensorFlow, no data: a bad file is refused at once."""
-    cfg, tests, err, previous = None, None, None, None
+    """Rank 0 parses the file, reads the environment settings (and the run to resume);
+    every rank gets the result or the same error, and installs rank 0's settings. No
+    TensorFlow, no data: a bad file or setting is refused at once."""
+    cfg, tests, values, err, previous = None, None, None, None, None
     if world.rank == 0:
         try:
+            values = settings.read()
             cfg = dat.parse(path)
             tests = dat.expand(cfg)
             if resume:
                 previous = resumed(resume, cfg, len(tests))
-        except (dat.DatError, RunError) as e:
+        except (dat.DatError, settings.SettingError, RunError) as e:
             err = str(e)
     done = {(t["index"], t.get("repetition", 0)) for t in previous["tests"]} if previous else set()
-    cfg, tests, err, done = world.bcast((cfg, tests, err, done), root=0)
+    cfg, tests, values, err, done = world.bcast((cfg, tests, values, err, done), root=0)
     if err:
         raise RunError(err)
-    return Input(cfg, tuple(tests), frozenset(done), previous)
+    settings.install(values)
+    return Input(cfg, tuple(tests), values, frozenset(done), previous)
 
 
 def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
@@ -93,7 +98,7 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     datas = load(world, cfg)
     check_batches(cfg, planned, datas)
     runs = tuple((p, rep) for p in planned for rep in range(cfg.repetitions) if (p.test.index, rep) not in given.done)
-    return Plan(cfg, planned, skipped, runs, nodes, datas, given.previous)
+    return Plan(cfg, given.settings, planned, skipped, runs, nodes, datas, given.previous)
 
 
 def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_rank) -> tuple[tuple, tuple]:
@@ -186,7 +191,7 @@ def describe(plan: Plan, world_size: int) -> list[str]:
     cfg = plan.cfg
     lines = [f"{cfg.path}: valid. {len(plan.tests)} test(s) on {world_size} rank(s), "
              f"{len(plan.nodes.hosts)} node(s):"]
-    lines += [f"  {line}" for line in dat.describe(cfg)]
+    lines += [f"  {line}" for line in dat.describe(cfg) + settings.describe(plan.settings)]
     for name, data in plan.datas.items():
         lines.append(f"data {name}: {data.source}, {data.n_train} training / {data.n_val} validation samples")
     for p in plan.tests:

@@ -83,6 +83,7 @@ class Record:
     run_dir: str
     input: dict                       # path, sha256, text (verbatim)
     config: dict                      # the parsed input (harness/dat.Config)
+    settings: dict                    # HPCAI500_* environment settings in force (harness/settings.py)
     environment: dict                 # versions and node inventory (harness/telemetry.py)
     conventions: list                 # the report's conventions lines
     roofline: dict                    # precision -> micro-kernel figures

@@ -74,24 +74,30 @@ def lookup(name: str, precision: str, tf32: bool = True) -> tuple[float | None, 
     return None, f"unknown: {name} is not in kernels/peak.py; set {ENV}"
 
 
-def _parse_env(text: str, precision: str) -> float | None:
-    """"19.5" -> 19.5 for every precision; "fp32=19.5,fp16=312" -> that precision's, or None."""
+def parse(text: str) -> dict[str, float]:
+    """"19.5" -> 19.5 Tflops for every precision; "fp32=19.5,fp16=312" -> those. ValueError
+    saying what is expected otherwise (also for the harness's table of settings)."""
     try:
         if "=" not in text:
-            value = float(text)
+            peaks = dict.fromkeys(("fp32", "fp16", "bf16"), float(text))
         else:
-            pairs = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
-            if not set(pairs) <= {"fp32", "fp16", "bf16"}:
+            peaks = {k: float(v) for k, v in (item.split("=") for item in text.replace(" ", "").split(",") if item)}
+            if not peaks or not set(peaks) <= {"fp32", "fp16", "bf16"}:
                 raise ValueError
-            if precision not in pairs:
-                return None
-            value = float(pairs[precision])
     except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{ENV}={text!r}: expected Tflops per rank, a positive number "
-                         f"(e.g. 19.5) or per precision (e.g. fp32=19.5,fp16=312,bf16=312)")
-    return value
+        peaks = {}
+    if not peaks or not all(0 < v < float("inf") for v in peaks.values()):
+        raise ValueError("Tflops per rank, a positive number (e.g. 19.5) or per precision "
+                         "(e.g. fp32=19.5,fp16=312,bf16=312)")
+    return peaks
+
+
+def _parse_env(text: str, precision: str) -> float | None:
+    """The peak the user gave for `precision`, or None if the spec names others only."""
+    try:
+        return parse(text).get(precision)
+    except ValueError as e:
+        raise ValueError(f"{ENV}={text!r}: expected {e}") from None
 
 
 def gpu_names() -> list[str]:

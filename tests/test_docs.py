@@ -102,3 +102,15 @@ def test_shipped_file_and_readme_name_every_choice_of_the_tables(n, kind):
     assert [w.strip() for w in listed.split(",")] == list(dat.KNOWN[kind]), (n, free)
     row = re.search(rf"^\| {n} \|[^|]*\|(.*)\|$", README, re.M).group(1)
     assert all(f"`{name}`" in row for name in dat.KNOWN[kind]), (n, row)
+
+
+def test_readme_lists_every_setting_of_the_table():
+    from harness import settings
+    section = README.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(HPCAI500_[A-Z_]+)` \| ([^|]*) \|[^|]*\|([^|]*)\|", section, re.M)
+    assert [name for name, _, _ in rows] == list(settings.TABLE)
+    for name, default, test_only in rows:
+        s = settings.TABLE[name]
+        assert (test_only.strip() == "yes") == s.test_only, name
+        assert default.strip() == ("-" if s.default is None else f"{s.default:g}" if isinstance(s.default, float)
+                                   else str(s.default)), name

@@ -58,7 +58,7 @@ def test_results_directory_must_be_writable(tmp_path):
 def test_check_describes_skipped_tests():
     nodes = topology.Nodes((0, 0), ("h",), 0, 2)
     planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])
-    p = plan.Plan(CFG, planned, skipped, (), nodes, {}, None)
+    p = plan.Plan(CFG, {}, planned, skipped, (), nodes, {}, None)
     text = "\n".join(plan.describe(p, 2))
     assert "x.dat: valid. 2 test(s) on 2 rank(s), 1 node(s):" in text
     assert "test 3: skipped, M x P = 4 x 1 = 4 exceeds the world size 2" in text

@@ -40,12 +40,13 @@ import os
 
 import numpy as np
 
+from harness import settings
 from harness.files import node_once
 from harness.workloads import DataError
 from harness.workloads import detection as det
 from harness.workloads import extreme_weather as ew
 from harness.workloads import weather_synthetic
-from harness.workloads.extreme_weather import CHANNELS, CLASSES, Data, read  # read: the interface's reader
+from harness.workloads.extreme_weather import CHANNELS, CLASSES, Data
 
 NAME = "ewa"
 QUALITY = "mAP@0.5"
@@ -78,16 +79,26 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
         if side < MIN_SIDE:
             raise DataError(f"ewa {dataset!r}: SIDE (image height) must be at least {MIN_SIDE}: "
                             "the detector's feature map is 1/8 of the image and needs 4 x 6 cells")
-        path = os.path.join(cache_dir, weather_synthetic.directory_name(samples, side, ew.box_order()))
+        path = os.path.join(cache_dir, weather_synthetic.directory_name(samples, side, _order()))
     first = {}  # the writer's own read, not repeated
 
     def prepare():
         if kind == "synthetic" and not os.path.isdir(path):
-            weather_synthetic.write_synthetic(path, samples, side)
+            weather_synthetic.write_synthetic(path, samples, side, order=_order())
         first["data"] = read(path, source=dataset, cache_dir=cache_dir)
 
     node_once(node_rank, node_barrier, prepare)
     return first["data"] if first else read(path, source=dataset, cache_dir=cache_dir)
+
+
+def read(path: str, source: str | None = None, cache_dir: str | None = None) -> Data:
+    """The one reader of published, synthetic and staged data, with the box order and
+    the validation years of the settings (HPCAI500_EWA_BOX_ORDER, HPCAI500_EWA_VAL)."""
+    return ew.read(path, source, cache_dir, order=_order(), val=settings.value(ew.VAL_ENV) or ())
+
+
+def _order() -> str:
+    return settings.value(ew.BOX_ORDER_ENV)
 
 
 def stage(data: Data, rows: np.ndarray, path: str) -> int:
@@ -141,7 +152,7 @@ def batches(data: Data, rows, batch: int, *, training: bool = True, seed: int = 
                 boxes[..., 4] = np.where(real, data.width - xmin, boxes[..., 4])
             yield (x, boxes), boxes
 
-    depth = int(os.environ.get(PREFETCH_ENV, "0") or 0)
+    depth = settings.value(PREFETCH_ENV)
     if depth <= 0:
         return generate()
     import tensorflow as tf

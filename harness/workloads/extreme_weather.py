@@ -50,6 +50,7 @@ CLASS_NAMES = ("tropical depression", "tropical cyclone", "extratropical cyclone
 VAL_FRACTION = 0.2         # of a single file's images, when the data set is one file
 STATS_SAMPLE = 256         # training images the statistics are computed over, at most
 BOX_ORDER_ENV, VAL_ENV, DEFAULT_BOX_ORDER = "HPCAI500_EWA_BOX_ORDER", "HPCAI500_EWA_VAL", "yxyxc"
+BOX_ORDER_FORM = "two y, two x and at most one c (e.g. yxyxc, xyxyc, cyxyx)"
 OURS = ("hpcai500_ewa", "channels_last")   # root attribute of the files `write_staged` writes
 OUR_ORDER = "cyxyx"
 SPLITS = ("train", "val")
@@ -132,8 +133,7 @@ def box_columns(order: str) -> list[int]:
     o = order.strip().lower()
     o = o if "c" in o else o + "c"
     if sorted(o) != sorted("cxxyy"):
-        raise DataError(f"{BOX_ORDER_ENV}={order!r}: expected two y, two x and at most one c "
-                        f"(e.g. yxyxc, xyxyc, cyxyx)")
+        raise DataError(f"{BOX_ORDER_ENV}={order!r}: expected {BOX_ORDER_FORM}")
     ys, xs = [i for i, ch in enumerate(o) if ch == "y"], [i for i, ch in enumerate(o) if ch == "x"]
     return [o.index("c"), ys[0], xs[0], ys[1], xs[1]]
 
@@ -154,21 +154,16 @@ def from_rows(rows: np.ndarray, order: str) -> np.ndarray:
     return out
 
 
-def box_order() -> str:
-    """The published files' box column order, HPCAI500_EWA_BOX_ORDER or the default."""
-    order = os.environ.get(BOX_ORDER_ENV, DEFAULT_BOX_ORDER)
-    box_columns(order)  # validated here: a bad value fails before any file is opened
-    return order
-
-
 # ---- reading -----------------------------------------------------------------------
 
-def read(path: str, source: str | None = None, cache_dir: str | None = None) -> Data:
+def read(path: str, source: str | None = None, cache_dir: str | None = None,
+         order: str = DEFAULT_BOX_ORDER, val: tuple[str, ...] = ()) -> Data:
     """Open a data set (see the module docstring): check every file, split, load boxes
-    and statistics. Reads the last value of every file's images: a truncated or
+    and statistics. `order`: the published box rows' column order; `val`: the file names
+    of the validation years (default: the last file by name). Reads the last value of every file's images: a truncated or
     corrupt file end fails here, not in the middle of training."""
     files = _files(path)
-    info = [_check(f) for f in files]
+    info = [_check(f, order) for f in files]
     ours = [i["ours"] for i in info]
     if any(ours) and not all(ours):
         raise DataError(f"{path}: mixes files written by stage() (channels last) with "
@@ -177,7 +172,7 @@ def read(path: str, source: str | None = None, cache_dir: str | None = None) -> 
     if len(hws) > 1:
         raise DataError(f"{path}: files hold images of different sizes: "
                         + ", ".join(f"{os.path.basename(i['file'])} {i['hw']}" for i in info))
-    parts = _split(path, info) if not ours[0] else {
+    parts = _split(path, info, val) if not ours[0] else {
         s: [Part(i["file"], 0, i["n"], False) for i in info if i["split"] == s] for s in SPLITS}
     for s in SPLITS:
         if not parts[s] or sum(p.count for p in parts[s]) == 0:
@@ -212,10 +207,10 @@ def _files(path: str) -> list[str]:
     return files
 
 
-def _split(path: str, info: list[dict]) -> dict:
+def _split(path: str, info: list[dict], val: tuple[str, ...]) -> dict:
     """Published layout: train and validation parts (see the module docstring)."""
     names = [os.path.basename(i["file"]) for i in info]
-    chosen = [v.strip() for v in os.environ.get(VAL_ENV, "").split(",") if v.strip()]
+    chosen = list(val)
     if chosen:
         missing = [v for v in chosen if v not in names]
         if missing:
@@ -234,7 +229,7 @@ def _split(path: str, info: list[dict]) -> dict:
             for s in SPLITS}
 
 
-def _check(file: str) -> dict:
+def _check(file: str, order: str) -> dict:
     """One file's layout, shapes, boxes (converted to our rows, checked) and stored statistics."""
     try:
         f = h5py.File(file, "r", locking=False)
@@ -272,7 +267,7 @@ def _check(file: str) -> dict:
             stats = f["channel_mean"][...], f["channel_std"][...]
             _check_stats(stats, f"{file}: datasets 'channel_mean'/'channel_std'")
         n = len(images)
-    order = OUR_ORDER if ours else box_order()
+    order = OUR_ORDER if ours else order
     return {"file": file, "ours": ours, "hw": hw, "n": n, "split": split, "stats": stats,
             "boxes": _check_boxes(file, raw, order, hw)}
 

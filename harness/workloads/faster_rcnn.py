@@ -43,6 +43,7 @@ import numpy as np
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 2 API (tf-keras), before TensorFlow
 import tensorflow as tf  # noqa: E402
 
+from harness import settings
 from harness.workloads import detection as det  # noqa: E402
 
 RPN_BATCH, RPN_POS_FRACTION = 256, 0.5      # anchors sampled per image for the RPN loss
@@ -92,9 +93,7 @@ def config_for(height: int, width: int, max_boxes: int, backbone: str | None = N
     """The ResNet-50 model at 384 pixels and above (the benchmark's 768 x 1152), the
     small one below (tests, laptops); `backbone` or HPCAI500_EWA_BACKBONE (resnet50,
     small, auto) chooses."""
-    choice = (backbone or os.environ.get(BACKBONE_ENV, "") or "auto").lower()
-    if choice not in ("auto", "resnet50", "small"):
-        raise ValueError(f"{BACKBONE_ENV}={choice!r}: expected resnet50, small or auto")
+    choice = (backbone or settings.value(BACKBONE_ENV)).lower()
     if choice == "auto":
         choice = "resnet50" if height >= 384 else "small"
     if choice == "resnet50":

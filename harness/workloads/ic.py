@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness import settings
 from harness.files import atomic_path, node_once
 from harness.workloads import DataError, class_probabilities, resnet, tfrecord, top1
 
@@ -142,11 +143,9 @@ def read(path: str, cache_dir: str | None = None, source: str | None = None) -> 
 
 
 def _env_offset() -> int:
-    text = os.environ.get("HPCAI500_IC_LABEL_OFFSET", str(LABEL_OFFSET))
-    if not text.strip().isdigit():
-        raise DataError(f"HPCAI500_IC_LABEL_OFFSET={text!r}: expected an integer >= 0 "
-                        "(what to subtract from the stored labels; 1 for the common converter)")
-    return int(text)
+    """What to subtract from the stored labels: the setting, else 1 (the common converter)."""
+    offset = settings.value("HPCAI500_IC_LABEL_OFFSET")
+    return LABEL_OFFSET if offset is None else offset
 
 
 def _meta(path: str) -> dict:
@@ -233,8 +232,8 @@ def _write_meta(path: str, side: int, classes: int, label_offset: int) -> None:
 # ---- the model and the recipe ---------------------------------------------------------
 
 def build_model(data: ICData):
-    width = int(os.environ.get("HPCAI500_IC_WIDTH", resnet.WIDTH))
-    stages = tuple(int(s) for s in os.environ.get("HPCAI500_IC_STAGES", "").split(",") if s) or resnet.STAGES
+    width = settings.value("HPCAI500_IC_WIDTH") or resnet.WIDTH
+    stages = settings.value("HPCAI500_IC_STAGES") or resnet.STAGES
     return resnet.build((data.side, data.side, 3), data.num_classes, weight_decay=WEIGHT_DECAY,
                         width=width, stages=stages)
 

@@ -38,7 +38,8 @@ def directory_name(samples: int, side: int, order: str) -> str:
     return f"ewa-synthetic-v{FORMAT_VERSION}-{samples}-{side}-{order}"
 
 
-def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> None:
+def write_synthetic(path: str, samples: int, side: int, seed: int = 2024,
+                    order: str = ew.DEFAULT_BOX_ORDER) -> None:
     """`samples` images of side x 1.5 side pixels (as 768 x 1152) in the published
     layout, written image by image (memory stays at one image whatever the size) into a
     temporary directory renamed to `path`: a directory at `path` is a whole set."""
@@ -47,7 +48,6 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> Non
     if years < 2:
         raise DataError(f"ewa synthetic: {samples} samples leave no training images")
     rng = np.random.default_rng(seed)
-    order = ew.box_order()
     offsets, scales = np.arange(ew.CHANNELS) * 10.0, 1.0 + np.arange(ew.CHANNELS) * 0.5
     with atomic_path(path) as tmp:
         os.makedirs(tmp)

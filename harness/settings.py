@@ -1,0 +1,176 @@
+"""Every environment setting the harness reads, in one table.
+
+A setting that can change a figure must be on record, and the same on every rank.
+World rank 0 reads the HPCAI500_* variables once (`read`: an unknown name or a bad
+value is an error naming it), the values travel with the input file to every rank
+(harness/plan.py), `install` makes every rank's environment hold exactly rank 0's
+values, and the run records them in results.json and echoes them in the report's
+parameter block. The harness reads a setting through `value(name)`, which parses it by
+the table; the fault hook and the kernels package (which also runs alone) read the
+environment that `install` set, with the parsers the table uses.
+
+`test_only` settings shrink or fake something for tests on small machines: a ranking
+(closed) result must not set any of them (harness/division.py). Pure functions; the
+environment is passed in (os.environ by default).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+PREFIX = "HPCAI500_"
+
+
+def _int(low: int):
+    def parse(text: str) -> int:
+        if not text.strip().lstrip("+").isdigit() or int(text) < low:
+            raise ValueError(f"an integer >= {low}")
+        return int(text)
+    return parse
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError("integers >= 1 separated by commas (e.g. 3,4,6,3)")
+    return tuple(int(p) for p in parts)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError("seconds >= 0")
+    return value
+
+
+def _one_of(*names: str):
+    def parse(text: str) -> str:
+        if text.strip().lower() not in names:
+            raise ValueError(" or ".join(names))
+        return text.strip().lower()
+    return parse
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("a non-empty text")
+    return text.strip()
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not names:
+        raise ValueError("file names separated by commas")
+    return names
+
+
+def _box_order(text: str) -> str:
+    from harness.workloads import extreme_weather as ew
+    try:
+        ew.box_columns(text)
+    except ValueError:
+        raise ValueError(ew.BOX_ORDER_FORM) from None
+    return text.strip().lower()
+
+
+def _peak(text: str) -> str:
+    from kernels.peak import parse
+    parse(text)
+    return text.strip()
+
+
+def _fault(text: str):
+    from harness.fault import parse
+    return parse(text)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[str], object]   # the value, or ValueError saying what is expected
+    default: object                  # when unset (None: the feature's own behaviour, see `affects`)
+    affects: str
+    test_only: bool = False          # a ranking (closed) result must leave it unset
+    figures: bool = True             # it can change a reported figure
+
+
+TABLE = {s.name: s for s in (
+    Setting("HPCAI500_IC_WIDTH", _int(1), None, "ic: ResNet stem width (unset: 64, ResNet-50)", test_only=True),
+    Setting("HPCAI500_IC_STAGES", _ints, None, "ic: bottlenecks per stage (unset: 3,4,6,3, ResNet-50)",
+            test_only=True),
+    Setting("HPCAI500_IC_LABEL_OFFSET", _int(0), None,
+            "ic: subtracted from the TFRecord labels (unset: the data's own, else 1)"),
+    Setting("HPCAI500_EWA_BACKBONE", _one_of("auto", "resnet50", "small"), "auto",
+            "ewa: backbone (auto: ResNet-50 trunk at >= 384 px, a small one below)", test_only=True),
+    Setting("HPCAI500_EWA_BOX_ORDER", _box_order, "yxyxc", "ewa: column order of the published box rows"),
+    Setting("HPCAI500_EWA_VAL", _names, None, "ewa: validation year files (unset: the last file by name)"),
+    Setting("HPCAI500_EWA_PREFETCH", _int(0), 0, "ewa: tf.data prefetch depth of the feed (0: none)"),
+    Setting("HPCAI500_ROOFLINE_QUICK", _one_of("0", "1"), "0", "micro-kernels at test sizes (1)", test_only=True),
+    Setting("HPCAI500_PEAK_TFLOPS", _peak, None, "theoretical peak per rank, Tflops (unset: NVML table)"),
+    Setting("HPCAI500_FAULT", _fault, None, "fault injection for the reliability tests", test_only=True),
+    Setting("HPCAI500_WATCHDOG", _seconds, 1800.0, "watchdog limit, s (read by the command line)", figures=False),
+    Setting("HPCAI500_SUBMITTER_ORG", _text, "unnamed submitter", "MLLOG submission_org", figures=False),
+    Setting("HPCAI500_SUBMITTER_PLATFORM", _text, None,
+            "MLLOG submission_platform (unset: nodes x CPU or GPU model)", figures=False),
+    Setting("HPCAI500_SUBMISSION_STATUS", _one_of("onprem", "cloud", "preview", "research"), "onprem",
+            "MLLOG submission_status", figures=False),
+)}
+
+
+class SettingError(ValueError):
+    """An unknown HPCAI500_* variable or a bad value; the message names it."""
+
+
+def read(environ=None) -> dict[str, str]:
+    """The HPCAI500_* variables that are set, validated: {name: text as given}."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for name in sorted(k for k in environ if k.startswith(PREFIX)):
+        if name not in TABLE:
+            raise SettingError(f"environment: found {name}, expected one of the settings "
+                               f"({', '.join(TABLE)}); see README 'Settings'")
+        text = environ[name]
+        try:
+            TABLE[name].parse(text)
+        except ValueError as e:
+            raise SettingError(f"environment: found {name}={text!r}, expected {e}") from None
+        values[name] = text
+    return values
+
+
+def install(values: dict[str, str], environ=None) -> None:
+    """Make `environ` hold exactly these HPCAI500_* values (rank 0's, on every rank)."""
+    environ = os.environ if environ is None else environ
+    for name in [k for k in environ if k.startswith(PREFIX) and k not in values]:
+        del environ[name]
+    environ.update(values)
+
+
+def value(name: str, environ=None):
+    """A setting's parsed value, or its default when unset (or empty)."""
+    environ = os.environ if environ is None else environ
+    setting = TABLE[name]
+    text = environ.get(name, "")
+    if not text.strip():
+        return setting.default
+    try:
+        return setting.parse(text)
+    except ValueError as e:
+        raise SettingError(f"{name}={text!r}: expected {e}") from None
+
+
+def test_only(values: dict[str, str]) -> list[str]:
+    """The test-only settings among `values`, as NAME=value."""
+    return [f"{n}={v}" for n, v in values.items() if TABLE[n].test_only]
+
+
+def describe(values: dict[str, str]) -> list[str]:
+    """The report's parameter lines: every setting that is set, what it affects."""
+    if not values:
+        return ["ENV     : no HPCAI500_* setting (all defaults)"]
+    return [f"ENV     : {n}={v} ({TABLE[n].affects}{'; test-only' if TABLE[n].test_only else ''})"
+            for n, v in values.items()]
