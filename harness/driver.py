@@ -160,7 +160,7 @@ def _run(args, world, watchdog) -> int:
             watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
             if output:
                 output.begin(t.index, rep)
-            done = run.test(ctx, t, p.layout, p.warnings, plan.datas[t.workload], watchdog, rep)
+            done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
             if output:
                 output.add(*done)
     except RunError as e:  # agreed by all ranks mid-sweep (staging): the finished tests stand
@@ -181,7 +181,7 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     if cfg.allreduce == "hierarchical":
         import horovod.tensorflow as hvd
         nccl = hvd.nccl_built()
-    notes = [f"{w}: {workloads.get(w).FLOPS_NOTE}" for w in cfg.workloads if workloads.get(w).FLOPS_NOTE]
+    notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
     cores = os.cpu_count() or 1
     over = (f"Oversubscribed: {nodes.local_size} ranks on {cores} cores on a node; a test with idle ranks gives"
             " its ranks more than the share the kernels ran with") if nodes.local_size > cores else None

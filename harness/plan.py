@@ -24,10 +24,12 @@ from harness.errors import RunError, agree, first_failure
 
 @dataclass(frozen=True)
 class Planned:
-    """A test of the sweep that fits the world, with its job-to-rank map."""
+    """A test of the sweep that fits the world, with its job-to-rank map and division."""
     test: dat.Test
     layout: topology.Layout
     warnings: tuple[str, ...]
+    division: str = "open"                  # closed | open (harness/division.py)
+    open_reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     watchdog.beat("data loading")
     datas = load(world, cfg)
     check_batches(cfg, planned, datas)
+    planned = tuple(judged(cfg, p, datas[p.test.workload], given.settings) for p in planned)
     runs = tuple((p, rep) for p in planned for rep in range(cfg.repetitions) if (p.test.index, rep) not in given.done)
     return Plan(cfg, given.settings, planned, skipped, runs, nodes, datas, given.previous)
 
@@ -162,6 +165,20 @@ def load(world, cfg: dat.Config) -> dict:
     return datas
 
 
+def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
+    """The test with its division: closed (a ranking result) or open, with the reasons."""
+    from dataclasses import replace
+
+    from harness import division, workloads
+    wl = workloads.get(p.test.workload)
+    verdict, reasons = division.judge(
+        workload=p.test.workload, dataset_kind=dat.dataset_spec(cfg.dataset)[0],
+        deviations=wl.describe_model(data)[1], test_only=settings.test_only(values),
+        target=cfg.target_quality, default_target=wl.TARGET_QUALITY, n=cfg.penalty_n, default_n=wl.PENALTY_N,
+        repetitions=cfg.repetitions)
+    return replace(p, division=verdict, open_reasons=tuple(reasons))
+
+
 def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
     for p in planned:
         t, n = p.test, datas[p.test.workload].n_train
@@ -197,6 +214,7 @@ def describe(plan: Plan, world_size: int) -> list[str]:
     for p in plan.tests:
         t, layout = p.test, p.layout
         lines.append(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")
+        lines.append(f"  division: {p.division}" + (f" ({'; '.join(p.open_reasons)})" if p.open_reasons else ""))
         lines += [f"  {line}" for line in topology.describe(layout, plan.nodes)]
         lines += [f"  warning: {w}" for w in p.warnings]
     lines += [f"test {s.test.index}: skipped, {s.reason}" for s in plan.skipped]

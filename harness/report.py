@@ -58,6 +58,7 @@ def row(t: dict) -> str:
         f" {t['aggregation']} of {t['M']} model(s) on {t['val_samples']} samples",
         f"Work        : {t['samples_trained']} samples trained, {t['total_flops']:.4e} FLOPs ;"
         f" eval {t['eval_seconds']:.2f} s ; resample {t['sampler_seconds']:.2f} s",
+        division_line(t),
         *([staging_line(t)] if t.get("staging") else []),
         *([f"Utilisation : {t['utilisation']['gemm']:.3f} of the GEMM roofline,"
             f" {t['utilisation']['conv']:.3f} of the CONV roofline"
@@ -80,6 +81,12 @@ def repeats_block(t: dict, s: dict) -> str:
              f"Repeats     : test {s['index']}, {s['runs']} runs (seeds differ), {how} ({s['kept']} runs) ;"
              f" CV of FLOPS {100 * s['cv_flops']:.1f} %, of quality {100 * s['cv_quality']:.1f} %", RULE]
     return "\n".join(lines) + "\n"
+
+
+def division_line(t: dict) -> str:
+    if t["division"] == "closed":
+        return "Division    : closed (a ranking result: harness/division.py)"
+    return "Division    : open, not a ranking result: " + "; ".join(t["open_reasons"])
 
 
 def staging_line(t: dict) -> str:
@@ -110,10 +117,13 @@ def skipped_line(index: int, reason: str) -> str:
 
 def footer(tests: list[dict], skipped: int, scaling_lines: list[str], interrupted: bool = False) -> str:
     passed = sum(t["consistency"]["passed"] for t in tests)
+    closed = sum(t["division"] == "closed" for t in tests)
     lines = ["", f"Finished {len(tests):6d} tests with the following results:",
              f"         {passed:6d} tests completed and passed consistency checks,",
              f"         {len(tests) - passed:6d} tests completed and failed consistency checks,",
-             f"         {skipped:6d} tests skipped because they need more ranks than the run has.", THIN,
+             f"         {skipped:6d} tests skipped because they need more ranks than the run has.",
+             f"         {closed:6d} tests closed (ranking results), {len(tests) - closed} open (see their Division"
+             " lines).", THIN,
              *scaling_lines, "End of Tests." if not interrupted else "Tests interrupted.", RULE]
     return "\n".join(lines) + "\n"
 

@@ -41,6 +41,8 @@ class TestResult:
     jobs: list                        # world ranks of each job, root first
     idle_ranks: list
     warnings: list
+    division: str                     # closed (a ranking result) | open (harness/division.py)
+    open_reasons: list                # why open: every condition of a closed result not met
     data: str                         # what was read
     train_samples: int                # samples in the training set
     val_samples: int

@@ -32,11 +32,12 @@ class Context:
     n_tests: int            # tests in the sweep, for progress lines
 
 
-def test(ctx: Context, t, layout, warnings, data, watchdog, rep: int = 0):
-    """Repetition `rep` of test `t` (seed + rep) on every rank. Rank 0 returns
-    (TestResult, {job: MLLOG lines}); the other ranks return None."""
+def test(ctx: Context, planned, data, watchdog, rep: int = 0):
+    """Repetition `rep` (seed + rep) of a test of the plan (harness/plan.Planned) on every
+    rank. Rank 0 returns (TestResult, {job: MLLOG lines}); the other ranks None."""
     from harness import ensemble, sampler, staging, topology, workloads
     cfg, world = ctx.cfg, ctx.world
+    t, layout = planned.test, planned.layout
     seed = cfg.seed + rep
     wl = workloads.get(t.workload)
     job, job_comm = topology.split(world, layout)
@@ -63,7 +64,7 @@ def test(ctx: Context, t, layout, warnings, data, watchdog, rep: int = 0):
     records = world.gather(rec, root=0)
     if world.rank != 0:
         return None
-    result = measure(ctx, t, layout, warnings, wl, data, records, total, sampler_seconds, rep, seed)
+    result = measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed)
     return result, {r["job"]: r["mllog"] for r in records if "mllog" in r}
 
 
@@ -157,10 +158,10 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
     return scores
 
 
-def measure(ctx, t, layout, warnings, wl, data, records, total, sampler_seconds, rep, seed) -> TestResult:
+def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) -> TestResult:
     """The test's figures from every rank's record (rank 0): Eq. 4-8 and the rest."""
     from harness import ensemble, metrics, telemetry
-    cfg = ctx.cfg
+    cfg, t, layout = ctx.cfg, planned.test, planned.layout
     roots = sorted((r for r in records if "quality" in r), key=lambda r: r["job"])
     workers = [r for r in records if r["job"] is not None]
     fc = workers[0]["flops"]
@@ -177,7 +178,8 @@ def measure(ctx, t, layout, warnings, wl, data, records, total, sampler_seconds,
         index=t.index, tv=t.tv(cfg), workload=t.workload, M=layout.M, P=layout.P, B=t.batch,
         precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=rep, seed=seed,
         epochs=cfg.epochs, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
-        warnings=list(warnings), data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
+        warnings=list(planned.warnings), division=planned.division, open_reasons=list(planned.open_reasons),
+        data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
         forward_flops_per_sample=fc.forward, training_flops_per_sample=fc.training,
         flops_by_operator=fc.by_operator, activations_per_sample=fc.activations, weights=fc.weights,
         intensity=metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch,

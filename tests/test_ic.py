@@ -249,7 +249,7 @@ def test_resnet50_v1_5_flops():
     assert trainable == 25_557_032          # ResNet-50 without conv biases (as torchvision's)
     assert c.forward == pytest.approx(flops.profiler_flops(v15, (224, 224, 3)), rel=0.02)
     assert c.training * 512 == pytest.approx(12_603e9, rel=0.002)       # v1.5 (measured)
-    assert f"{c.training / 1e9:.2f} GFLOPs" in ic.FLOPS_NOTE                # what the report says
+    assert f"{c.training / 1e9:.2f} GFLOPs" in ic.REFERENCE_NOTE            # what the report says
     v1 = flops.count(resnet.build((224, 224, 3), 1000, v1_5=False))
     assert v1.training * 512 == pytest.approx(11_776e9, rel=0.02)       # the paper's figure
     assert c.by_operator["convolution"] / v1.by_operator["convolution"] == pytest.approx(1.06, abs=0.005)

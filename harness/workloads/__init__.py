@@ -80,7 +80,6 @@ class Workload(Protocol):
     # the models' score matrices are summed and quality() gets their mean.
     ENSEMBLE: str
     MOMENTUM: float              # SGD/LARS momentum of the workload's reference recipe
-    FLOPS_NOTE: str | None       # what the analytic FLOP count leaves out, printed in the report
 
     def load(self, dataset: str, cache_dir: str, node_rank: int, node_barrier): ...
     def read(self, path: str): ...    # the one reader of real, synthetic and staged data
@@ -104,8 +103,14 @@ class Workload(Protocol):
 
     def quality(self, scores, data) -> float: ...  # in [0, 1]; scores of the whole validation set
 
+    def describe_model(self, data) -> tuple:
+        """Optional (DEFAULTS): (note, deviations) for the model this data gets. `note`:
+        what the analytic FLOP count of the model actually built covers and leaves out,
+        printed in the report (or None); `deviations`: how that model differs from the
+        workload's reference model (a ranking result has none, harness/division.py)."""
 
-DEFAULTS = {"ENSEMBLE": "sum", "MOMENTUM": 0.9, "FLOPS_NOTE": None}
+
+DEFAULTS = {"ENSEMBLE": "sum", "MOMENTUM": 0.9, "describe_model": lambda data: (None, [])}
 REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)
 

@@ -56,11 +56,10 @@ AGGREGATIONS = ("mean",)   # detections are fused, not voted
 ENSEMBLE = "stack"         # each model keeps its own columns in the reduced score array
 SYNTHETIC_DEFAULT = (320, 96)   # samples, image height in pixels (width = 1.5 x height, as 768 x 1152)
 MIN_SIDE = 32              # pixels: the detector's feature map is 1/8 of the image and needs 4 x 6 cells
-FLOPS_NOTE = ("FLOPs count the backbone, RPN and the ROI head once per ROI, with a fixed R ROIs"
-              " per image (R = 128 with the ResNet-50 backbone, 64 with the small one; training and"
-              " inference alike, whatever the image holds)"
-              " (Table 3 rules); anchor decoding, NMS and crop-and-resize sampling have no"
-              " Table 3 rule and are not counted")
+COUNTING_NOTE = ("FLOPs count the backbone, RPN and the ROI head once per ROI, with a fixed R ROIs"
+              " per image (training and inference alike, whatever the image holds) (Table 3 rules);"
+              " anchor decoding, NMS and crop-and-resize sampling have no Table 3 rule and are not counted")
+REFERENCE_SIZE = (768, 1152)   # the published images' height and width
 PREFETCH_ENV = "HPCAI500_EWA_PREFETCH"   # > 0: batches through tf.data with this prefetch depth
 
 
@@ -112,6 +111,22 @@ def config(data: Data):
     """The detector's configuration for this data's image size and boxes an image."""
     from harness.workloads import faster_rcnn
     return faster_rcnn.config_for(data.height, data.width, data.max_boxes)
+
+
+def describe_model(data: Data) -> tuple[str, list[str]]:
+    """The FLOP note of the detector built, and how it differs from the reference
+    (ResNet-50 trunk on 768 x 1152 images). The automatic switch to the small backbone
+    below 384 px is said here, as a setting would be."""
+    from harness.workloads import faster_rcnn
+    cfg = config(data)
+    forced = settings.value(faster_rcnn.BACKBONE_ENV) != "auto"
+    how = f"{faster_rcnn.BACKBONE_ENV}={cfg.backbone}" if forced else f"automatic for {data.height} px images"
+    deviations = []
+    if cfg.backbone != "resnet50":
+        deviations.append(f"the small backbone ({how}), not the ResNet-50 trunk")
+    if (data.height, data.width) != REFERENCE_SIZE:
+        deviations.append(f"{data.height} x {data.width} images, not {REFERENCE_SIZE[0]} x {REFERENCE_SIZE[1]}")
+    return f"backbone {cfg.backbone} ({how}), R = {cfg.rois} ROIs; " + COUNTING_NOTE, deviations
 
 
 def build_model(data: Data):
