@@ -58,7 +58,7 @@ class TestResult:
     train_seconds: float              # s, world barrier to the last step, max over ranks
     train_seconds_min: float          # s, the fastest training rank
     staging: dict | None              # the Data Duplicator's copies, or None
-    time_to_solution: float           # s, staging + train_seconds
+    time_to_solution: float           # s, staging + train_seconds + eval_seconds (MLPerf HPC's time to train)
     eval_seconds: float               # s, prediction + reduction, max over ranks
     sampler_seconds: float            # s, drawing and sending the resamples (rank 0)
     flops: float                      # FLOP/s, total_flops / train_seconds (Eq. 6)

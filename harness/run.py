@@ -172,6 +172,7 @@ def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) 
     n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n)
+    eval_seconds = max(r["eval_seconds"] for r in records)
     tele = telemetry.reduce([r["telemetry"] for r in workers])
     max_diff = max(r["diff"] for r in workers)
     return TestResult(
@@ -187,8 +188,8 @@ def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) 
         steps_per_epoch=[r["steps_per_epoch"] for r in roots],
         samples_trained=int(sum(r["samples"] for r in roots)), total_flops=total_flops,
         train_seconds=seconds, train_seconds_min=min(r["seconds"] for r in workers),
-        staging=_staging_summary(cfg, workers), time_to_solution=seconds + _staging_seconds(workers),
-        eval_seconds=max(r["eval_seconds"] for r in records), sampler_seconds=sampler_seconds,
+        staging=_staging_summary(cfg, workers), time_to_solution=seconds + _staging_seconds(workers) + eval_seconds,
+        eval_seconds=eval_seconds, sampler_seconds=sampler_seconds,
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
         base_quality=[r["quality"] for r in roots], target_quality=target, penalty_n=n,
         penalty=metrics.penalty(quality, target, n), final_loss=[r["loss"] for r in roots],

@@ -67,18 +67,32 @@ def test_weak_scaling_averages_repeated_runs_at_a_scale():
     assert s.speedup == pytest.approx(2.0) and s.efficiency == pytest.approx(1.0)
 
 
-def test_olympic_repeats():
-    runs = [{"train_seconds": t, "flops": f, "vflops": f / 2, "quality": q}
-            for t, f, q in [(10, 100, 0.90), (9, 110, 0.92), (30, 40, 0.10), (5, 500, 0.99), (11, 90, 0.91)]]
-    r = metrics.repeats(runs)
-    assert (r.runs, r.kept) == (5, 3)                       # fastest (5 s) and slowest (30 s) dropped
-    assert r.flops == pytest.approx(100.0) and r.quality == pytest.approx(0.91)
-    assert r.vflops == pytest.approx(50.0)
+def _runs(rows):
+    return [{"train_seconds": t, "total_flops": w, "flops": w / t, "quality": q, "time_to_solution": tts}
+            for t, w, q, tts in rows]
+
+
+def test_olympic_repeats_sum_the_kept_runs_work_over_their_time():
+    runs = _runs([(10, 1000, 0.90, 10), (9, 990, 0.92, 9), (30, 1200, 0.10, 30), (5, 2500, 0.99, 5),
+                  (11, 990, 0.91, 11)])                     # rates 100, 110, 40, 500, 90
+    r = metrics.repeats(runs, target=0.7, n=2)
+    assert (r.runs, r.kept, r.ordered_by) == (5, 3, "train_seconds")   # 5 s and 30 s dropped
+    assert r.flops == pytest.approx(2980 / 30)              # 99.33, where the mean of rates says 100
+    assert r.quality == pytest.approx(0.91)
+    assert r.vflops == pytest.approx(2980 / 30 * (0.91 / 0.7) ** 2)   # Eq. 7-8 of the summary's own figures
     import numpy as np
     assert r.cv_flops == pytest.approx(np.std([100, 110, 40, 500, 90], ddof=1) / np.mean([100, 110, 40, 500, 90]))
-    two = metrics.repeats(runs[:2])
-    assert (two.kept, two.flops) == (2, 105.0)              # fewer than 3: all averaged
-    assert metrics.repeats(runs[:1]).cv_flops == 0.0
+    two = metrics.repeats(runs[:2], target=0.7, n=2)
+    assert (two.kept, two.flops) == (2, pytest.approx(1990 / 19))     # fewer than 3: all kept
+    assert metrics.repeats(runs[:1], target=0.7, n=2).cv_flops == 0.0
+
+
+def test_with_staging_the_olympic_order_is_time_to_solution():
+    # by training time run 0 is the fastest; with its staging it is the slowest
+    runs = _runs([(5, 500, 0.9, 50), (10, 1000, 0.9, 12), (11, 1100, 0.9, 13), (12, 1200, 0.9, 14)])
+    r = metrics.repeats(runs, target=0.9, n=1, staged=True)
+    assert r.ordered_by == "time_to_solution"
+    assert r.flops == pytest.approx((1100 + 1200) / (11 + 12))        # runs 1 (12 s) and 0 (50 s) dropped
 
 
 def test_stacked_contributions_sum_to_every_models_own_slot():

@@ -38,7 +38,9 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, monkeypatch, 
     if reps >= 3:
         s = res["repeats"][0]
         assert (s["runs"], s["kept"]) == (3, 1) and s["cv_flops"] >= 0
-        assert "olympic mean: fastest and slowest dropped" in p.stdout
+        kept = sorted(res["tests"], key=lambda t: t["train_seconds"])[1]   # the middle run
+        assert s["flops"] == pytest.approx(kept["total_flops"] / kept["train_seconds"])
+        assert "olympic: fastest and slowest by train_seconds dropped" in p.stdout
     # gradients cross the wire in the communication precision, whatever the training precision
     dtypes = {d for d, _ in _allreduced(tmp_path / "timeline.json")}
     assert dtypes == {"float16" if comm == "fp16" else "float32"}
