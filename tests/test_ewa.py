@@ -109,6 +109,20 @@ def test_fuse_averages_over_models():
     # class 1: two different objects, each found by 1 of 2 models -> score / 2
     assert np.allclose(out[1], [1, 0.15, 0, 0, 10, 10]) and np.allclose(out[2], [1, 0.3, 40, 40, 50, 50])
     assert len(det.fuse([np.zeros((0, 6)), np.zeros((0, 6))])) == 0
+    # capped at a base model's count (2): the highest fused scores, 0.7 and 0.3, stay
+    capped = det.fuse([m1, m2], keep=2)
+    assert capped[:, 1].tolist() == [0.7, 0.3] and capped[1, 2:].tolist() == [40, 40, 50, 50]
+
+
+def test_the_ensemble_keeps_no_more_boxes_than_a_base_model(monkeypatch):
+    """Two models of K = 1 box each, finding different true objects: the fused list
+    keeps one box (the better), so the ensemble cannot gain mAP by recall alone."""
+    seen = []
+    monkeypatch.setattr(det, "mean_average_precision", lambda fused, truth, classes, iou_threshold: seen.extend(fused))
+    data = type("D", (), {"n_val": 1, "val_boxes": np.array([[[0, 0, 0, 10, 10], [0, 20, 20, 30, 30]]], float)})()
+    scores = np.array([[[0, 0.9, 0, 0, 10, 10], [0, 0.8, 20, 20, 30, 30]]])   # (n_val, M = 2, K x 6 = 6)
+    ewa.quality(scores, data)
+    assert len(seen[0]) == 1 and seen[0][0, 1] == pytest.approx(0.45)
 
 
 def test_packed_rows_drop_padding_and_non_finite():
@@ -563,7 +577,8 @@ def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
                 l19=0.02, l30=0, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "PASSED" in p.stdout and "FAILED" not in p.stdout
-    assert "ewa: FLOPs count the backbone, RPN and the ROI head once per ROI" in p.stdout
+    assert ("ewa: backbone small (automatic for 64 px images), R = 64 ROIs; FLOPs count the backbone, RPN and"
+            " the ROI head once per ROI" in p.stdout)
     tests = results(tmp_path / "runs")["tests"]
     assert [len(t["base_quality"]) for t in tests] == [2, 1]
     (folder,) = (tmp_path / "runs" / ".data").glob("ewa-synthetic-*")

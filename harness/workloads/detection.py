@@ -103,7 +103,7 @@ def rows(flat: np.ndarray) -> np.ndarray:
     return d[np.isfinite(d).all(1) & (d[:, 1] > 0)]
 
 
-def fuse(per_model: list[np.ndarray], iou_threshold: float = 0.55) -> np.ndarray:
+def fuse(per_model: list[np.ndarray], iou_threshold: float = 0.55, keep: int | None = None) -> np.ndarray:
     """Class-wise weighted box fusion of M models' detections of one image.
 
     In order of score, each detection joins the cluster of its class whose fused box
@@ -113,6 +113,9 @@ def fuse(per_model: list[np.ndarray], iou_threshold: float = 0.55) -> np.ndarray
     that did not find the object contributing 0 (so 1 of M models gives score / M).
     With M = 1 and detections already suppressed at IoU <= 0.5 by the model's own NMS,
     nothing merges: fusion returns the model's detections unchanged (reordered).
+    `keep`: at most this many fused detections, the highest scores (ties: the earlier).
+    The ensemble keeps as many boxes as one base model may, so that its mAP is not
+    bought with the extra recall of M x K boxes against a base model's K.
     """
     m = len(per_model)
     tagged = [np.column_stack([d, np.full(len(d), k)]) for k, d in enumerate(per_model) if len(d)]
@@ -139,7 +142,8 @@ def fuse(per_model: list[np.ndarray], iou_threshold: float = 0.55) -> np.ndarray
             fused[j] = weighted[j] / weight[j]
             best[j, int(row[6])] = max(best[j, int(row[6])], row[1])
         out.append(np.column_stack([np.full(n, c), best[:n].sum(1) / m, fused[:n]]))
-    return np.concatenate(out)
+    out = np.concatenate(out)
+    return out if keep is None else out[np.argsort(-out[:, 1], kind="stable")[:keep]]
 
 
 def average_precision(recall: np.ndarray, precision: np.ndarray) -> float:

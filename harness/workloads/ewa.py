@@ -207,12 +207,14 @@ def predict(model, data: Data, rows: slice) -> np.ndarray:
 
 def quality(scores: np.ndarray, data: Data) -> float:
     """mAP@0.5 of the fused detections of M models: scores is (n_val, M, K x 6)
-    (a 2-D array is one model)."""
+    (a 2-D array is one model). The fused list keeps at most K boxes an image, as many
+    as each base model may report: an ensemble gain is not recall padding."""
     scores = np.asarray(scores)
     if scores.ndim == 2:
         scores = scores[:, None, :]
     if len(scores) != data.n_val:
         raise ValueError(f"ewa.quality: {len(scores)} rows of scores for {data.n_val} validation images")
-    fused = [det.fuse([det.rows(m) for m in image]) for image in scores]
+    keep = scores.shape[2] // 6
+    fused = [det.fuse([det.rows(m) for m in image], keep=keep) for image in scores]
     truth = [b[b[:, 0] >= 0] for b in data.val_boxes]
     return det.mean_average_precision(fused, truth, CLASSES, iou_threshold=0.5)
