@@ -111,7 +111,7 @@ def telemetry_line(t: dict) -> str:
     if tel.get("power_watts_total"):
         parts.append(f"power {tel['power_watts_total']:.0f} W")
     if t.get("vflops_per_watt"):
-        parts.append(f"{t['vflops_per_watt'] / 1e9:.3f} VGflops/W")
+        parts.append(f"{t['vflops_per_watt'] / 1e9:.3f} VGflops/W (GPU boards, timed window)")
     return "Telemetry   : " + " ; ".join(parts)
 
 
@@ -187,6 +187,8 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
         f" base model; PASSED at <= {TOLERANCE:.0e}",
         f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
+        "VFLOPS per watt: valid FLOPs of the timed window (VFLOPS x Time) / the energy the GPU boards used in"
+        " that window (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
         *option_lines(cfg, nccl), *notes]
     if oversubscribed:
         lines.append(oversubscribed)

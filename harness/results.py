@@ -72,7 +72,7 @@ class TestResult:
     final_loss: list                  # last epoch's mean loss, each job's root
     utilisation: dict | None          # FLOPS over the used ranks' roofline figures
     telemetry: dict                   # harness/telemetry.py, reduced over training ranks
-    vflops_per_watt: float | None     # FLOP/s per W, where power is known
+    vflops_per_watt: float | None     # valid FLOPs of the timed window / GPU-board J in it (FLOP/s per W)
     consistency: dict                 # max_diff, tolerance, passed
     resample: list                    # per job: size, out_of_bag, digest
     weights_digest: list              # per job, per rank: digest of the trained weights

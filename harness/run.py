@@ -132,7 +132,7 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
     res = train.train(wl, local, model, local_indices, recipe, seed=seed, job=job,
                       world_barrier=world.Barrier, hooks=_Hooks(t, ctx.n_tests, log, world.rank == 0),
                       on_step=_on_step(watchdog, fault.injector(world.rank)))
-    rec["telemetry"] = probe.stop()
+    rec["telemetry"] = probe.stop(window=res.clock)
     watchdog.beat(f"evaluation, test {t.index}")
     fault.point(world.rank, "eval")
     t1 = time.perf_counter()
@@ -194,7 +194,7 @@ def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) 
         base_quality=[r["quality"] for r in roots], target_quality=target, penalty_n=n,
         penalty=metrics.penalty(quality, target, n), final_loss=[r["loss"] for r in roots],
         utilisation=_utilisation(fl, ctx.ceilings.get(t.precision), [r["rank"] for r in workers]),
-        telemetry=tele, vflops_per_watt=_per_watt(vfl, tele),
+        telemetry=tele, vflops_per_watt=telemetry.per_joule(vfl, seconds, tele),
         consistency={"max_diff": max_diff, "tolerance": TOLERANCE, "passed": bool(max_diff <= TOLERANCE)},
         resample=[{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
                    "digest": r["index_digest"]} for r in roots],
@@ -261,10 +261,3 @@ def _utilisation(flops: float, ceil: dict | None, ranks: list[int]) -> dict | No
     conv = sum(per_rank[r]["conv"]["flops"] for r in ranks)
     peak = ceil["peak"]["flops"]
     return {"gemm": flops / gemm, "conv": flops / conv, "peak": flops / (peak * len(ranks)) if peak else None}
-
-
-def _per_watt(vflops: float, tele: dict) -> float | None:
-    """VFLOPS per watt (HPC AI500 V2.0), where the devices report their power."""
-    from harness import telemetry
-    watts = telemetry.power_watts(tele)
-    return vflops / watts if watts else None

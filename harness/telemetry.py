@@ -76,6 +76,8 @@ class Sampler:
         self._unsupported: set[str] = set()
         self._e0 = self._e1 = None          # energy counter (mJ) at start and at the last read
         self._pwr_joules, self._t_last = 0.0, 0.0
+        self._power_at: list[tuple[float, float]] = []    # (perf_counter s, W) of every power reading
+        self._energy_at: list[tuple[float, float]] = []   # (perf_counter s, mJ) of every counter reading
 
     def __enter__(self) -> "Sampler":
         self.start()
@@ -94,8 +96,10 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="hpcai500-telemetry", daemon=True)
         self._thread.start()
 
-    def stop(self) -> dict:
-        """Stop (the thread wakes at once), join, and return this rank's summary."""
+    def stop(self, window: tuple[float, float] | None = None) -> dict:
+        """Stop (the thread wakes at once), join, and return this rank's summary.
+        `window`: (start, stop) as time.perf_counter() of the timed training, whose GPU
+        energy the summary then gives apart (`window_energy_joules`)."""
         if self.summary is not None:
             return self.summary
         if self._thread is None:
@@ -105,6 +109,10 @@ class Sampler:
         # NVML calls can hang on a sick GPU: do not let that hang the run.
         self._thread.join(timeout=5.0)
         self.summary = self._summarise(seconds)
+        if window and self.summary["gpu"]:
+            self.summary["gpu"]["window_energy_joules"] = (
+                window_energy(self._energy_at, *window, counter=True) if len(self._energy_at) > 1 else
+                window_energy(self._power_at, *window, counter=False) if self._power_at else None)
         return self.summary
 
     # -- the thread ---------------------------------------------------------------
@@ -180,8 +188,11 @@ class Sampler:
         if mw is not None:                  # fallback energy: this power held since the last reading
             self._pwr_joules += mw / 1000.0 * (t - self._t_last)
             self._t_last = t
+            self._power_at.append((t, mw / 1000.0))
         if self._e0 is not None:
             self._e1 = self._query("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), self._e1)
+            if self._e1 is not None:
+                self._energy_at.append((t, float(self._e1)))
 
     def _summarise(self, seconds: float) -> dict:
         out = {"samples": len(self._cpu_proc), "seconds": seconds, "interval": self.interval,
@@ -195,6 +206,26 @@ class Sampler:
             gpu["available"] = [k for k in GPU_METRICS if self._gpu[k]] + (["energy_counter"] if self._e0 is not None else [])
             out["gpu"] = gpu
         return out
+
+
+def window_energy(readings: list[tuple[float, float]], t0: float, t1: float, counter: bool) -> float:
+    """Joules used in [t0, t1] from timed readings (time s, value), sorted by time.
+    counter: values are an energy counter in mJ, read linearly between readings (and
+    extrapolated at the ends at the nearest readings' rate); else values are power in W,
+    each held from its reading until the next (the first also before it)."""
+    ts = [t for t, _ in readings]
+    if counter:
+        def at(t):
+            i = min(max(1, sum(x <= t for x in ts)), len(ts) - 1)   # the bracketing (or nearest) pair
+            (ta, ea), (tb, eb) = readings[i - 1], readings[i]
+            return ea + (eb - ea) * (t - ta) / (tb - ta) if tb > ta else ea
+        return (at(t1) - at(t0)) / 1000.0
+    joules = 0.0
+    for k, (t, watts) in enumerate(readings):
+        start = t if k else float("-inf")
+        end = readings[k + 1][0] if k + 1 < len(readings) else float("inf")
+        joules += watts * max(0.0, min(end, t1) - max(start, t0))
+    return joules
 
 
 # -- rank 0: reduce the gathered summaries --------------------------------------------
@@ -225,6 +256,8 @@ def reduce(summaries: list[dict]) -> dict:
     power = [g["power_watts"]["mean"] for g in distinct if g.get("power_watts")]
     out["gpus"] = len(distinct)
     out["energy_joules_total"] = float(sum(energy)) if energy else None
+    window = [g["window_energy_joules"] for g in distinct if g.get("window_energy_joules") is not None]
+    out["window_energy_joules_total"] = float(sum(window)) if window else None
     out["power_watts_total"] = float(sum(power)) if power else None
     return out
 
@@ -236,8 +269,16 @@ def device_utilisation(reduced: dict) -> float | None:
 
 
 def power_watts(reduced: dict) -> float | None:
-    """Sum over the distinct GPUs of their mean power (W), for VFLOPS per watt; None if unknown."""
+    """Sum over the distinct GPUs of their mean power (W); None if unknown."""
     return reduced.get("power_watts_total")
+
+
+def per_joule(flops_per_s: float, seconds: float, reduced: dict) -> float | None:
+    """FLOPs done in the timed window per joule the GPU boards used in it (= FLOPS per
+    watt); None where the boards' energy is unknown. CPUs, memory and network are not
+    measured: this is GPU-board energy only."""
+    joules = reduced.get("window_energy_joules_total")
+    return flops_per_s * seconds / joules if joules else None
 
 
 # -- inventories for results.json -------------------------------------------------------

@@ -75,6 +75,7 @@ class TrainResult:
     final_loss: float         # last epoch's mean loss on this rank
     weights_diff: float       # max |w - w_root| over this rank's trainable weights
     weights_digest: str       # hash of this rank's trainable weights
+    clock: tuple[float, float]  # time.perf_counter() at the start and the end of the timed training
 
 
 def build(workload, data, seed: int, job: int, precision: str = "fp32"):
@@ -153,13 +154,14 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
         mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
         if hooks:
             hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start)
-    seconds = time.perf_counter() - start
+    stop = time.perf_counter()
+    seconds = stop - start
 
     diff, digest = _consistency(model, hvd)
     # Horovod averages gradients only: batch-norm statistics differ per replica. Every
     # rank of the job predicts with the root's model.
     hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
-    return TrainResult(seconds, steps, steps * epochs * batch * size, mean_loss, diff, digest)
+    return TrainResult(seconds, steps, steps * epochs * batch * size, mean_loss, diff, digest, (start, stop))
 
 
 def _consistency(model, hvd) -> tuple[float, str]:
