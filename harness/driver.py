@@ -80,11 +80,17 @@ def parse_args(argv):
                         " tests are kept and skipped; the input file must be the one it ran")
     p.add_argument("--summarize", nargs="+", metavar="RUN",
                    help="reprint the result tables of earlier runs (runs/<id> folders) side by side")
+    p.add_argument("--verify", metavar="RUN",
+                   help="re-derive every figure of the run RUN (runs/<id>) from results.json and its MLLOG files"
+                        " and print one PASSED/FAILED line per check; exit status 0 only if all pass")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.verify:  # reads the run folder only: no MPI, no TensorFlow
+        from harness import verify
+        return verify.main(args.verify)
     if args.summarize:  # reads results.json files only: no MPI, no TensorFlow
         from harness import report
         try:
@@ -151,7 +157,7 @@ def _run(args, world, watchdog) -> int:
     environment = telemetry.environment(world, nodes, devices)  # collective: every rank
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     ctx = run.Context(cfg, world, nodes, devices, os.path.basename(os.path.normpath(run_dir)), ceilings or {},
-                      plan.n_tests)
+                      plan.n_tests, _submission(world, environment))
     if world.rank == 0:
         output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {})
     try:
@@ -170,6 +176,20 @@ def _run(args, world, watchdog) -> int:
     if output:
         output.finish()
     return 0
+
+
+def _submission(world, environment: dict) -> dict:
+    """MLLOG's submission keys: the settings, or for the platform, the nodes and the
+    accelerator (or CPU) model of rank 0's node, the same string on every rank."""
+    from harness import settings
+    platform = settings.value("HPCAI500_SUBMITTER_PLATFORM")
+    if platform is None and world.rank == 0:
+        node = (environment.get("node_inventory") or [{}])[0]
+        gpus = node.get("gpus") or []
+        platform = (f"{environment['nodes']} x {gpus[0]['name']}" if gpus and gpus[0].get("name") else
+                    f"{environment['nodes']} x {node.get('cpu_model') or environment['machine']}")
+    return {"org": settings.value("HPCAI500_SUBMITTER_ORG"), "platform": world.bcast(platform, root=0),
+            "status": settings.value("HPCAI500_SUBMISSION_STATUS")}
 
 
 def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):

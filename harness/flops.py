@@ -22,47 +22,50 @@ convolutions, matmuls, bias adds and adds agree exactly; the profiler does not c
 Relu or FusedBatchNorm (we do, Table 3 lists them), counts a pooling window's
 kernel area per output element (Table 3: one), and softmax as 5 per element
 (ignored here). For ResNet-50 the net difference is +0.23 %.
+
+Two steps, so that a count can be checked without TensorFlow: `walk` turns each call
+of a layer into a plain record (a dict of numbers and strings: the operator kind and
+every size its rule needs, see RECORD_KINDS), and `rule(record)` is the pure Table 3
+function of one record. `count(model)` is the sum of `rule` over the walk; results.json
+keeps the records (`model_layers`), so `harness/verify.py` re-derives the FLOPs per
+sample from them. This module imports TensorFlow only when a model is walked.
 """
 import contextlib
 import dataclasses
+import functools
 import io
 import math
 import os
+from types import SimpleNamespace
 
 # tf.keras must be the Keras 2 API (tf-keras) for the isinstance checks below.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
-from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
-    convert_variables_to_constants_v2)
 
 CONVENTION = ("Training FLOPs per sample = 3 x forward (Table 3 rules, H/W of the "
               "output, 2 FLOPs per multiply-add, 1 per element for bias, "
               "activation, merge, pooling and normalization)")
 BACKWARD_FACTOR = 2  # backward pass = 2 x forward (gradients w.r.t. inputs and weights)
 OPERATORS = ("convolution", "depthwise", "dense", "elementwise", "pooling", "normalization")
-
-L = keras.layers
-# Order matters: separable, depthwise and transposed convolutions subclass Conv.
-_SEPARABLE = (L.SeparableConv1D, L.SeparableConv2D)
-_DEPTHWISE = (L.DepthwiseConv1D, L.DepthwiseConv2D)
-_TRANSPOSED = (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose)
-_CONV = (L.Conv1D, L.Conv2D, L.Conv3D)
-_MERGE = (L.Add, L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum)
-_ACTIVATION = (L.ReLU, L.LeakyReLU, L.PReLU, L.ELU, L.ThresholdedReLU)
-_POOL = (L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D,
-         L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D)
-_GLOBAL_POOL = (L.GlobalMaxPooling1D, L.GlobalMaxPooling2D, L.GlobalMaxPooling3D,
-                L.GlobalAveragePooling1D, L.GlobalAveragePooling2D,
-                L.GlobalAveragePooling3D)
-_NORM = (L.BatchNormalization, L.LayerNormalization, L.GroupNormalization)
-_WEIGHTED = _CONV + _SEPARABLE + _DEPTHWISE + _TRANSPOSED + (L.Dense,)
-_RULED = _WEIGHTED + _MERGE + _ACTIVATION + (L.Activation,) + _POOL + _GLOBAL_POOL + _NORM
-# Weighted layers that do no arithmetic: a lookup is a gather.
-_NO_ARITHMETIC = (L.Embedding,)
 # Softmax is a row-wise normalisation of the logits, not in Table 3: ignored.
 _NOT_ELEMENTWISE = ("linear", "softmax", "log_softmax")
-_ACTIVATIONS = "_activations"  # walk-internal key: output elements, not an operator
+
+# A record's keys by kind (besides "layer", the layer's name, and "times", how often
+# the call repeats per sample, 1 unless under TimeDistributed). `in`/`out`: elements per
+# sample of the input/output; `kernel`: prod(kernel_size); weighted kinds also carry
+# `bias` (0/1) and `activation` (the fused activation's name).
+RECORD_KINDS = {
+    "conv": ("kernel", "cin", "groups", "filters", "out"),
+    "separable": ("kernel", "cin", "depth_multiplier", "filters", "out"),
+    "depthwise": ("kernel", "cin", "depth_multiplier", "out"),
+    "transposed": ("kernel", "filters", "in", "out"),
+    "dense": ("fin", "out"),
+    "merge": ("inputs", "out"),
+    "activation": ("activation", "out"),
+    "pooling": ("out",),
+    "global_pooling": ("in",),
+    "normalization": ("out",),
+}
+_WEIGHTED_KINDS = ("conv", "separable", "depthwise", "transposed", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,112 +75,200 @@ class FlopCount:
     by_operator: dict
     activations: int = 0   # elements of every layer output, per sample (for the roofline)
     weights: int = 0       # parameters of the model
+    # the walk's records, one per call of a layer with a rule (sum of rule() = forward)
+    layers: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     @property
     def training(self) -> int:
         return (1 + BACKWARD_FACTOR) * self.forward
 
 
+# -- the rules: pure, no TensorFlow -------------------------------------------------
+def rule(record: dict) -> dict:
+    """Table 3 FLOPs of one call of a layer, by operator, from its walk record."""
+    try:
+        kind, out = record["kind"], record.get("out", 0)
+        if kind not in RECORD_KINDS:
+            raise ValueError(f"harness.flops: no Table 3 rule for a record of kind {kind!r} "
+                             f"(layer {record.get('layer')!r}; kinds: {', '.join(RECORD_KINDS)})")
+        k = record.get("kernel")
+        if kind == "conv":
+            flops = {"convolution": 2 * k * (record["cin"] // record["groups"]) * out}
+        elif kind == "separable":
+            mid = record["cin"] * record["depth_multiplier"]  # channels between the two stages
+            flops = {"depthwise": 2 * k * mid * (out // record["filters"]),
+                     "convolution": 2 * mid * out}          # the 1x1 pointwise stage
+        elif kind == "depthwise":
+            flops = {"depthwise": 2 * k * out}  # out channels = Cin x depth_multiplier
+        elif kind == "transposed":
+            # The gradient of a conv: roles of input and output swapped, so the
+            # spatial size that multiplies is the input's.
+            flops = {"convolution": 2 * k * record["filters"] * record["in"]}
+        elif kind == "dense":  # on N-D input: one FLin x FLout product per row
+            flops = {"dense": 2 * record["fin"] * out}
+        elif kind == "merge":  # k inputs need k - 1 binary ops per element
+            flops = {"elementwise": (record["inputs"] - 1) * out}
+        elif kind == "activation":
+            flops = {"elementwise": _activation(record["activation"], out)}
+        elif kind == "pooling":
+            flops = {"pooling": out}
+        elif kind == "global_pooling":  # the output is 1 x 1: every input is read once
+            flops = {"pooling": record["in"]}
+        else:  # normalization
+            flops = {"normalization": out}
+        # Bias and a fused activation are the same element-wise work as separate layers
+        # (TensorFlow's profiler counts the BiasAdd; it does not count Relu).
+        if kind in _WEIGHTED_KINDS:
+            flops["elementwise"] = out * int(record["bias"]) + _activation(record["activation"], out)
+        times = record.get("times", 1)
+    except KeyError as e:
+        raise ValueError(f"harness.flops: record of layer {record.get('layer')!r} lacks {e}") from None
+    return {op: times * f for op, f in flops.items()}
+
+
+def by_operator(records) -> dict:
+    """Forward FLOPs per sample by Table 3 operator: the sum of `rule` over the records."""
+    totals = dict.fromkeys(OPERATORS, 0)
+    for r in records:
+        for op, flops in rule(r).items():
+            totals[op] += flops
+    return totals
+
+
+def _activation(name, elements) -> int:
+    return 0 if name in _NOT_ELEMENTWISE else elements
+
+
+# -- the walk: a built Keras model to records -----------------------------------------
 def count(model) -> FlopCount:
     """Table 3 FLOPs of one sample's forward pass through a built Keras model."""
     if not getattr(model, "_is_graph_network", False):
         raise ValueError(f"harness.flops: {type(model).__name__} {model.name!r} is not a "
                          "functional or Sequential model with a known input shape; "
                          "build it on a keras.Input of fixed shape")
-    totals = dict.fromkeys(OPERATORS, 0)
-    walked = _walk(model)
-    activations = walked.pop(_ACTIVATIONS, 0)
-    for op, flops in walked.items():
-        totals[op] += flops
+    records, activations = walk(model)
+    totals = by_operator(records)
     return FlopCount(forward=sum(totals.values()), by_operator=totals,
-                     activations=activations, weights=model.count_params())
+                     activations=activations, weights=model.count_params(), layers=records)
 
 
-def _walk(model) -> dict:
+@functools.cache
+def _keras():
+    """The tf-keras layer classes the rules know, imported on first use."""
+    import tf_keras as keras
+    L = keras.layers
+    k = SimpleNamespace(keras=keras, L=L)
+    # Order matters: separable, depthwise and transposed convolutions subclass Conv.
+    k.SEPARABLE = (L.SeparableConv1D, L.SeparableConv2D)
+    k.DEPTHWISE = (L.DepthwiseConv1D, L.DepthwiseConv2D)
+    k.TRANSPOSED = (L.Conv1DTranspose, L.Conv2DTranspose, L.Conv3DTranspose)
+    k.CONV = (L.Conv1D, L.Conv2D, L.Conv3D)
+    k.MERGE = (L.Add, L.Subtract, L.Multiply, L.Average, L.Maximum, L.Minimum)
+    k.ACTIVATION = (L.ReLU, L.LeakyReLU, L.PReLU, L.ELU, L.ThresholdedReLU)
+    k.POOL = (L.MaxPooling1D, L.MaxPooling2D, L.MaxPooling3D,
+              L.AveragePooling1D, L.AveragePooling2D, L.AveragePooling3D)
+    k.GLOBAL_POOL = (L.GlobalMaxPooling1D, L.GlobalMaxPooling2D, L.GlobalMaxPooling3D,
+                     L.GlobalAveragePooling1D, L.GlobalAveragePooling2D,
+                     L.GlobalAveragePooling3D)
+    k.NORM = (L.BatchNormalization, L.LayerNormalization, L.GroupNormalization)
+    k.WEIGHTED = k.CONV + k.SEPARABLE + k.DEPTHWISE + k.TRANSPOSED + (L.Dense,)
+    k.RULED = (k.WEIGHTED + k.MERGE + k.ACTIVATION + (L.Activation,) + k.POOL + k.GLOBAL_POOL
+               + k.NORM)
+    # Weighted layers that do no arithmetic: a lookup is a gather.
+    k.NO_ARITHMETIC = (L.Embedding,)
+    return k
+
+
+def walk(model) -> tuple[list[dict], int]:
+    """(records, activations): one record per call of a layer that has a rule, and the
+    elements of every layer output, per sample."""
     # Walk the graph's nodes, not model.layers: a shared layer called twice costs
     # twice, and every node knows the shapes of its own call.
-    totals = {}
-    for nodes in model._nodes_by_depth.values():
-        for node in nodes:
+    import tensorflow as tf
+    k = _keras()
+    records, activations = [], 0
+    for depth in sorted(model._nodes_by_depth, reverse=True):  # inputs first
+        for node in model._nodes_by_depth[depth]:
             ins = [_shape(t) for t in tf.nest.flatten(node.input_tensors) if hasattr(t, "shape")]
             outs = [_shape(t) for t in tf.nest.flatten(node.output_tensors)]
-            for op, flops in _layer_flops(node.layer, ins, outs).items():
-                totals[op] = totals.get(op, 0) + flops
-            if not isinstance(node.layer, (keras.Model, L.InputLayer)):  # nested models count inside
-                totals[_ACTIVATIONS] = totals.get(_ACTIVATIONS, 0) + sum(
-                    math.prod(d for d in o if d) for o in outs)
-    return totals
+            recs, inner = _describe(node.layer, ins, outs)
+            records += recs
+            activations += inner
+            if not isinstance(node.layer, (k.keras.Model, k.L.InputLayer)):  # nested models count inside
+                activations += sum(math.prod(d for d in o if d) for o in outs)
+    return records, activations
 
 
 def _shape(tensor):
     return tuple(tensor.shape)[1:]  # per sample: drop the batch axis
 
 
-def _layer_flops(layer, ins, outs) -> dict:
-    """FLOPs of one call of `layer`, by operator; `ins`/`outs` are per-sample shapes."""
-    if isinstance(layer, keras.Model):  # nested Sequential / functional model
+def _describe(layer, ins, outs) -> tuple[list[dict], int]:
+    """The records of one call of `layer` (`ins`/`outs`: per-sample shapes), and the
+    activations counted inside it (a nested model's)."""
+    k = _keras()
+    if isinstance(layer, k.keras.Model):  # nested Sequential / functional model
         if not getattr(layer, "_is_graph_network", False):
             raise ValueError(f"harness.flops: nested model {layer.name!r} is subclassed; "
                              "only functional and Sequential models can be walked")
-        return _walk(layer)
-    if isinstance(layer, L.TimeDistributed):  # the inner layer runs once per step
-        steps, step_in = ins[0][0], (None,) + ins[0][1:]
+        return walk(layer)
+    if isinstance(layer, k.L.TimeDistributed):  # the inner layer runs once per step
+        steps, step_in = _known(layer, ins[0][0]), (None,) + ins[0][1:]
         step_out = tuple(layer.layer.compute_output_shape(step_in))
-        inner = _layer_flops(layer.layer, [step_in[1:]], [step_out[1:]])
-        return {op: _known(layer, steps) * f for op, f in inner.items()}
-    if isinstance(layer, L.Wrapper):  # e.g. SpectralNormalization: same shapes as inner
-        return _layer_flops(layer.layer, ins, outs)
-
-    if not isinstance(layer, _RULED):
-        if layer.weights and not isinstance(layer, _NO_ARITHMETIC):
+        recs, inner = _describe(layer.layer, [step_in[1:]], [step_out[1:]])
+        return [{**r, "times": r.get("times", 1) * steps} for r in recs], steps * inner
+    if isinstance(layer, k.L.Wrapper):  # e.g. SpectralNormalization: same shapes as inner
+        return _describe(layer.layer, ins, outs)
+    if not isinstance(layer, k.RULED):
+        if layer.weights and not isinstance(layer, k.NO_ARITHMETIC):
             raise TypeError(f"harness.flops: no Table 3 rule for layer {layer.name!r} of "
                             f"class {type(layer).__name__}, which has weights; add a rule "
                             "to harness/flops.py rather than count it as 0")
-        return {}  # reshape, padding, dropout, concatenate, softmax...: ignored
+        return [], 0  # reshape, padding, dropout, concatenate, softmax...: ignored
+    return [_record(layer, ins, outs)], 0
 
+
+def _record(layer, ins, outs) -> dict:
+    """The plain record of one call of a layer that has a rule (RECORD_KINDS)."""
+    k = _keras()
     x, y = ins[0], outs[0]
+    rec = {"layer": layer.name}
     out = _elements(layer, y)
-    flops = {}
-    if isinstance(layer, _CONV + _SEPARABLE + _DEPTHWISE + _TRANSPOSED):
-        k = math.prod(layer.kernel_size)
+    if isinstance(layer, k.CONV + k.SEPARABLE + k.DEPTHWISE + k.TRANSPOSED):
+        kernel = math.prod(layer.kernel_size)
         cin = _known(layer, x[-1] if layer.data_format == "channels_last" else x[0])
-        if isinstance(layer, _SEPARABLE):
-            mid = cin * layer.depth_multiplier  # channels between the two stages
-            spatial = out // layer.filters
-            flops["depthwise"] = 2 * k * mid * spatial
-            flops["convolution"] = 2 * mid * out  # the 1x1 pointwise stage
-        elif isinstance(layer, _DEPTHWISE):
-            flops["depthwise"] = 2 * k * out  # out channels = Cin x depth_multiplier
-        elif isinstance(layer, _TRANSPOSED):
-            # The gradient of a conv: roles of input and output swapped, so the
-            # spatial size that multiplies is the input's.
-            flops["convolution"] = 2 * k * layer.filters * _elements(layer, x)
+        if isinstance(layer, k.SEPARABLE):
+            rec.update(kind="separable", kernel=kernel, cin=cin, depth_multiplier=layer.depth_multiplier,
+                       filters=layer.filters, out=out)
+        elif isinstance(layer, k.DEPTHWISE):
+            rec.update(kind="depthwise", kernel=kernel, cin=cin, depth_multiplier=layer.depth_multiplier, out=out)
+        elif isinstance(layer, k.TRANSPOSED):
+            rec.update(kind="transposed", kernel=kernel, filters=layer.filters, out=out)
+            rec["in"] = _elements(layer, x)
         else:
-            flops["convolution"] = 2 * k * (cin // layer.groups) * out
-    elif isinstance(layer, L.Dense):  # on N-D input: one FLin x FLout product per row
-        flops["dense"] = 2 * _known(layer, x[-1]) * out
-    elif isinstance(layer, _MERGE):  # k inputs need k - 1 binary ops per element
-        flops["elementwise"] = (len(ins) - 1) * out
-    elif isinstance(layer, L.Activation):
-        flops["elementwise"] = _activation(layer.activation, out)
-    elif isinstance(layer, _ACTIVATION):
-        flops["elementwise"] = out
-    elif isinstance(layer, _POOL):
-        flops["pooling"] = out
-    elif isinstance(layer, _GLOBAL_POOL):  # the output is 1 x 1: every input is read once
-        flops["pooling"] = _elements(layer, x)
-    elif isinstance(layer, _NORM):
-        flops["normalization"] = out
-
-    # Bias and a fused activation are the same element-wise work as separate layers
-    # (TensorFlow's profiler counts the BiasAdd; it does not count Relu).
-    if isinstance(layer, _WEIGHTED):
-        flops["elementwise"] = out * int(layer.use_bias) + _activation(layer.activation, out)
-    return flops
+            rec.update(kind="conv", kernel=kernel, cin=cin, groups=layer.groups, filters=layer.filters, out=out)
+    elif isinstance(layer, k.L.Dense):
+        rec.update(kind="dense", fin=_known(layer, x[-1]), out=out)
+    elif isinstance(layer, k.MERGE):
+        rec.update(kind="merge", inputs=len(ins), out=out)
+    elif isinstance(layer, k.L.Activation):
+        rec.update(kind="activation", activation=_name(layer.activation), out=out)
+    elif isinstance(layer, k.ACTIVATION):
+        rec.update(kind="activation", activation=type(layer).__name__.lower(), out=out)
+    elif isinstance(layer, k.POOL):
+        rec.update(kind="pooling", out=out)
+    elif isinstance(layer, k.GLOBAL_POOL):
+        rec.update(kind="global_pooling")
+        rec["in"] = _elements(layer, x)
+    else:  # k.NORM
+        rec.update(kind="normalization", out=out)
+    if isinstance(layer, k.WEIGHTED):
+        rec.update(bias=int(layer.use_bias), activation=_name(layer.activation))
+    return rec
 
 
-def _activation(fn, elements) -> int:
-    return 0 if getattr(fn, "__name__", "") in _NOT_ELEMENTWISE else elements
+def _name(fn) -> str:
+    return getattr(fn, "__name__", "")
 
 
 def _elements(layer, shape) -> int:
@@ -198,6 +289,8 @@ def profiler_flops(model, input_shape=None) -> int:
     constants (the profiler only sees ops of a static graph), and the graph is
     handed to the tf.compat.v1 profiler. For cross-checking the analytic count.
     """
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
     shape = tuple(input_shape or model.input_shape[1:])
     fn = tf.function(lambda x: model(x, training=False))
     frozen = convert_variables_to_constants_v2(

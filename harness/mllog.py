@@ -1,16 +1,51 @@
-"""MLLOG: one `:::MLLOG {json}` log per base model, in MLPerf HPC's format.
+"""MLLOG: one `:::MLLOG {json}` log per base model, in MLPerf HPC's format, and its check.
 
 Lines are produced by the `mlperf-logging` package's own MLLogger (so its parser
 reads them back), kept in memory on the job's root and handed to world rank 0, which
 writes each log whole at the end of the test: a crash never leaves half a log, and
 the job roots need not see the results directory.
+
+A base model's log, in the order MLPerf HPC v3.0's rules expect:
+  init_start, submission_* and cache_clear, the run's figures   BaseModelLog.init
+  staging_start, staging_stop (the Data Duplicator's copy)      BaseModelLog.staging
+  init_stop, run_start                                          BaseModelLog.run_start
+  epoch_start, epoch_stop per epoch                             BaseModelLog.epoch_*
+  eval_start, eval_accuracy, eval_stop per evaluation           BaseModelLog.eval
+  hpcai500_ensemble_quality, run_stop                           close (world rank 0)
+The end is written by world rank 0 once the ensemble is evaluated, because MLPerf's
+run_stop status "success" means the target quality was reached, and in HPC AI500 V3.0
+it is the ensemble of the M base models that must reach it, not one base model.
+
+check() runs the package's own ComplianceChecker over a log with our copy of its
+hpc 3.0.0 rules (harness/mllog_rules/): the package's rules, but for the benchmark
+name, which must be ours (hpcai500-<workload>) rather than one of MLPerf's.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import time
 
 from mlperf_logging.mllog.mllog import MLLogger
 from mlperf_logging.mllog import constants as K
+
+RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mllog_rules")
+RULESET = "3.0.0"  # the parser of MLPerf HPC v3.0, whose rules ours copy
+DIVISIONS = ("closed", "open")
+STATUSES = ("onprem", "cloud", "preview", "research")
+ENSEMBLE_QUALITY = "hpcai500_ensemble_quality"  # our own key: the rules let unknown keys pass
+
+# MLPerf's cache_clear says whether the system's caches (page cache, ...) were cleared
+# before the run. The harness clears none: the data is read once per invocation and
+# stays in memory (and the OS page cache) across tests, and a staged copy is fresh
+# in the page cache when training reads it. So the honest value is False; the rules
+# only require the key to carry a value. A launcher that does drop caches before each
+# invocation could make this True.
+CACHE_CLEAR = False
+
+_TOKEN = ":::MLLOG "
 
 
 class _Lines(logging.Handler):
@@ -22,23 +57,26 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-class BaseModelLog:
-    """The log of base model `job` in test `test`; every event carries instance_id = job."""
+class _Events:
+    """An MLLogger writing into a list; every event carries instance_id."""
 
-    def __init__(self, test: int, job: int):
-        logger = logging.getLogger(f"hpcai500.mllog.t{test}.j{job}")
+    def __init__(self, name: str, instance_id: int):
+        # A Logger made directly, not by logging.getLogger: it is not kept in logging's
+        # registry (with its lines) after the log is handed over, and reaches no
+        # handler but ours.
+        logger = logging.Logger(name, logging.INFO)
         logger.propagate = False
-        logger.setLevel(logging.INFO)
-        logger.handlers = [_Lines()]
-        self._sink = logger.handlers[0]
+        self._sink = _Lines()
+        logger.addHandler(self._sink)
         self._log = MLLogger(logger=logger, default_namespace="")
-        self.job = job
+        self.instance_id = instance_id
 
     def _meta(self, extra):
-        return {"instance_id": self.job, **(extra or {})}
+        return {"instance_id": self.instance_id, **(extra or {})}
 
-    def event(self, key, value=None, **meta):
-        self._log.event(key=key, value=value, metadata=self._meta(meta), stack_offset=2)
+    # stack_offset 2: the file/lineno metadata names the caller of event/start/end
+    def event(self, key, value=None, time_ms=None, **meta):
+        self._log.event(key=key, value=value, metadata=self._meta(meta), time_ms=time_ms, stack_offset=2)
 
     def start(self, key, value=None, time_ms=None, **meta):
         self._log.start(key=key, value=value, metadata=self._meta(meta), time_ms=time_ms, stack_offset=2)
@@ -50,10 +88,39 @@ class BaseModelLog:
     def lines(self) -> list[str]:
         return list(self._sink.lines)
 
+
+def _ms(seconds: float) -> int:
+    """time.time() seconds -> MLLOG's time_ms."""
+    return int(seconds * 1e3)
+
+
+class BaseModelLog(_Events):
+    """The log of base model `job` in test `test`; every event carries instance_id = job."""
+
+    def __init__(self, test: int, job: int):
+        super().__init__(f"hpcai500.mllog.t{test}.j{job}", job)
+        self.test, self.job = test, job
+
     # the phases of a base model, in order ------------------------------------------
-    def init(self, *, seed, global_batch, train_samples, eval_samples, nodes, per_node, workload):
+    def init(self, *, seed, global_batch, train_samples, eval_samples, nodes, per_node, workload,
+             division: str, org: str, platform: str, status: str):
+        """init_start and what the rules want inside init. `division`: closed | open (the
+        test's, harness/division.py); `org`, `platform`, `status`: the submitter's
+        settings (onprem | cloud | preview | research)."""
+        if division not in DIVISIONS:
+            raise ValueError(f"MLLOG division {division!r}: not one of {', '.join(DIVISIONS)}")
+        if status not in STATUSES:
+            raise ValueError(f"MLLOG status {status!r}: not one of {', '.join(STATUSES)}")
+        for name, text in (("org", org), ("platform", platform)):
+            if not text:
+                raise ValueError(f"MLLOG {name} is empty")
         self.start(K.INIT_START)
         self.event(K.SUBMISSION_BENCHMARK, f"hpcai500-{workload}")
+        self.event(K.SUBMISSION_ORG, org)
+        self.event(K.SUBMISSION_PLATFORM, platform)
+        self.event(K.SUBMISSION_DIVISION, division)
+        self.event(K.SUBMISSION_STATUS, status)
+        self.event(K.CACHE_CLEAR, CACHE_CLEAR)
         self.event(K.SEED, seed)
         self.event(K.GLOBAL_BATCH_SIZE, global_batch)
         self.event(K.TRAIN_SAMPLES, train_samples)
@@ -62,9 +129,11 @@ class BaseModelLog:
         self.event("accelerators_per_node", per_node)
 
     def staging(self, start_s: float, stop_s: float, samples: int, nbytes: int):
-        """The Data Duplicator's copy, stamped with its own wall-clock start and stop."""
-        self.start(K.STAGING_START, time_ms=int(start_s * 1e3))
-        self.end(K.STAGING_STOP, time_ms=int(stop_s * 1e3), staging_samples=samples, staging_bytes=nbytes)
+        """The Data Duplicator's copy, stamped with its own wall-clock start and stop.
+        Between init_start and init_stop (called after init, before run_start): MLPerf
+        HPC v3.0 leaves staging out of the timed run."""
+        self.start(K.STAGING_START, time_ms=_ms(start_s))
+        self.end(K.STAGING_STOP, time_ms=_ms(stop_s), staging_samples=samples, staging_bytes=nbytes)
 
     def run_start(self):
         self.end(K.INIT_STOP)
@@ -76,9 +145,79 @@ class BaseModelLog:
     def epoch_stop(self, epoch: int):
         self.end(K.EPOCH_STOP, epoch_num=epoch)
 
-    def finish(self, quality: float, epochs: int, ok: bool = True):
-        self.event(K.EVAL_ACCURACY, quality, epoch_num=epochs)
-        self.end(K.RUN_STOP, status=K.SUCCESS if ok else K.ABORTED)
+    def eval(self, epoch: int, quality: float, start_s: float | None = None, stop_s: float | None = None):
+        """One evaluation of this base model after epoch `epoch` (counted from 1, as the
+        epochs), of quality `quality`; may come several times (every K epochs).
+        `start_s`/`stop_s`: its wall-clock start and stop (time.time()); stop defaults
+        to now, start to stop. The accuracy is stamped at the stop, when it is known."""
+        stop_s = time.time() if stop_s is None else stop_s
+        start_s = stop_s if start_s is None else start_s
+        self.start(K.EVAL_START, time_ms=_ms(start_s), epoch_num=epoch)
+        self.event(K.EVAL_ACCURACY, quality, time_ms=_ms(stop_s), epoch_num=epoch)
+        self.end(K.EVAL_STOP, time_ms=_ms(stop_s), epoch_num=epoch)
+
+
+def close(lines: list[str], *, ensemble_quality: float, reached: bool, instance_id: int,
+          time_s: float | None = None) -> list[str]:
+    """`lines` (a BaseModelLog's) followed by its end: the ensemble's quality and run_stop,
+    stamped `time_s` (time.time(); default now), when the ensemble's quality is known.
+    run_stop's status is "success" only when `reached` (the ensemble reached the target
+    quality: MLPerf's meaning of success), else "aborted". A pure function, for world
+    rank 0, which holds every job's lines but not their BaseModelLog objects."""
+    if K.RUN_STOP in _keys(lines):
+        raise ValueError(f"MLLOG of base model {instance_id} already has a run_stop")
+    end = _Events(f"hpcai500.mllog.close.j{instance_id}", instance_id)
+    time_ms = _ms(time.time() if time_s is None else time_s)
+    end.event(ENSEMBLE_QUALITY, float(ensemble_quality), time_ms=time_ms,
+              scope="the ensemble of this test's M base models (this base model's own: eval_accuracy)",
+              target_reached=bool(reached))
+    end.end(K.RUN_STOP, time_ms=time_ms, status=K.SUCCESS if reached else K.ABORTED)
+    return list(lines) + end.lines
+
+
+def _keys(lines):
+    return [json.loads(ln.split(_TOKEN, 1)[1])["key"] for ln in lines if _TOKEN in ln]
+
+
+def check(path) -> list[str]:
+    """MLPerf HPC's compliance checker (mlperf-logging's ComplianceChecker, ruleset
+    3.0.0's parser) over the log file `path`, with our rules (harness/mllog_rules/):
+    its messages, [] when the log passes. Stricter than the package's command line in
+    one way: its warnings (e.g. a key due once found twice with equal values) count
+    as failures (werror), since our logs are written by code and a warning is a bug."""
+    from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
+    loglines, errors = mlp_parser.parse_file(os.fspath(path), ruleset=RULESET)
+    messages = [f"line does not parse ({err}): {line}" for line, err in errors]
+    checker = mlp_compliance.make_checker("hpc", RULESET, quiet=False, werror=True)
+    # The package queues rule files in a module-level list; a failed check must not
+    # leave files there for the next one.
+    queue = mlp_compliance.enqueued_configs
+    queue.clear()
+    try:
+        with _root_logger_untouched():
+            checker.check_loglines(loglines, os.path.join(RULES, "common.yaml"))
+    except Exception as e:  # e.g. a division file that does not exist (the package opens it anyway)
+        messages.append(f"the compliance checker stopped: {type(e).__name__}: {e}")
+    finally:
+        queue.clear()
+    return messages + [*checker.warnings.values(), *checker.overwritable.values(), *checker.not_overwritable]
+
+
+@contextlib.contextmanager
+def _root_logger_untouched():
+    """The checker logs through logging.info(), which gives a root logger without
+    handlers a stderr one (logging.basicConfig) for good: lend it a NullHandler for
+    the check instead, so the process's logging is as it was. (The package's command
+    line also writes compliance_checker.log; we never run it.)"""
+    root = logging.getLogger()
+    guard = None if root.handlers else logging.NullHandler()
+    if guard:
+        root.addHandler(guard)
+    try:
+        yield
+    finally:
+        if guard:
+            root.removeHandler(guard)
 
 
 def filename(test: int, rep: int, job: int) -> str:

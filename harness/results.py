@@ -76,6 +76,8 @@ class TestResult:
     consistency: dict                 # max_diff, tolerance, passed
     resample: list                    # per job: size, out_of_bag, digest
     weights_digest: list              # per job, per rank: digest of the trained weights
+    model_layers: list = field(default_factory=list)      # harness/flops.walk's records (harness/verify.py)
+    model_deviations: list = field(default_factory=list)  # from the reference model (describe_model)
 
 
 @dataclass

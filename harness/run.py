@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from harness import mllog
 from harness.errors import RunError, first_failure
 from harness.report import TOLERANCE
 from harness.results import TestResult
@@ -30,6 +31,7 @@ class Context:
     run_id: str             # the run folder's name (names the staged copies)
     ceilings: dict          # precision -> roofline figures (rank 0; {} elsewhere)
     n_tests: int            # tests in the sweep, for progress lines
+    submission: dict        # MLLOG's submission_org, _platform, _status (harness/settings.py)
 
 
 def test(ctx: Context, planned, data, watchdog, rep: int = 0):
@@ -46,7 +48,7 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train, cfg.sampler, seed, job_comm, job)
     sampler_seconds = time.perf_counter() - t0
     rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
-    log = _log(ctx, t, layout, data, job, job_comm, indices, seed)
+    log = _log(ctx, planned, data, job, job_comm, indices, seed)
     copy = _stage(ctx, t, rep, wl, data, job, job_comm, indices, log, watchdog)
     scores = None
     if job is None:
@@ -65,19 +67,22 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     if world.rank != 0:
         return None
     result = measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed)
-    return result, {r["job"]: r["mllog"] for r in records if "mllog" in r}
+    # Each log ends on rank 0, where the ensemble's quality is known: MLPerf's success
+    # is the target reached (by the ensemble: the benchmark's result), not a clean exit.
+    reached = result.quality >= result.target_quality
+    return result, {r["job"]: mllog.close(r["mllog"], ensemble_quality=result.quality, reached=reached,
+                                          instance_id=r["job"]) for r in records if "mllog" in r}
 
 
-def _log(ctx, t, layout, data, job, job_comm, indices, seed):
+def _log(ctx, planned, data, job, job_comm, indices, seed):
     """The MLLOG of base model `job`, kept by the job's root (None elsewhere)."""
     if job is None or job_comm.rank != 0:
         return None
-    from harness.mllog import BaseModelLog
-    nodes = ctx.nodes
-    log = BaseModelLog(t.index, job)
+    t, layout, nodes = planned.test, planned.layout, ctx.nodes
+    log = mllog.BaseModelLog(t.index, job)
     log.init(seed=seed, global_batch=t.P * t.batch, train_samples=len(indices),
              eval_samples=data.n_val, nodes=len({nodes.node_of_rank[r] for r in layout.jobs[job]}),
-             per_node=nodes.local_size, workload=t.workload)
+             per_node=nodes.local_size, workload=t.workload, division=planned.division, **ctx.submission)
     return log
 
 
@@ -135,7 +140,7 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
     rec["telemetry"] = probe.stop(window=res.clock)
     watchdog.beat(f"evaluation, test {t.index}")
     fault.point(world.rank, "eval")
-    t1 = time.perf_counter()
+    t1, wall = time.perf_counter(), time.time()
     rows = ensemble.my_rows(data.n_val, job_comm.rank, job_comm.size)
     full = ensemble.gather_job(job_comm, wl.predict(model, local, rows), data.n_val)
     scores = None
@@ -144,7 +149,7 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
         scores = ensemble.contribution(full, cfg.aggregation, job, M, ensemble.stacks(wl))
         rec.update(index_digest=sampler.digest(indices), resample_size=int(len(indices)),
                    out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train))
-        log.finish(rec["quality"], cfg.epochs, ok=res.weights_diff <= TOLERANCE)
+        log.eval(cfg.epochs, rec["quality"], start_s=wall, stop_s=time.time())
         rec["mllog"] = log.lines
     if copy:
         rec["staging"] = {"seconds": copy.seconds, "writer": copy.writer, "samples": copy.samples,
@@ -199,7 +204,8 @@ def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) 
         resample=[{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
                    "digest": r["index_digest"]} for r in roots],
         weights_digest=[[r["weights"] for r in sorted(workers, key=lambda r: r["rank"]) if r["job"] == j]
-                        for j in range(layout.M)])
+                        for j in range(layout.M)],
+        model_layers=list(fc.layers), model_deviations=list(wl.describe_model(data)[1]))
 
 
 def _staging_seconds(workers) -> float:
