@@ -198,6 +198,10 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int) -> dict:
     if previous.get("input", {}).get("sha256") != results.sha256(cfg.text):
         raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
                        f"(SHA-256 differs); resume with the same file, or start a new run")
+    if previous.get("settings", {}) != settings.read():
+        raise RunError(f"--resume {run_dir}: the HPCAI500_* settings differ from that run's "
+                       f"({previous.get('settings', {})} there, {settings.read()} now); resume with the same "
+                       "settings, or start a new run")
     if len(previous.get("tests", [])) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
     return previous

@@ -240,3 +240,69 @@ def test_activations_and_weights_for_the_roofline():
     c = flops.count(model)
     assert c.activations == 400 + 400 + 7
     assert c.weights == (27 * 5 + 5) + (400 * 7 + 7)
+
+
+# ---- 6. the walk's records and the pure rule (harness/verify.py re-derives from them) ----
+
+# Totals of the count before it was split into walk + rule (harness/flops.py as of
+# b7205df): the split must not change a single FLOP.
+_BEFORE = {
+    "small_cnn": (1450442, {"convolution": 1363968, "depthwise": 0, "dense": 75008, "elementwise": 8842,
+                            "pooling": 576, "normalization": 2048}, 7690, 56522),
+    "digits": (2676490, {"convolution": 2396160, "depthwise": 0, "dense": 264704, "elementwise": 12554,
+                         "pooling": 1024, "normalization": 2048}, 10506, 151434),
+    "resnet50": (7752024040, None, None, None),
+}
+
+
+def _rederived(c) -> int:
+    return sum(sum(flops.rule(r).values()) for r in c.layers)
+
+
+@pytest.mark.parametrize("name,build", [("small_cnn", _small_cnn), ("digits", _digits_cnn)])
+def test_count_unchanged_and_equal_to_the_rule_over_the_walk(name, build):
+    import json
+    c = flops.count(build())
+    forward, by_op, activations, weights = _BEFORE[name]
+    assert (c.forward, c.by_operator, c.activations, c.weights) == (forward, by_op, activations, weights)
+    assert _rederived(c) == c.forward and flops.by_operator(c.layers) == c.by_operator
+    # plain records: JSON numbers and strings, the same after a round trip
+    assert json.loads(json.dumps(c.layers)) == c.layers
+    assert all(r["kind"] in flops.RECORD_KINDS and isinstance(r["layer"], str) for r in c.layers)
+
+
+def test_resnet50_count_unchanged_by_the_split(resnet50):
+    c = flops.count(resnet50)
+    assert c.forward == _BEFORE["resnet50"][0] == _rederived(c)
+    assert 150 <= len(c.layers) <= 200   # one record per call with a rule: compact enough for results.json
+    assert c.layers[0]["layer"] == "conv1_conv"  # in forward order, inputs first
+
+
+def test_records_of_shared_nested_and_time_distributed_layers():
+    dense = L.Dense(7, use_bias=False)
+    inputs = tf.keras.Input((7,))
+    twice = flops.count(tf.keras.Model(inputs, dense(dense(inputs))))
+    assert [r["layer"] for r in twice.layers] == [dense.name, dense.name]   # one record per call
+    timed = flops.count(_model((5, 7), L.TimeDistributed(L.Dense(3))))
+    assert timed.layers == [{"layer": timed.layers[0]["layer"], "kind": "dense", "fin": 7, "out": 3, "bias": 1,
+                             "activation": "linear", "times": 5}]
+    assert timed.forward == 5 * (2 * 7 * 3 + 3) == _rederived(timed)
+    body = tf.keras.Sequential([L.Conv2D(4, 3, activation="relu")])
+    x = tf.keras.Input((6, 6, 2))
+    nested = flops.count(tf.keras.Model(x, L.Dense(2)(L.Flatten()(body(x)))))
+    assert [r["kind"] for r in nested.layers] == ["conv", "dense"] and _rederived(nested) == nested.forward
+
+
+def test_flopcount_equality_ignores_layer_names():
+    # two builds of one architecture get different layer names, not different counts
+    a, b = flops.count(_small_cnn()), flops.count(_small_cnn())
+    assert a == b and [r["layer"] for r in a.layers] != [r["layer"] for r in b.layers]
+
+
+def test_flops_module_needs_no_tensorflow_until_a_model_is_walked():
+    import subprocess
+    import sys
+    code = ("import sys; from harness import flops; "
+            "flops.rule({'kind': 'dense', 'fin': 3, 'out': 2, 'bias': 1, 'activation': 'relu'}); "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))

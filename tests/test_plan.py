@@ -93,3 +93,18 @@ def test_a_run_refuses_with_the_same_message_as_check(tmp_path):
     said = [ln for ln in ran.stderr.splitlines() if "hpcai500: error:" in ln]
     assert said == [ln for ln in checked.stderr.splitlines() if "hpcai500: error:" in ln], (said, checked.stderr)
     assert not (tmp_path / "runs").exists()  # refused before the data: no run folder, no cache
+
+
+def test_resume_refuses_other_settings(tmp_path, monkeypatch):
+    import json
+
+    from harness import results
+    cfg = dat.parse_text(dat_text(), "x.dat")
+    (tmp_path / "results.json").write_text(json.dumps({
+        "schema": results.SCHEMA, "input": {"sha256": results.sha256(cfg.text)},
+        "settings": {"HPCAI500_IC_WIDTH": "8"}, "tests": []}))
+    monkeypatch.delenv("HPCAI500_IC_WIDTH", raising=False)
+    with pytest.raises(RunError, match=r"the HPCAI500_\* settings differ from that run's"):
+        plan.resumed(str(tmp_path), cfg, 3)
+    monkeypatch.setenv("HPCAI500_IC_WIDTH", "8")
+    assert plan.resumed(str(tmp_path), cfg, 3)["settings"] == {"HPCAI500_IC_WIDTH": "8"}

@@ -1,0 +1,559 @@
+"""The whole run's residual check, like HPL's: `python hpcai500.py --verify runs/<id>`.
+
+A reader of a report must be able to tell that every figure in it follows from what
+was measured, by the stated rules, and that nothing was edited afterwards. This module
+re-derives every figure of report.txt from results.json and the MLLOG files, without
+MPI and without TensorFlow, and prints one line per check, PASSED or FAILED with the
+figure and both values (the recorded one and the re-derived one), then the counts.
+
+    input        the recorded text's SHA-256; the input file, if still there, the same;
+                 the recorded configuration = the text parsed again; the settings valid
+    FLOPs        forward FLOPs per sample = sum of flops.rule over the recorded layer
+                 records (`model_layers`), training = 3 x forward, by operator
+    figures      per test: samples, total FLOPs, FLOPS, penalty, VFLOPS, utilisation,
+                 time to solution, VFLOPS per watt, intensity, consistency verdict:
+                 the arithmetic of run.measure again (relative tolerance 1e-9)
+    repetitions  the summaries (metrics.repeats) and the scaling lines
+    report.txt   re-rendered with report.py's own functions, compared line by line
+    MLLOG        every base model's file exists and passes the MLPerf HPC checker
+                 (harness.mllog.check); its seed, batch and qualities are results.json's
+    division     each test judged again (harness/division.judge) from the recorded
+                 configuration, settings and model deviations
+
+Pure functions over a loaded run (`Run`); the file reading (and the MLLOG checker,
+which reads its files) is in `load`, the printing in `main`. Exit status 0 only if
+every check passes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+from dataclasses import asdict, dataclass, fields
+
+from harness import dat, division, flops, metrics, report, results, settings, telemetry, workloads
+
+REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
+MAX_DIFFS = 5  # report.txt lines shown per block that differs
+MLLOG_TOKEN = ":::MLLOG "
+
+
+class NotARun(ValueError):
+    """The folder is not a run this version can verify; the message says why."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: what was compared, whether it holds, the recorded and re-derived values."""
+    what: str
+    ok: bool
+    recorded: object = None
+    derived: object = None
+    note: str = ""
+
+    def line(self) -> str:
+        values = "" if self.recorded is None and self.derived is None else \
+            f"recorded {_show(self.recorded)}, re-derived {_show(self.derived)}"
+        body = "; ".join(p for p in (values, self.note) if p)
+        return f"{self.what}{': ' + body if body else ''} ...... {'PASSED' if self.ok else 'FAILED'}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run folder as read from disk: everything the checks need, no file handles."""
+    dir: str
+    res: dict                       # results.json
+    report: str | None              # report.txt (None: missing)
+    input_file: dict                # path, found (bool), text or error
+    mllogs: dict                    # file name -> {"messages": [...], "lines": [...]} or None if missing
+
+
+# -- reading (the I/O edge) --------------------------------------------------------------
+REQUIRED = ("hpcai500", "input", "config", "settings", "conventions", "roofline", "status", "tests")
+
+
+def load(run_dir: str, checker=None) -> Run:
+    """Read a run folder; NotARun if it is not one. `checker(path) -> [messages]` checks
+    one MLLOG file (default harness.mllog.check)."""
+    if not os.path.isdir(run_dir):
+        raise NotARun(f"{run_dir}: not a folder; give a runs/<id> folder")
+    path = os.path.join(run_dir, "results.json")
+    if not os.path.isfile(path):
+        raise NotARun(f"{run_dir}: no results.json (not a runs/<id> folder?)")
+    try:
+        res = results.load(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise NotARun(f"{path}: unreadable ({e})") from None
+    except ValueError as e:
+        raise NotARun(str(e)) from None
+    missing = [k for k in REQUIRED if k not in res]
+    if missing or not isinstance(res["tests"], list) or not isinstance(res["input"], dict):
+        raise NotARun(f"{path}: not a results record of hpcai500 (no {', '.join(missing) or 'tests list'})")
+    try:
+        with open(os.path.join(run_dir, "report.txt"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        text = None
+    if checker is None:
+        from harness.mllog import check as checker
+    mllogs = {}
+    for name in expected_mllogs(res):
+        p = os.path.join(run_dir, "mllog", name)
+        if not os.path.isfile(p):
+            mllogs[name] = None
+            continue
+        try:
+            with open(p, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            messages = list(checker(p))
+        except Exception as e:  # noqa: BLE001 - an unreadable log or a checker crash fails the check
+            lines, messages = [], [f"{type(e).__name__}: {e}"]
+        mllogs[name] = {"messages": messages, "lines": lines}
+    return Run(run_dir, res, text, _read_input(res["input"].get("path")), mllogs)
+
+
+def _read_input(path) -> dict:
+    """The input file at the recorded path (relative: from the current directory), as the
+    driver reads it (UTF-8, without a byte-order mark)."""
+    if not path or not os.path.isfile(path):
+        return {"path": path, "found": False}
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8").removeprefix("\ufeff")
+    except (OSError, UnicodeDecodeError) as e:
+        return {"path": path, "found": True, "error": str(e)}
+    return {"path": path, "found": True, "text": text}
+
+
+def expected_mllogs(res: dict) -> list[str]:
+    """The MLLOG file of every base model of every finished test and repetition."""
+    from harness.mllog import filename
+    return [filename(t["index"], t["repetition"], j) for t in res["tests"]
+            if isinstance(t, dict) and all(isinstance(t.get(k), int) for k in ("index", "repetition", "M"))
+            for j in range(t["M"])]
+
+
+# -- the checks (pure) ----------------------------------------------------------------------
+def verify(run: Run) -> list[Check]:
+    """Every check of the run, in order: input, configuration, each test, repetitions,
+    scaling, report.txt, MLLOG."""
+    res = run.res
+    checks = input_checks(res["input"], run.input_file)
+    cfg, more = configuration(res)
+    checks += more
+    checks += _guarded("settings", lambda: (settings_checks(res["settings"]), None))[0]
+    checks += _guarded("roofline", lambda: (roofline_checks(res["roofline"]), None))[0]
+    checks += _guarded("conventions", lambda: (conventions_checks(res["conventions"], cfg, res["roofline"]), None))[0]
+    derived = []
+    for t in res["tests"]:
+        c, d = _guarded(_name(t), lambda t=t: test_checks(t, cfg, res))
+        checks += c
+        derived.append(d)
+    checks += _guarded("repetition summaries", lambda: (repeats_checks(res, cfg), None))[0]
+    checks += _guarded("scaling", lambda: (scaling_checks(res["tests"], derived, run.report), None))[0]
+    checks += _guarded("report.txt", lambda: (report_checks(res, cfg, run.report), None))[0]
+    for t in res["tests"]:
+        checks += _guarded(f"MLLOG of {_name(t)}", lambda t=t: (mllog_checks([t], run.mllogs), None))[0]
+    return checks
+
+
+def _guarded(what, fn):
+    """fn() -> (checks, value); a record missing a key or of the wrong type is a failed
+    check naming it, not a crash of the verifier."""
+    try:
+        return fn()
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as e:
+        detail = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        return [Check(what, False, note=f"cannot be re-derived from results.json ({detail})")], None
+
+
+def input_checks(recorded: dict, found: dict) -> list[Check]:
+    text, sha = recorded.get("text"), recorded.get("sha256")
+    digest = results.sha256(text) if isinstance(text, str) else None
+    out = [Check("input: SHA-256 of the recorded input text", digest is not None and digest == sha, sha, digest)]
+    path = found["path"]
+    if not found["found"]:
+        out.append(Check(f"input file {path}", True, note="not found from here: its text is the recorded one"
+                                                          " only (not compared)"))
+    elif "error" in found:
+        out.append(Check(f"input file {path}", False, note=f"unreadable: {found['error']}"))
+    else:
+        now = results.sha256(found["text"])
+        out.append(Check(f"input file {path}: SHA-256", now == sha, sha, now,
+                         note="" if now == sha else "the input file changed since the run"))
+    return out
+
+
+def configuration(res: dict):
+    """(cfg, checks): the configuration parsed again from the recorded input text, and
+    whether it is the recorded one. If the text does not parse, the recorded one."""
+    text, path = res["input"].get("text", ""), res["input"].get("path", "HPCAI500.dat")
+    recorded = res["config"]
+    try:
+        cfg = dat.parse_text(text, path)
+    except dat.DatError as e:
+        known = {f.name for f in fields(dat.Config)}
+        try:
+            cfg = dat.Config(text=text, **{k: v for k, v in recorded.items() if k in known and k != "text"})
+        except TypeError as te:
+            raise NotARun(f"results.json: neither the input text ({e}) nor the recorded configuration ({te})"
+                          " can be read") from None
+        return cfg, [Check("configuration: the recorded input parses", False, note=str(e))]
+    mine = asdict(cfg)
+    mine.pop("text")
+    mine = json.loads(json.dumps(mine))
+    diff = sorted(k for k in set(mine) | set(recorded) if mine.get(k) != recorded.get(k))
+    return cfg, [Check("configuration = the recorded input parsed again", not diff,
+                       {k: recorded.get(k) for k in diff} or None, {k: mine.get(k) for k in diff} or None,
+                       note=f"{len(mine)} parameters" if not diff else "differs: " + ", ".join(diff))]
+
+
+def settings_checks(values: dict) -> list[Check]:
+    try:
+        settings.read(dict(values))
+    except (settings.SettingError, TypeError, AttributeError) as e:
+        return [Check("settings: each recorded HPCAI500_* setting is known and valid", False, note=str(e))]
+    return [Check("settings: each recorded HPCAI500_* setting is known and valid", True,
+                  note=", ".join(f"{k}={v}" for k, v in values.items()) or "none set")]
+
+
+def roofline_checks(roofline: dict) -> list[Check]:
+    """The conventions' roofline ceilings are the medians over ranks of the per-rank figures."""
+    out = []
+    for prec, c in roofline.items():
+        per_rank = c["per_rank"]
+        for key, fig in (("gemm_flops", lambda r: r["gemm"]["flops"]), ("conv_flops", lambda r: r["conv"]["flops"]),
+                         ("bandwidth", lambda r: r["stream"]["bandwidth"])):
+            out.append(_num(f"roofline {prec}: {key} (median over {len(per_rank)} ranks)", c[key],
+                            statistics.median(fig(r) for r in per_rank)))
+    return out
+
+
+def conventions_checks(conv: list, cfg, roofline: dict) -> list[Check]:
+    """The conventions block states the FLOP rules, the options of this input and the
+    roofline figures that the run recorded (the device and FLOP-note lines are facts of
+    the run that results.json holds only there)."""
+    want = [flops.CONVENTION, *[ln for c in roofline.values() for ln in report.roofline_lines(c)]]
+    missing = [ln for ln in want if ln not in conv]
+    options = [report.option_lines(cfg, nccl) for nccl in (False, True)]
+    if not any(_contains(conv, o) for o in options):
+        missing += options[0]
+    return [Check("conventions: the FLOP rule, the options and the roofline lines", not missing,
+                  note="all stated" if not missing else "missing: " + " | ".join(missing))]
+
+
+def _contains(seq, sub) -> bool:
+    return not sub or any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def _name(t: dict) -> str:
+    return f"test {t.get('index')} rep {t.get('repetition')}" if isinstance(t, dict) else f"test {t!r}"
+
+
+def test_checks(t: dict, cfg, res: dict) -> tuple[list[Check], dict | None]:
+    """Every figure of one test (one repetition) re-derived: (checks, derived figures).
+    Each group is guarded apart, so that a missing key fails its group only."""
+    name = _name(t)
+    out = _guarded(f"{name}: sweep", lambda: ([_sweep_check(t, cfg)], None))[0]
+    more, training = _guarded(f"{name}: FLOPs per sample", lambda: flops_checks(t))
+    out += more
+    if training is None:   # still check the rest, from the recorded figure
+        training = t.get("training_flops_per_sample")
+    more, derived = _guarded(f"{name}: figures", lambda: figure_checks(t, cfg, res, training))
+    out += more
+    resumed = bool(res.get("resumed"))
+    out += _guarded(f"{name}: division", lambda: ([division_check(t, cfg, res["settings"], resumed)], None))[0]
+    return out, derived
+
+
+def flops_checks(t: dict) -> tuple[list[Check], int]:
+    """FLOPs per sample from the recorded layer records and Table 3's rules (flops.rule)."""
+    name = _name(t)
+    if not t.get("model_layers"):
+        raise KeyError("model_layers")
+    by_op = flops.by_operator(t["model_layers"])
+    forward = sum(by_op.values())
+    training = (1 + flops.BACKWARD_FACTOR) * forward
+    return [_num(f"{name}: forward FLOPs per sample (sum of flops.rule over {len(t['model_layers'])} layer"
+                 " records)", t["forward_flops_per_sample"], forward),
+            _num(f"{name}: training FLOPs per sample (3 x forward)", t["training_flops_per_sample"], training),
+            Check(f"{name}: FLOPs per sample by operator", t["flops_by_operator"] == by_op,
+                  t["flops_by_operator"], by_op),
+            _num(f"{name}: arithmetic intensity", t["intensity"],
+                 metrics.intensity(forward, t["activations_per_sample"], t["weights"], t["B"],
+                                   4 if t["precision"] == "fp32" else 2))], training
+
+
+def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]:
+    """The test's figures as run.measure derives them (Eq. 4-8 and the rest)."""
+    from harness.run import _utilisation
+    name = _name(t)
+    per_job = [s * t["epochs"] * t["B"] * t["P"] for s in t["steps_per_epoch"]]
+    steps = [r["size"] // (t["P"] * t["B"]) for r in t["resample"]]
+    samples = sum(per_job)
+    total = metrics.total_flops(per_job, training)
+    fl = metrics.flops(total, t["train_seconds"])
+    wl = workloads.get(t["workload"])
+    target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
+    n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
+    penalty = metrics.penalty(t["quality"], target, n)
+    vfl = metrics.vflops(fl, t["quality"], target, n)
+    staging = (t["staging"] or {}).get("seconds", 0.0)
+    tts = t["train_seconds"] + staging + t["eval_seconds"]
+    ranks = [r for job in t["jobs"] for r in job]
+    util = _utilisation(fl, res["roofline"].get(t["precision"]), ranks)
+    per_watt = telemetry.per_joule(vfl, t["train_seconds"], t.get("telemetry") or {})
+    cons = t["consistency"]
+    out = [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t["steps_per_epoch"] == steps,
+                 t["steps_per_epoch"], steps),
+           _num(f"{name}: samples trained (steps x epochs x B x P, all jobs)", t["samples_trained"], samples),
+           _num(f"{name}: total FLOPs (samples x training FLOPs per sample)", t["total_flops"], total),
+           _num(f"{name}: FLOPS (total FLOPs / train_seconds)", t["flops"], fl),
+           _num(f"{name}: target quality (line 25)", t["target_quality"], target),
+           _num(f"{name}: penalty exponent n (line 26)", t["penalty_n"], n),
+           _num(f"{name}: penalty (quality / target)^n", t["penalty"], penalty),
+           _num(f"{name}: VFLOPS (FLOPS x penalty)", t["vflops"], vfl),
+           _num(f"{name}: time to solution (staging + training + evaluation)", t["time_to_solution"], tts)]
+    rec_util = t["utilisation"]
+    if rec_util is None or util is None:
+        out.append(Check(f"{name}: utilisation", rec_util == util, rec_util, util,
+                         note="no roofline figures" if rec_util == util else
+                         "recorded for a run without roofline figures, or missing"))
+    else:
+        out += [_num(f"{name}: utilisation of the {k.upper() + ' roofline' if k != 'peak' else 'theoretical peak'}"
+                     f" (ranks {ranks})", rec_util.get(k), util[k]) for k in ("gemm", "conv", "peak")]
+    out.append(_num(f"{name}: VFLOPS per watt (GPU boards)", t["vflops_per_watt"], per_watt))
+    verdict = bool(cons["max_diff"] <= report.TOLERANCE)
+    out.append(Check(f"{name}: replica consistency verdict (max diff {cons['max_diff']:g} <= {report.TOLERANCE:g})",
+                     cons["passed"] == verdict and cons["tolerance"] == report.TOLERANCE, cons["passed"], verdict))
+    return out, {"flops": fl, "vflops": vfl}
+
+
+def _sweep_check(t: dict, cfg) -> Check:
+    """The test is the sweep's test of its index, run with the input's parameters."""
+    tests = dat.expand(cfg)
+    if not 1 <= t["index"] <= len(tests):
+        return Check(f"{_name(t)}: a test of the input's sweep", False, t["index"], len(tests),
+                     note="no such test in the sweep")
+    s = tests[t["index"] - 1]
+    want = {"workload": s.workload, "P": s.P, "B": s.batch, "precision": s.precision, "tv": s.tv(cfg),
+            "sampler": cfg.sampler, "aggregation": cfg.aggregation, "epochs": cfg.epochs,
+            "seed": cfg.seed + t["repetition"], "M": s.M or t["M"]}
+    diff = {k: v for k, v in want.items() if t.get(k) != v}
+    return Check(f"{_name(t)}: test {s.index} of the input's sweep, with its parameters", not diff,
+                 {k: t.get(k) for k in diff} or None, diff or None,
+                 note="" if diff else f"{s.workload} M {t['M']} P {s.P} B {s.batch} {s.precision} seed {want['seed']}")
+
+
+def division_check(t: dict, cfg, values: dict, resumed: bool = False) -> Check:
+    if "model_deviations" not in t:
+        raise KeyError("model_deviations")
+    wl = workloads.get(t["workload"])
+    known = {k: v for k, v in values.items() if k in settings.TABLE}
+    verdict, reasons = division.judge(
+        workload=t["workload"], dataset_kind=dat.dataset_spec(cfg.dataset)[0], deviations=t["model_deviations"],
+        test_only=settings.test_only(known), target=cfg.target_quality, default_target=wl.TARGET_QUALITY,
+        n=cfg.penalty_n, default_n=wl.PENALTY_N, repetitions=cfg.repetitions)
+    recorded = [t["division"], list(t["open_reasons"])]
+    ok = recorded == [verdict, reasons]
+    note = ""
+    if not ok and t["division"] == "closed" and verdict == "open":
+        note = "claimed closed, but the rules make it open: " + "; ".join(reasons)
+    if not ok and resumed:
+        note = "; ".join(n for n in (note, "the run was resumed: results.json's settings are the last invocation's,"
+                                           " and a test of an earlier one may have run with others") if n)
+    return Check(f"{_name(t)}: division (harness/division.judge)", ok, recorded[0] if ok else recorded,
+                 verdict if ok else [verdict, reasons], note)
+
+
+def repeats_checks(res: dict, cfg) -> list[Check]:
+    """Each repetition summary recomputed (metrics.repeats); every test whose repetitions
+    all finished has exactly one."""
+    tests, out = res["tests"], []
+    by_index = {}
+    for t in tests:
+        by_index.setdefault(t["index"], []).append(t)
+    summaries = res.get("repeats", [])
+    for s in summaries:
+        runs = by_index.get(s["index"], [])
+        what = f"test {s['index']}: repetition summary"
+        if not runs:
+            out.append(Check(what, False, note="a summary of a test with no finished repetition"))
+            continue
+        d = vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
+                                 staged=bool(runs[0]["staging"])))
+        for key, value in d.items():
+            out.append(_num(f"{what}: {key}", s.get(key), value) if isinstance(value, float) else
+                       Check(f"{what}: {key}", s.get(key) == value, s.get(key), value))
+    if cfg.repetitions > 1:
+        for index, runs in by_index.items():
+            done = sorted(t["repetition"] for t in runs) == list(range(cfg.repetitions))
+            count = sum(s["index"] == index for s in summaries)
+            if done or count:
+                out.append(Check(f"test {index}: one repetition summary once all {cfg.repetitions} runs finished",
+                                 count == int(done), count, int(done)))
+    return out
+
+
+def scaling_checks(tests: list, derived: list, report_text: str | None) -> list[Check]:
+    """The report's Scaling lines, recomputed (report.scaling_lines, metrics.weak_scaling)
+    from the re-derived FLOPS of every test."""
+    if report_text is None:
+        return []
+    mine = report.scaling_lines([{**t, "flops": d["flops"]} if d else t for t, d in zip(tests, derived)],
+                                metrics.weak_scaling)
+    theirs = [ln for ln in report_text.splitlines() if ln.startswith("Scaling (")]
+    out = [Check(f"scaling: {m.split(':')[0]}", m in theirs, _find(theirs, m), m) for m in mine]
+    out += [Check("scaling: a Scaling line of report.txt", False, ln, None, note="no group of tests gives it")
+            for ln in theirs if ln not in mine]
+    return out
+
+
+def _find(lines, line):
+    head = line.split(":")[0]
+    return next((ln for ln in lines if ln.split(":")[0] == head), None)
+
+
+def report_segments(res: dict, cfg) -> list[tuple[str, str, bool]]:
+    """report.txt as the report's own rendering functions make it from results.json:
+    (label, text, optional) in order. A resumed run's report repeats the earlier rows
+    without their repetition summaries, so after a resume a summary is optional."""
+    tests = res["tests"]
+    params = dat.describe(cfg) + settings.describe(res["settings"])
+    segs = [("header", report.header(res["hpcai500"], dat.TV_LEGEND, params, res["conventions"]), False)]
+    segs += [(f"test {s['index']} skipped", report.skipped_line(s["index"], s["reason"]) + "\n", False)
+             for s in res.get("skipped", [])]
+    summaries = {s["index"]: s for s in res.get("repeats", [])}
+    for t in tests:
+        segs.append((f"{_name(t)} block", report.row(t), False))
+        s = summaries.get(t["index"])
+        if s and t["repetition"] == cfg.repetitions - 1 and t["repetition"] > 0:
+            first = next(r for r in tests if r["index"] == t["index"])
+            segs.append((f"test {t['index']} repetition summary", report.repeats_block(first, s),
+                         bool(res.get("resumed"))))
+    status, stop = res["status"], res.get("interrupted") or {}
+    if status == "interrupted":
+        test = stop.get("test")
+        segs.append(("interruption", f"\nInterrupted: {stop.get('reason')}" +
+                     (f" during test {test}; its result is lost, the finished tests' stand.\n" if test else ".\n"),
+                     False))
+    if status in ("complete", "interrupted"):
+        segs.append(("footer", report.footer(tests, len(res.get("skipped", [])),
+                                             report.scaling_lines(tests, metrics.weak_scaling),
+                                             status == "interrupted"), False))
+    return segs
+
+
+def report_checks(res: dict, cfg, text: str | None) -> list[Check]:
+    """report.txt line by line against its re-rendering: one check per block; a line that
+    differs fails, naming its number and both texts."""
+    if text is None:
+        return [Check("report.txt", False, note="missing")]
+    actual = text.splitlines()
+    out, p = [], 0
+    for label, seg, optional in report_segments(res, cfg):
+        want = seg.splitlines()
+        if optional and actual[p:p + 1] != want[:1]:
+            continue
+        got = actual[p:p + len(want)] + [None] * max(0, p + len(want) - len(actual))
+        diffs = [(p + i + 1, a, w) for i, (a, w) in enumerate(zip(got, want)) if a != w]
+        span = f"line {p + 1}" if len(want) == 1 else f"lines {p + 1}-{p + len(want)}"
+        if not diffs:
+            out.append(Check(f"report.txt {span}: {label}", True, note="as rendered from results.json"))
+        for n, a, w in diffs[:MAX_DIFFS]:
+            out.append(Check(f"report.txt line {n} ({label})", False, a, w,
+                             note="the line is missing" if a is None else ""))
+        if len(diffs) > MAX_DIFFS:
+            out.append(Check(f"report.txt {span}: {label}", False,
+                             note=f"{len(diffs) - MAX_DIFFS} more lines differ"))
+        p += len(want)
+    if p < len(actual):
+        out.append(Check(f"report.txt line {p + 1}", False, actual[p], None,
+                         note=f"{len(actual) - p} line(s) after the end rendered from results.json"))
+    return out
+
+
+def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
+    """Every base model's MLLOG file: there, passes the MLPerf HPC checker, and says what
+    results.json says (seed, global batch, train samples, the base model's last
+    eval_accuracy, the ensemble's quality, the division), for the keys it has."""
+    from harness.mllog import filename
+    out = []
+    for t in tests:
+        for j in range(t["M"]):
+            name = filename(t["index"], t["repetition"], j)
+            what = f"MLLOG mllog/{name}"
+            log = mllogs.get(name)
+            if log is None:
+                out.append(Check(what, False, note=f"missing: base model {j} of {_name(t)} has no log"))
+                continue
+            msgs = log["messages"]
+            out.append(Check(f"{what}: MLPerf HPC compliance checker", not msgs,
+                             note="passes" if not msgs else f"{len(msgs)} message(s): " + " | ".join(msgs[:3])))
+            out += _guarded(f"{what}: figures", lambda t=t, j=j, log=log, what=what:
+                            ([_mllog_figures(what, t, j, log["lines"])], None))[0]
+    return out
+
+
+def _mllog_figures(what: str, t: dict, job: int, lines: list[str]) -> Check:
+    events = [json.loads(ln.split(MLLOG_TOKEN, 1)[1]) for ln in lines if MLLOG_TOKEN in ln]
+    last = {e["key"]: e["value"] for e in events}   # the last value of each key
+    want = {"seed": t["seed"], "global_batch_size": t["P"] * t["B"],
+            "train_samples": t["resample"][job]["size"], "eval_samples": t["val_samples"],
+            "eval_accuracy": t["base_quality"][job], "hpcai500_ensemble_quality": t["quality"],
+            "submission_division": t["division"]}
+    want = {k: v for k, v in want.items() if k in last}
+    stops = [e.get("metadata", {}).get("status") for e in events if e["key"] == "run_stop"]
+    if stops:   # MLPerf's success: the target reached (by the ensemble, harness/run.py)
+        last["run_stop status"] = stops[-1]
+        want["run_stop status"] = "success" if t["quality"] >= t["target_quality"] else "aborted"
+    diff = {k: last[k] for k, v in want.items() if not _close(last[k], v)}
+    return Check(f"{what}: figures = results.json's", bool(events) and not diff,
+                 diff or None, {k: want[k] for k in diff} or None,
+                 note=("no MLLOG events" if not events else "" if diff else ", ".join(want)))
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or not all(isinstance(v, (int, float)) for v in (a, b)):
+        return a == b
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return math.isclose(a, b, rel_tol=REL, abs_tol=0.0)
+
+
+def _num(what: str, recorded, derived) -> Check:
+    if recorded is None and derived is None:
+        return Check(what, True, note="none recorded, none derivable (not measured in this run)")
+    return Check(what, _close(recorded, derived), recorded, derived)
+
+
+def _show(v) -> str:
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+
+# -- the command line ------------------------------------------------------------------------
+def main(run_dir: str, out=None) -> int:
+    """Print every check and the counts; 0 if all pass, 1 otherwise (or not a run)."""
+    from harness.errors import say
+    out = out or sys.stdout
+    try:
+        run = load(run_dir)
+        checks = verify(run)
+    except NotARun as e:
+        say(f"error: --verify: {e}")
+        return 1
+    for c in checks:
+        print(c.line(), file=out)
+    failed = sum(not c.ok for c in checks)
+    print(f"Verified {run_dir} (status {run.res['status']}, {len(run.res['tests'])} test result(s)): {len(checks)}"
+          f" checks, {len(checks) - failed} passed, {failed} failed ...... {'PASSED' if not failed else 'FAILED'}",
+          file=out, flush=True)
+    return 0 if not failed else 1

@@ -1,0 +1,238 @@
+"""`hpcai500.py --verify runs/<id>` (harness/verify.py): the whole run's residual check.
+
+In-process: flops.rule on hand-computed records (the pure half of the FLOP count that
+the verifier re-derives from), and folders that are not runs. Under mpirun (`mpi`):
+one small real run (2 ranks, M = 2, 2 epochs, no micro-kernels), shared by the cases
+through a module-scoped fixture; each case verifies its own copy of the run folder,
+edited the way the case says: a real run passes every check, and each edit fails the
+check that names it."""
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from harness import flops, verify
+from tests.conftest import ROOT, dat_text, mpi_env, mpirun
+
+
+# ---- flops.rule: Table 3 on hand-computed records, no TensorFlow ----------------------
+
+def test_rule_conv_by_hand():
+    # 10x12x3 input, 3x3 valid conv, 5 filters -> 8x10x5 output, bias and ReLU fused
+    rec = {"layer": "c", "kind": "conv", "kernel": 9, "cin": 3, "groups": 1, "filters": 5, "out": 8 * 10 * 5,
+           "bias": 1, "activation": "relu"}
+    assert flops.rule(rec) == {"convolution": 2 * 9 * 3 * 400, "elementwise": 400 + 400}
+    # 12 filters in 4 groups on 8 channels: each filter sees 2; no bias, linear
+    grouped = {**rec, "cin": 8, "groups": 4, "filters": 12, "out": 8 * 8 * 12, "bias": 0, "activation": "linear"}
+    assert flops.rule(grouped) == {"convolution": 2 * 9 * 2 * 768, "elementwise": 0}
+
+
+def test_rule_dense_by_hand():
+    rec = {"layer": "d", "kind": "dense", "fin": 20, "out": 7, "bias": 1, "activation": "softmax"}
+    assert flops.rule(rec) == {"dense": 2 * 20 * 7, "elementwise": 7}   # softmax: not counted
+    # TimeDistributed: the same call 5 times per sample
+    assert flops.rule({**rec, "times": 5}) == {"dense": 5 * 2 * 20 * 7, "elementwise": 5 * 7}
+
+
+def test_rule_pooling_by_hand():
+    assert flops.rule({"kind": "pooling", "out": 4 * 4 * 6}) == {"pooling": 96}        # 8x8x6, 2x2 max pool
+    assert flops.rule({"kind": "global_pooling", "in": 8 * 8 * 6}) == {"pooling": 384}  # every input read once
+    assert flops.rule({"kind": "normalization", "out": 75}) == {"normalization": 75}
+
+
+def test_rule_merge_and_activations_by_hand():
+    assert flops.rule({"kind": "merge", "inputs": 3, "out": 32}) == {"elementwise": 2 * 32}  # k - 1 adds
+    assert flops.rule({"kind": "activation", "activation": "relu", "out": 32}) == {"elementwise": 32}
+    assert flops.rule({"kind": "activation", "activation": "softmax", "out": 32}) == {"elementwise": 0}
+
+
+def test_rule_depthwise_separable_transposed_by_hand():
+    # 9x9x4, 3x3 valid, depth_multiplier 2 -> 7x7x8 (then 1x1 to 6 for the separable)
+    dw = {"kind": "depthwise", "kernel": 9, "cin": 4, "depth_multiplier": 2, "out": 7 * 7 * 8, "bias": 0,
+          "activation": "linear"}
+    assert flops.rule(dw)["depthwise"] == 2 * 9 * 4 * 49 * 2
+    sep = {"kind": "separable", "kernel": 9, "cin": 4, "depth_multiplier": 2, "filters": 6, "out": 7 * 7 * 6,
+           "bias": 0, "activation": "linear"}
+    assert flops.rule(sep) == {"depthwise": 2 * 9 * 4 * 49 * 2, "convolution": 2 * 8 * 49 * 6, "elementwise": 0}
+    tr = {"kind": "transposed", "kernel": 9, "filters": 5, "in": 4 * 4 * 3, "out": 8 * 8 * 5, "bias": 0,
+          "activation": "linear"}
+    assert flops.rule(tr) == {"convolution": 2 * 9 * 5 * 48, "elementwise": 0}
+
+
+def test_rule_refuses_to_guess():
+    with pytest.raises(ValueError, match="no Table 3 rule for a record of kind 'lstm'"):
+        flops.rule({"layer": "l", "kind": "lstm", "out": 4})
+    with pytest.raises(ValueError, match="layer 'd' lacks 'fin'"):
+        flops.rule({"layer": "d", "kind": "dense", "out": 4, "bias": 0, "activation": "linear"})
+
+
+def test_by_operator_sums_rules_over_records():
+    recs = [{"kind": "dense", "fin": 3, "out": 2, "bias": 1, "activation": "relu"}, {"kind": "pooling", "out": 5}]
+    assert flops.by_operator(recs) == {**dict.fromkeys(flops.OPERATORS, 0), "dense": 12, "elementwise": 4,
+                                       "pooling": 5}
+
+
+def test_verify_imports_neither_tensorflow_nor_mpi():
+    code = ("import sys, harness.verify; bad = [m for m in ('tensorflow', 'mpi4py.MPI', 'horovod') "
+            "if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# ---- not a run: one message, exit status 1 ------------------------------------------------
+
+def test_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys):
+    assert verify.main(str(tmp_path)) == 1
+    assert capsys.readouterr().err.strip() == f"hpcai500: error: --verify: {tmp_path}: no results.json " \
+                                              "(not a runs/<id> folder?)"
+    (tmp_path / "results.json").write_text("{not json")
+    assert verify.main(str(tmp_path)) == 1
+    err = capsys.readouterr()
+    assert err.out == "" and len(err.err.strip().splitlines()) == 1 and "not valid JSON" in err.err
+    assert verify.main(str(tmp_path / "nowhere")) == 1
+    assert "not a folder" in capsys.readouterr().err
+
+
+# ---- a real run, and edits of it ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """One small real run: 2 ranks, M = 2 base models of P = 1, 2 epochs, no micro-kernels."""
+    base = tmp_path_factory.mktemp("verify")
+    dat = base / "test.dat"
+    dat.write_text(dat_text(l5=str(base / "runs"), l9=1, l10=2, l11=1, l15=2, l30=0))
+    proc = mpirun(2, [str(dat)], base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [p for p in (base / "runs").iterdir() if not p.name.startswith(".")]
+    return run, dat
+
+
+@pytest.fixture
+def run_copy(real_run, tmp_path):
+    """A copy of the real run's folder for one case to edit."""
+    run, _ = real_run
+    dst = tmp_path / run.name
+    shutil.copytree(run, dst)
+    return dst
+
+
+def _verify(run_dir):
+    out = io.StringIO()
+    status = verify.main(str(run_dir), out=out)
+    return status, out.getvalue().splitlines()
+
+
+def _failed(lines):
+    return [ln for ln in lines[:-1] if ln.endswith("...... FAILED")]
+
+
+def _edit_results(run_dir, edit):
+    path = run_dir / "results.json"
+    res = json.loads(path.read_text())
+    edit(res)
+    path.write_text(json.dumps(res, indent=1))
+
+
+@pytest.mark.mpi
+def test_the_real_run_verifies(run_copy):
+    # the command line, in a process that must load neither TensorFlow nor MPI
+    proc = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run_copy)], cwd=ROOT,
+                          env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines and all(ln.endswith("...... PASSED") for ln in lines), "\n".join(_failed(lines))
+    assert " 0 failed" in lines[-1]
+    text = "\n".join(lines)
+    for what in ("input: SHA-256", "input file", "forward FLOPs per sample", "training FLOPs per sample",
+                 "FLOPs per sample by operator", "samples trained", "FLOPS (total FLOPs / train_seconds)",
+                 "penalty (quality / target)^n", "VFLOPS (FLOPS x penalty)", "time to solution", "utilisation",
+                 "division (harness/division.judge)", "report.txt lines 1-", "footer",
+                 "MLLOG mllog/test001_rep00_model0000.log: MLPerf HPC compliance checker: passes",
+                 "MLLOG mllog/test001_rep00_model0001.log: figures"):
+        assert what in text, what
+    code = ("import sys; from harness import verify; rc = verify.main(sys.argv[1], out=open('/dev/null', 'w')); "
+            "bad = [m for m in ('tensorflow', 'mpi4py.MPI', 'horovod') if m in sys.modules]; "
+            "assert not bad, bad; sys.exit(rc)")
+    subprocess.run([sys.executable, "-c", code, str(run_copy)], check=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.mpi
+def test_an_edited_figure_in_the_report_fails_naming_its_line(run_copy):
+    path = run_copy / "report.txt"
+    lines = path.read_text().splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("Work        :"))
+    original = lines[i]
+    samples = original.split(":")[1].split()[0]
+    lines[i] = original.replace(f": {samples} samples", f": {int(samples) + 1} samples")
+    path.write_text("\n".join(lines) + "\n")
+    status, out = _verify(run_copy)
+    assert status == 1
+    (failed,) = _failed(out)
+    assert failed.startswith(f"report.txt line {i + 1} (test 1 rep 0 block): recorded {lines[i]!r}, "
+                             f"re-derived {original!r}")
+
+
+@pytest.mark.mpi
+def test_an_edited_train_seconds_fails_the_flops(run_copy):
+    res = json.loads((run_copy / "results.json").read_text())
+    seconds = res["tests"][0]["train_seconds"]
+    _edit_results(run_copy, lambda r: r["tests"][0].update(train_seconds=seconds * 2))
+    status, out = _verify(run_copy)
+    assert status == 1
+    failed = _failed(out)
+    t = res["tests"][0]
+    assert (f"test 1 rep 0: FLOPS (total FLOPs / train_seconds): recorded {t['flops']!r}, re-derived "
+            f"{t['total_flops'] / (seconds * 2)!r} ...... FAILED") in failed
+    assert any("VFLOPS (FLOPS x penalty)" in ln for ln in failed)
+    assert any(ln.startswith("report.txt line") for ln in failed)   # the Time column says otherwise
+
+
+@pytest.mark.mpi
+def test_a_missing_mllog_file_fails_naming_it(run_copy):
+    (run_copy / "mllog" / "test001_rep00_model0001.log").unlink()
+    status, out = _verify(run_copy)
+    assert status == 1
+    assert _failed(out) == ["MLLOG mllog/test001_rep00_model0001.log: missing: base model 1 of test 1 rep 0 has no"
+                            " log ...... FAILED"]
+
+
+@pytest.mark.mpi
+def test_a_changed_input_file_fails_naming_it(real_run, run_copy):
+    _, dat = real_run
+    text = dat.read_text()
+    try:
+        dat.write_text(text.replace("HPC AI500 V3.0 benchmark input file", "HPC AI500 V3.0 benchmark input, edited",
+                                    1))
+        status, out = _verify(run_copy)
+    finally:
+        dat.write_text(text)
+    assert status == 1
+    (failed,) = _failed(out)
+    assert failed.startswith(f"input file {dat}: SHA-256: recorded ") and "the input file changed" in failed
+
+
+@pytest.mark.mpi
+def test_a_division_edited_to_closed_fails(run_copy):
+    res = json.loads((run_copy / "results.json").read_text())
+    assert "HPCAI500_ROOFLINE_QUICK" in res["settings"]   # a test-only setting: never closed
+    _edit_results(run_copy, lambda r: r["tests"][0].update(division="closed", open_reasons=[]))
+    status, out = _verify(run_copy)
+    assert status == 1
+    failed = _failed(out)
+    (division,) = [ln for ln in failed if "division (harness/division.judge)" in ln]
+    assert "claimed closed, but the rules make it open" in division
+    assert "test-only setting HPCAI500_ROOFLINE_QUICK=1" in division and "digits is a demonstration" in division
+    # and report.txt's Division line no longer matches what results.json claims
+    assert any(ln.startswith("report.txt line") and "Division" in ln for ln in failed)
+
+
+@pytest.mark.mpi
+def test_another_schema_major_is_refused_with_one_message(run_copy):
+    _edit_results(run_copy, lambda r: r.update(schema="3.0"))
+    proc = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run_copy)], cwd=ROOT,
+                          env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    (message,) = proc.stderr.strip().splitlines()
+    assert "found results schema 3.0, expected 2.x" in message and message.startswith("hpcai500: error: --verify:")
