@@ -7,6 +7,7 @@ the job: no rank ever holds another job's indices.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 
 import numpy as np
@@ -69,24 +70,33 @@ def epoch_shard(indices: np.ndarray, seed: int, job: int, epoch: int,
     return indices[order[rank::size][: steps * batch]]
 
 
+IN_FLIGHT = 4   # resamples rank 0 keeps while their sends complete, whatever M
+
+
 def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
                job_comm, my_job: int | None) -> np.ndarray | None:
     """Rank 0 draws each job's resample and sends it to the job's root (world rank
     jobs[j][0]); the root broadcasts it on the job's communicator. Ranks outside
-    any job (idle) return None."""
+    any job (idle) return None.
+
+    Rank 0's memory is bounded whatever M: at most IN_FLIGHT resamples wait for their
+    sends (a send's buffer must live until it completes), plus its own job's, so
+    (IN_FLIGHT + 1) x N x 8 bytes, not M x N x 8 (10.5 GB for ImageNet at M = 1,024).
+    The resamples are those of `resample(n, method, seed, j)`, drawn in job order."""
     from mpi4py import MPI
     tag = 0x5A3
     mine = None
     if world.rank == 0:
-        reqs, keep = [], []
+        pending = collections.deque()   # (request, buffer) of the sends under way, oldest first
         for j, ranks in enumerate(jobs):
             idx = resample(n, method, seed, j)
             if ranks[0] == 0:
                 mine = idx
-            else:
-                keep.append(idx)  # the buffer must live until the send completes
-                reqs.append(world.Isend([idx, MPI.INT64_T], dest=ranks[0], tag=tag))
-        MPI.Request.Waitall(reqs)
+                continue
+            if len(pending) == IN_FLIGHT:
+                pending.popleft()[0].Wait()   # its root posts its receive at once: no deadlock
+            pending.append((world.Isend([idx, MPI.INT64_T], dest=ranks[0], tag=tag), idx))
+        MPI.Request.Waitall([req for req, _ in pending])
     elif my_job is not None and jobs[my_job][0] == world.rank:
         status = MPI.Status()
         world.Probe(source=0, tag=tag, status=status)
