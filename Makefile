@@ -1,6 +1,7 @@
 # hpcai500: `make run` and `make test` work on a fresh clone; the first call builds .venv.
 #   make run                 set up, then run HPCAI500.dat on NP ranks (default: one per core)
 #   make test                set up, then the whole test suite
+#   make unit                set up, then the in-process tests only (-m "not mpi": no mpirun; under a minute)
 #   make check               set up, then validate HPCAI500.dat and print the job map
 #   make bench               set up, then the benchmarks of bench/ (not part of the tests)
 # Site MPI instead of the PyPI one: make MPI=site (mpicc/mpirun of the site on PATH).
@@ -22,12 +23,15 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 MPIRUN  := mpirun --oversubscribe -np $(NP)
 
-.PHONY: run test check bench venv clean
+.PHONY: run test unit check bench venv clean
 run: $(STAMP)
 	$(MPIRUN) $(PY) hpcai500.py $(DAT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -m "not mpi" tests
 
 check: $(STAMP)
 	$(MPIRUN) $(PY) hpcai500.py --check $(DAT)

@@ -1,14 +1,27 @@
-"""Shared helpers: run hpcai500.py under a real mpirun, with an edited HPCAI500.dat."""
+"""Shared helpers: run hpcai500.py (or any Python program) under a real mpirun, with an
+edited HPCAI500.dat; real runs that several files read (bagging_run, sweep_runs); the
+`mpi` marker.
+
+Markers (registered in pytest.ini): `mpi` marks a test that starts mpirun: one that
+uses a fixture that starts it (run_dat, bagging_run, sweep_runs, or any fixture whose
+code names mpirun), or whose code (or a function of its module
+that it calls) names `mpirun` (a call, or the string in a command built by hand); a test
+may also carry the mark explicitly. `mpirun` below refuses to start in a test without
+the mark, so `make unit` (-m "not mpi") never starts one by accident. `slow` (over
+~20 s here) is put by hand.
+"""
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+HPCAI500 = (str(ROOT / "hpcai500.py"),)
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before any test imports TensorFlow
 
 
@@ -22,13 +35,28 @@ def dat_text(**lines) -> str:
     return "\n".join(rows) + "\n"
 
 
-def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = 300, quick: bool = True) -> subprocess.CompletedProcess:
-    """quick: the roofline micro-kernels at test sizes (the shipped-file test runs them full)."""
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
-               HPCAI500_ROOFLINE_QUICK="1" if quick else "0")
-    cmd = [str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), sys.executable, str(ROOT / "hpcai500.py"), *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def mpi_env(quick: bool = True, env: dict | None = None) -> dict:
+    """The environment of a run: the venv's mpirun first, root allowed, TensorFlow quiet,
+    plus `env` (extra variables)."""
+    return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
+                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
+                HPCAI500_ROOFLINE_QUICK="1" if quick else "0", **(env or {}))
+
+
+def mpirun_cmd(np_: int | None, args, program=HPCAI500) -> list[str]:
+    """`mpirun --oversubscribe -np N python PROGRAM... ARGS...`; np_=None: the program alone
+    (an MPI singleton). program=(): ARGS go to python itself (e.g. '-m', 'kernels.gemm')."""
+    _check_marked()
+    cmd = [sys.executable, *program, *map(str, args)]
+    return cmd if np_ is None else [str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), *cmd]
+
+
+def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = 300, quick: bool = True, *,
+           env: dict | None = None, program=HPCAI500) -> subprocess.CompletedProcess:
+    """quick: the roofline micro-kernels at test sizes (the shipped-file test runs them full).
+    env: extra environment variables; program: see mpirun_cmd."""
+    return subprocess.run(mpirun_cmd(np_, args, program), cwd=cwd, env=mpi_env(quick, env), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def results(results_dir: Path) -> dict:
@@ -39,10 +67,100 @@ def results(results_dir: Path) -> dict:
 
 @pytest.fixture
 def run_dat(tmp_path):
-    """Write a dat file in tmp_path (results under tmp_path/runs) and run it."""
-    def run(np_, extra_args=(), timeout=300, **lines):
+    """Write a dat file in tmp_path (results under tmp_path/runs) and run it.
+    env: extra environment variables of the run."""
+    def run(np_, extra_args=(), timeout=300, env=None, **lines):
         lines.setdefault("l5", str(tmp_path / "runs"))
         path = tmp_path / "test.dat"
         path.write_text(dat_text(**lines))
-        return mpirun(np_, [*extra_args, str(path)], tmp_path, timeout)
+        return mpirun(np_, [*extra_args, str(path)], tmp_path, timeout, env=env)
     return run
+
+
+@pytest.fixture(scope="session")
+def bagging_run(tmp_path_factory):
+    """One real run that several files' tests read (a 4-rank run costs ~15 s here):
+    M = 2 jobs of P = 2 ranks on 4 ranks, 2 epochs on the embedded digits, poisson resamples, vote,
+    each job's resample staged to a node-local directory and kept (line 28), the report
+    to a file (device 8). Returns (folder, CompletedProcess); results under folder/runs,
+    the report in folder/report.out, the copies in folder/stage."""
+    folder = tmp_path_factory.mktemp("bagging")
+    path = folder / "test.dat"
+    path.write_text(dat_text(l3=folder / "report.out", l4=8, l5=folder / "runs", l9=1, l10=2, l11=2, l15=2,
+                             l23="poisson", l24="vote", l28=f"{folder / 'stage'} keep", l30=0))
+    return folder, mpirun(4, [str(path)], folder)
+
+
+@pytest.fixture(scope="session")
+def sweep_runs(tmp_path_factory):
+    """Two real runs on 2 ranks that tests/test_ic.py and tests/test_staging.py read, each
+    a sweep of two workloads (digits, then ic) on synthetic:320:32, B 16, 5 epochs, ic
+    as a small ResNet (the documented test knobs: ResNet-50 itself trains at ~40 images/s
+    here). Run A: layouts M=2, P=1 and M=1, P=2. Run B: M=1, P=2 again, trained from
+    node-local copies (line 28, removed after each test). Returns (folder, A, B): results
+    under folder/runs and folder/staged, the copies under folder/stage."""
+    folder = tmp_path_factory.mktemp("sweep")
+    env = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1"}
+    both = dict(l6=2, l7="digits ic", l8="synthetic:320:32", l14=16, l15=5, l30=0)
+    (folder / "a.dat").write_text(dat_text(l5=folder / "runs", l9=2, l10="2 1", l11="1 2", **both))
+    (folder / "b.dat").write_text(dat_text(l5=folder / "staged", l9=1, l10=1, l11=2, l28=folder / "stage", **both))
+    return (folder, mpirun(2, [str(folder / "a.dat")], folder, env=env),
+            mpirun(2, [str(folder / "b.dat")], folder, env=env))
+
+
+# ------------------------------------------------------------------ markers
+MPI_FIXTURES = {"run_dat", "bagging_run", "sweep_runs"}   # the fixtures below that start mpirun
+_current = {"item": None}
+
+
+def _check_marked():
+    item = _current["item"]
+    if item is not None and item.get_closest_marker("mpi") is None:
+        pytest.fail(f"{item.nodeid} starts mpirun but is not marked 'mpi': add @pytest.mark.mpi", pytrace=False)
+
+
+def _names_mpirun(code, module, seen) -> bool:
+    """Does this code, a function nested in it, or a function of `module` it calls, name mpirun?"""
+    if code in seen:
+        return False
+    seen.add(code)
+    if "mpirun" in code.co_consts:    # a command built by hand: [..., BIN / "mpirun", ...]
+        return True
+    for name in code.co_names:
+        if name in ("mpirun", "mpirun_cmd", "run_dat"):
+            return True
+        helper = getattr(module, name, None)
+        if isinstance(helper, types.FunctionType) and helper.__module__ == module.__name__ \
+                and _names_mpirun(helper.__code__, module, seen):
+            return True
+    return any(isinstance(c, types.CodeType) and _names_mpirun(c, module, seen) for c in code.co_consts)
+
+
+def _starts_mpirun(item) -> bool:
+    """The test, or a fixture it uses (any scope, any file), names mpirun."""
+    if MPI_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        funcs += [d.func for d in defs]
+    for fn in funcs:
+        fn = getattr(fn, "__wrapped__", fn)
+        module = sys.modules.get(getattr(fn, "__module__", ""), None)
+        if isinstance(fn, types.FunctionType) and module is not None and module.__name__ != __name__ \
+                and _names_mpirun(fn.__code__, module, set()):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _starts_mpirun(item):
+            item.add_marker(pytest.mark.mpi)
+
+
+@pytest.fixture(autouse=True)
+def _mpi_mark_guard(request):
+    _current["item"] = request.node
+    yield
+    _current["item"] = None

@@ -1,8 +1,16 @@
-"""The catalogue of bad input, each run for real under mpirun on 2 ranks: exit status 1
-on every rank within a bounded time, one message naming the file and the line, no
-traceback, nothing under the results directory."""
+"""The catalogue of bad input. Each case in-process, on the message: the file as a run
+reads it (harness.dat.parse on a real file) and the command line as a run parses it
+(harness.driver.parse_args). Then a few real runs under mpirun on 2 ranks, one per kind
+of refusal, for what only a real run shows: exit status 1 on every rank, exactly one
+message, no traceback, nothing under the results directory: a parser error, a
+file-level error, a bad HPCAI500_* setting (the input format has no not-yet values
+any more) and command-line misuse.
+
+Cases whose exact message tests/test_dat.py asserts (line 17 'fp64', line 18 'rmsprop',
+line 27 '101') are not repeated here."""
 import pytest
 
+from harness import dat, driver
 from tests.conftest import ROOT, dat_text, mpirun
 
 LINES = {  # line -> (bad value, what the message must show)
@@ -10,31 +18,15 @@ LINES = {  # line -> (bad value, what the message must show)
     8: ("synthetic:x", ":8: found 'synthetic:x'"), 9: ("4", ":10:"), 10: ("1 -2 4", ":10: found '-2'"),
     11: ("1 0 1", ":11: found '0'"), 12: ("3", ":12: found '3'"), 13: ("2", ":14:"),
     14: ("-4", ":14: found '-4'"), 15: ("ten", ":15: found 'ten'"), 16: ("0", ":16: found '0'"),
-    17: ("fp64", ":17: found 'fp64'"), 18: ("rmsprop", ":18: found 'rmsprop'"), 19: ("0", ":19: found '0'"),
-    20: ("11", ":20: found '11'"), 21: ("fp8", ":21: found 'fp8'"), 22: ("tree", ":22: found 'tree'"),
-    23: ("jackknife", ":23: found 'jackknife'"), 24: ("median", ":24: found 'median'"),
-    25: ("1.5", ":25: found '1.5'"), 26: ("-2", ":26: found '-2'"), 27: ("0", ":27: found '0'"),
-    29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"),
+    19: ("0", ":19: found '0'"), 20: ("11", ":20: found '11'"), 21: ("fp8", ":21: found 'fp8'"),
+    22: ("tree", ":22: found 'tree'"), 23: ("jackknife", ":23: found 'jackknife'"),
+    24: ("median", ":24: found 'median'"), 25: ("1.5", ":25: found '1.5'"), 26: ("-2", ":26: found '-2'"),
+    27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"),
 }
-NOT_YET = {27: "101"}
 
 
 def _lines(edits=None):
     return dat_text(**{f"l{n}": v for n, v in (edits or {}).items()})
-
-
-def _cases():
-    for n, (value, expect) in LINES.items():
-        yield f"line{n}-{value}", lambda p, n=n, value=value: p.write_text(_lines({n: value})), expect
-    for n, value in NOT_YET.items():
-        yield f"line{n}-not-yet-{value}", lambda p, n=n, v=value: p.write_text(_lines({n: v})), "not supported yet"
-    for n in (3, 14, 29):
-        yield f"line{n}-empty", lambda p, n=n: p.write_text(_blank(n)), f":{n}:"
-    yield "short-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:19]) + "\n"), ":20: found end of file"
-    yield "extra-line", lambda p: p.write_text(_lines() + "surplus\n"), ":31:"
-    yield "directory", lambda p: p.mkdir(), ":0: found a directory"
-    yield "non-utf8", lambda p: p.write_bytes(_lines().encode().replace(b"sgd", b"sg\xe9")), ":0: found a non-UTF-8"
-    yield "ten-megabytes", lambda p: p.write_text(_lines() + "#" * (10 << 20)), ":0: found a file over 1 MiB"
 
 
 def _blank(n):
@@ -43,28 +35,107 @@ def _blank(n):
     return "\n".join(rows) + "\n"
 
 
+def _cases():
+    for n, (value, expect) in LINES.items():
+        yield f"line{n}-{value}", lambda p, n=n, value=value: p.write_text(_lines({n: value})), expect
+    for n in (3, 14, 29):
+        yield f"line{n}-empty", lambda p, n=n: p.write_text(_blank(n)), f":{n}: found an empty line"
+    yield "short-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:19]) + "\n"), ":20: found end of file"
+    yield "extra-line", lambda p: p.write_text(_lines() + "surplus\n"), ":31: found 'surplus'"
+    yield "directory", lambda p: p.mkdir(), ":0: found a directory"
+    yield "non-utf8", lambda p: p.write_bytes(_lines().encode().replace(b"sgd", b"sg\xe9")), ":0: found a non-UTF-8"
+    yield "ten-megabytes", lambda p: p.write_text(_lines() + "#" * (10 << 20)), ":0: found a file over 1 MiB"
+
+
 @pytest.mark.parametrize("make,expect", [c[1:] for c in _cases()], ids=[c[0] for c in _cases()])
 def test_bad_input_file(tmp_path, make, expect):
+    """The file as a run reads it: one line naming the file as given, the line, the token."""
     path = tmp_path / "bad.dat"
     make(path)
-    p = mpirun(2, [str(path)], tmp_path, timeout=60)
-    _refused(p, expect, tmp_path)
-    assert "bad.dat:" in p.stderr
+    with pytest.raises(dat.DatError) as info:
+        dat.parse(str(path))
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:") and "\n" not in msg, msg
+    assert f"{path}{expect}" in msg, msg
+
+
+# ------------------------------------------------------------------ the command line
+class Exited(Exception):
+    pass
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    """driver._quiet_exit without its MPI barrier: records the status and stops there."""
+    statuses = []
+
+    def quiet_exit(status):
+        statuses.append(status)
+        raise Exited(status)
+    monkeypatch.setattr(driver, "_quiet_exit", quiet_exit)
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    return statuses
 
 
 @pytest.mark.parametrize("args,expect", [
-    ([], "HPCAI500.dat:0: found no such file"),                  # no file given, none in the folder
     (["a.dat", "b.dat"], "unrecognized arguments: b.dat"),
     (["--fast", "a.dat"], "unrecognized arguments: --fast"),
-    (["--watchdog", "-5", "a.dat"], "expected seconds >= 0"),
+    (["--frobnicate", "x.dat"], "unrecognized arguments: --frobnicate"),
+    (["--watchdog", "-5", "a.dat"], "argument --watchdog: expected seconds >= 0, found '-5'"),
+    (["--watchdog", "soon", "a.dat"], "argument --watchdog: expected a number of seconds, found 'soon'"),
+    (["--watchdog"], "argument --watchdog: expected one argument"),
 ])
-def test_command_line_misuse(tmp_path, args, expect):
-    _refused(mpirun(2, args, tmp_path, timeout=60), expect, tmp_path)
+def test_command_line_misuse(exits, capsys, args, expect):
+    with pytest.raises(Exited):
+        driver.parse_args(args)
+    assert exits == [1]
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("usage: hpcai500.py") and err.count("hpcai500: error:") == 1, err
+    assert err.rstrip().endswith(f"hpcai500: error: {expect}"), err
 
 
-def _refused(p, expect, folder):
+def test_command_line_misuse_is_said_by_rank_0_only(exits, capsys, monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    with pytest.raises(Exited):
+        driver.parse_args(["--fast", "a.dat"])
+    assert exits == [1] and capsys.readouterr() == ("", "")   # silent, but exits 1 as well
+
+
+def test_good_command_lines_parse(exits, monkeypatch):
+    monkeypatch.delenv("HPCAI500_WATCHDOG", raising=False)
+    a = driver.parse_args([])
+    assert (a.dat, a.check, a.watchdog, a.resume) == ("HPCAI500.dat", False, 1800.0, None)
+    a = driver.parse_args(["--check", "--watchdog", "0", "x.dat"])
+    assert (a.dat, a.check, a.watchdog) == ("x.dat", True, 0.0)
+    monkeypatch.setenv("HPCAI500_WATCHDOG", "12.5")
+    assert driver.parse_args(["x.dat"]).watchdog == 12.5
+    assert exits == []
+
+
+def test_no_file_given_and_none_in_the_folder(exits, tmp_path, monkeypatch):
+    """The default input file is read from the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(dat.DatError, match=r"^HPCAI500.dat:0: found no such file, expected an HPCAI500.dat input"):
+        dat.parse(driver.parse_args([]).dat)
+
+
+# ------------------------------------------------------------------ real runs
+@pytest.mark.parametrize("make,args,env,expect", [
+    (lambda p: p.write_text(_lines({20: "11"})), ["bad.dat"], None,
+     "bad.dat:20: found '11', expected warm-up epochs: a number >= 0 and <= epochs (10, line 15)"),
+    (lambda p: p.mkdir(), ["bad.dat"], None, "bad.dat:0: found a directory, expected an HPCAI500.dat input file"),
+    (lambda p: p.write_text(_lines()), ["bad.dat"], {"HPCAI500_FAULT": "1:train"},
+     "environment: found HPCAI500_FAULT='1:train', expected RANK:STEP|eval|roofline[:kill|hang]"),
+    (lambda p: p.write_text(_lines()), ["--watchdog", "-5", "bad.dat"], None,
+     "argument --watchdog: expected seconds >= 0, found '-5'"),
+], ids=["parser-error", "directory", "environment-setting", "command-line"])
+def test_refused_on_every_rank_with_one_message(tmp_path, make, args, env, expect):
+    make(tmp_path / "bad.dat")
+    p = mpirun(2, args, tmp_path, timeout=60, env=env)
     assert p.returncode == 1, (p.returncode, p.stderr[-1500:])
     assert p.stderr.count("hpcai500: error:") == 1, p.stderr[-1500:]   # once, from rank 0
-    assert expect in p.stderr, p.stderr[-1500:]
-    assert "Traceback" not in p.stderr
-    assert not (folder / "runs").exists() and not (ROOT / "bad.dat").exists()
+    assert f"hpcai500: error: {expect}" in p.stderr, p.stderr[-1500:]
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    assert not (tmp_path / "runs").exists() and not (ROOT / "bad.dat").exists()

@@ -2,13 +2,10 @@
 gradients. One real step of harness.train.train on 2 ranks under mpirun, checked
 against the update computed by hand in numpy: a sum instead of a mean would double it."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 
-from tests.conftest import BIN, ROOT
+from tests.conftest import ROOT, mpirun
 
 SCRIPT = r'''
 import os, sys, json
@@ -56,10 +53,7 @@ if world.rank == 0:
 def test_one_step_on_two_ranks_uses_the_mean_gradient(tmp_path):
     script = tmp_path / "one_step.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, ROOT=str(ROOT), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2")
-    p = subprocess.run([str(BIN / "mpirun"), "--oversubscribe", "-np", "2", sys.executable, str(script)],
-                       env=env, capture_output=True, text=True, timeout=180)
+    p = mpirun(2, [], tmp_path, timeout=180, env={"ROOT": str(ROOT)}, program=(str(script),))
     assert p.returncode == 0, p.stderr[-3000:]
     line = next(l for l in p.stdout.splitlines() if l.startswith("W="))
     w = np.array(json.loads(line.split()[0][2:]))

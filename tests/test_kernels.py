@@ -1,27 +1,21 @@
 """Roofline micro-kernels: plausible figures, GEMM against numpy, FLOP and byte conventions,
 the theoretical peak with and without NVML, and the `mpirun ... python -m kernels.gemm` path."""
-import os
 import subprocess
 import sys
 import time
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kernels
 from kernels import conv, device, gemm, peak, stream, timing
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from tests.conftest import ROOT, mpirun
 
 
-def mpirun(np_: int, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
-    cmd = [str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), sys.executable, *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+def gemm_under_mpirun(*args: str) -> subprocess.CompletedProcess:
+    """`mpirun -np 2 python -m kernels.gemm ARGS` from the repository root."""
+    return mpirun(2, ["-m", "kernels.gemm", *args], ROOT, timeout=120, program=())
 
 
 def test_roofline_quick_gives_plausible_figures():
@@ -144,7 +138,7 @@ def test_peak_table_by_gpu_model(monkeypatch):
 
 
 def test_mpirun_gemm_prints_every_rank_and_the_aggregate():
-    p = mpirun(2, "-m", "kernels.gemm", "--n", "256", "--repeats", "3")
+    p = gemm_under_mpirun("--n", "256", "--repeats", "3")
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("GEMM fp32")
@@ -155,6 +149,6 @@ def test_mpirun_gemm_prints_every_rank_and_the_aggregate():
 
 
 def test_mpirun_bad_argument_exits_nonzero_naming_it():
-    p = mpirun(2, "-m", "kernels.gemm", "--precision", "fp64")
+    p = gemm_under_mpirun("--precision", "fp64")
     assert p.returncode != 0
     assert p.stderr.count("invalid choice: 'fp64'") == 1, p.stderr   # once, from rank 0

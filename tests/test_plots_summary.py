@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from harness import plots
+from harness.results import SCHEMA
 from tests.conftest import ROOT
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -34,7 +35,8 @@ def test_roofline_chart(tmp_path):
 def test_summarize_prints_runs_side_by_side(tmp_path):
     for name, tests in (("run-a", [_test(1, 1, 1, 1e10), _test(2, 2, 1, 2e10)]), ("run-b", [])):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text(json.dumps({"status": "interrupted", "tests": tests}))
+        (tmp_path / name / "results.json").write_text(json.dumps({"schema": SCHEMA, "status": "interrupted",
+                                                                  "tests": tests}))
     cmd = [sys.executable, str(ROOT / "hpcai500.py"), "--summarize", str(tmp_path / "run-a"), str(tmp_path / "run-b")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr

@@ -2,7 +2,6 @@
 runs under mpirun that copy each job's resample to a node-local directory and train from it."""
 import errno
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -67,46 +66,50 @@ def test_digits_stage_writes_the_rows_in_its_own_format(tmp_path):
 
 
 # ------------------------------------------------------------------ real runs
-def test_run_stages_each_jobs_resample_once_per_node_and_trains_from_it(run_dat, tmp_path):
+def test_run_stages_each_jobs_resample_once_per_node_and_trains_from_it(bagging_run):
     """M=2, P=2 on 4 ranks (one node): two copies, one per job, each holding exactly the
-    job's distinct resampled samples; every rank of the job read the copy."""
-    stage = tmp_path / "stage"
-    r = run_dat(4, l8=SYNTH, l9="1", l10="2", l11="2", l15="2", l28=f"{stage} keep", l30="0")
+    job's distinct resampled samples; every rank of the job read the copy. (The shared
+    run of tests/conftest.py: poisson resamples, kept copies, the report in a file.)"""
+    folder, r = bagging_run
+    stage = folder / "stage"
     assert r.returncode == 0, r.stderr[-3000:]
-    res = results(tmp_path / "runs")
+    res = results(folder / "runs")
     test = res["tests"][0]
     st = test["staging"]
     assert st["copies"] == 2 and st["kept"] and st["dir"] == str(stage)
-    expected = [np.unique(sampler.resample(TRAIN, "bootstrap", 42, j)) for j in range(2)]
+    from harness.workloads import digits
+    n = digits.load("embedded", "").n_train
+    expected = [np.unique(sampler.resample(n, "poisson", 42, j)) for j in range(2)]
     assert st["samples"] == sum(len(e) for e in expected)
     for j, path in enumerate(st["paths"]):
         assert f"-j{j}-" in path and Path(path).parent == stage
         with h5py.File(Path(path) / "train.h5") as f:
             assert len(f["labels"]) == len(expected[j])
     assert st["bytes"] == sum(f.stat().st_size for p in st["paths"] for f in Path(p).iterdir())
-    assert test["time_to_solution"] == pytest.approx(test["train_seconds"] + st["seconds"])
+    assert test["time_to_solution"] == pytest.approx(test["train_seconds"] + st["seconds"] + test["eval_seconds"])
     assert test["consistency"]["passed"] and test["quality"] > 0.2   # chance is 0.1
-    assert "Staging     : 2 copies (one per job per node)" in r.stdout and "time to solution" in r.stdout
+    report = (folder / "report.out").read_text()
+    assert "Staging     : 2 copies (one per job per node)" in report and "time to solution" in report
     log = next((Path(res["run_dir"]) / "mllog").glob("*model0000.log")).read_text()
     events = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in log.splitlines()]
     assert events.index("staging_start") < events.index("staging_stop") < events.index("run_start")
 
 
-def test_run_trains_from_the_copy(run_dat, tmp_path):
-    """With sampler none the copy holds the whole training set, renumbered; training from it
-    must feed the very batches a run without staging feeds (same seed): identical weights.
-    Without 'keep' the copy is gone after the test."""
-    stage = tmp_path / "stage"
-    a = run_dat(2, l8=SYNTH, l9="1", l10="1", l11="2", l15="1", l23="none", l28=str(stage), l30="0")
-    assert a.returncode == 0, a.stderr[-3000:]
-    with_staging = results(tmp_path / "runs")["tests"][0]
-    assert with_staging["staging"]["copies"] == 1 and with_staging["staging"]["samples"] == TRAIN
-    assert list(stage.iterdir()) == []            # removed after the test
-    (tmp_path / "runs2").mkdir()
-    b = run_dat(2, l5=str(tmp_path / "runs2"), l8=SYNTH, l9="1", l10="1", l11="2", l15="1", l23="none", l30="0")
-    assert b.returncode == 0, b.stderr[-3000:]
-    plain = results(tmp_path / "runs2")["tests"][0]
-    assert plain["staging"] is None and plain["time_to_solution"] == plain["train_seconds"]
+def test_run_trains_from_the_copy(sweep_runs):
+    """The copy holds the job's distinct samples, renumbered; training from it must feed
+    the very batches a run without staging feeds (same seed): identical weights. Without
+    'keep' the copy is gone after the test. (The digits tests of the shared runs of
+    tests/conftest.py, M=1, P=2, with and without staging; tests/test_ic.py reads ic's.)"""
+    folder, a, b = sweep_runs
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
+    with_staging = results(folder / "staged")["tests"][0]
+    plain = next(t for t in results(folder / "runs")["tests"] if t["workload"] == "digits" and t["P"] == 2)
+    assert (with_staging["workload"], with_staging["M"], with_staging["P"]) == ("digits", 1, 2)
+    expected = np.unique(sampler.resample(with_staging["train_samples"], "bootstrap", 42, 0))
+    assert with_staging["staging"]["copies"] == 1 and with_staging["staging"]["samples"] == len(expected)
+    assert list((folder / "stage").iterdir()) == []            # removed after the test
+    assert plain["staging"] is None
+    assert plain["time_to_solution"] == pytest.approx(plain["train_seconds"] + plain["eval_seconds"])
     assert with_staging["weights_digest"] == plain["weights_digest"]
 
 

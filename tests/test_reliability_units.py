@@ -1,0 +1,228 @@
+"""The reliability logic in-process, without MPI: the watchdog (an injectable abort,
+a fake request), fault injection's spec and arming, and errors every rank agrees on
+(a fake communicator). The real-mpirun side of each is in tests/test_run.py."""
+import threading
+import time
+
+import pytest
+
+from harness import errors, fault
+from harness.errors import RunError, agree, first_failure
+from harness.watchdog import Watchdog
+
+
+# ------------------------------------------------------------------ watchdog
+class Aborted:
+    """The abort callable: records the call and lets the test wait for it."""
+    def __init__(self):
+        self.fired = threading.Event()
+
+    def __call__(self):
+        self.fired.set()
+
+
+def test_watchdog_fires_with_rank_and_phase_when_nothing_beats(capsys):
+    abort = Aborted()
+    dog = Watchdog(0.2, 3, abort)
+    dog.beat("training, test 2")
+    dog.start()
+    assert abort.fired.wait(10)                           # fires by itself, calls the abort
+    dog._thread.join(10)
+    assert not dog._thread.is_alive()                     # one abort, then the thread ends
+    err = capsys.readouterr().err
+    assert err.count("hpcai500: rank 3: no progress for") == 1
+    assert "during training, test 2 (watchdog limit 0.2 s); aborting the job" in err
+
+
+def test_watchdog_beats_keep_it_from_firing():
+    abort = Aborted()
+    dog = Watchdog(0.2, 0, abort).start()                 # looks every 0.05 s
+    end = time.monotonic() + 1.0                          # five limits' worth of beating
+    while time.monotonic() < end:
+        dog.beat()
+        time.sleep(0.02)
+    assert not abort.fired.is_set()
+    dog.stop()
+    dog._thread.join(10)
+    assert not dog._thread.is_alive() and not abort.fired.is_set()   # stop() ends it quietly
+
+
+def test_watchdog_zero_is_off():
+    dog = Watchdog(0, 0, Aborted()).start()
+    assert dog._thread is None
+
+
+def test_beat_sets_the_phase_only_when_given():
+    dog = Watchdog(10, 0, Aborted())
+    assert dog.phase == "start-up"
+    before = dog.last
+    time.sleep(0.01)
+    dog.beat("evaluation, test 1")
+    assert dog.phase == "evaluation, test 1" and dog.last > before
+    dog.beat()
+    assert dog.phase == "evaluation, test 1"
+
+
+class FakeRequest:
+    """An MPI request that completes on its n-th Test()."""
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def Test(self):
+        self.calls += 1
+        return self.calls >= self.n
+
+
+def test_wait_beats_while_waiting_so_a_long_wait_is_not_a_hang():
+    abort = Aborted()
+    dog = Watchdog(0.2, 1, abort).start()
+    req = FakeRequest(40)                                 # 40 x 20 ms = 0.8 s at least: four limits
+    dog.wait(req, "waiting for the other jobs, test 1")
+    assert req.calls == 40 and dog.phase == "waiting for the other jobs, test 1"
+    assert not abort.fired.is_set()
+    dog.stop()
+
+
+def test_wait_on_a_completed_request_returns_at_once():
+    dog = Watchdog(10, 0, Aborted())
+    req = FakeRequest(1)
+    dog.wait(req, "waiting")
+    assert req.calls == 1 and dog.phase == "waiting"
+
+
+# ------------------------------------------------------------------ fault injection
+def test_unset_arms_nothing(monkeypatch):
+    monkeypatch.delenv("HPCAI500_FAULT", raising=False)
+    assert fault._armed(0) is None and fault.injector(0) is None
+    fault.point(0, "eval")                                # nothing happens
+
+
+@pytest.mark.parametrize("spec,armed", [
+    ("1:5", (5, "raise")), ("1:5:kill", (5, "kill")), ("1:5:hang", (5, "hang")),
+    ("1:eval", ("eval", "raise")), ("1:roofline:kill", ("roofline", "kill")), ("1:0", (0, "raise"))])
+def test_spec_arms_its_rank_only(monkeypatch, spec, armed):
+    monkeypatch.setenv("HPCAI500_FAULT", spec)
+    assert fault._armed(1) == armed
+    assert fault._armed(0) is None and fault._armed(2) is None
+
+
+@pytest.mark.parametrize("spec", ["1", "x:5", "-1:5", "1:train", "1:5:explode", "1:eval:raise2", ":5", "1:5.5",
+                                  "1:5:hang:x"])
+def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
+    monkeypatch.setenv("HPCAI500_FAULT", spec)
+    with pytest.raises(ValueError, match=r"^HPCAI500_FAULT='.*': expected RANK:STEP\|eval\|roofline\[:kill\|hang\]$"):
+        fault._armed(0)          # refused on every rank, the unarmed ones too
+    with pytest.raises(ValueError):
+        fault.injector(1)
+
+
+def test_parse_gives_rank_where_and_kind():
+    assert fault.parse("3:12") == (3, 12, "raise")
+    assert fault.parse("0:eval:hang") == (0, "eval", "hang")
+    with pytest.raises(ValueError, match=r"^RANK:STEP\|eval\|roofline\[:kill\|hang\]$"):
+        fault.parse("0:eval:hang:again")
+
+
+def test_injector_fires_at_its_step_only(monkeypatch):
+    monkeypatch.setenv("HPCAI500_FAULT", "1:3")
+    fire = fault.injector(1)
+    for step in (0, 1, 2, 4, 100):
+        fire(step)
+    with pytest.raises(RuntimeError, match="fault injected by HPCAI500_FAULT at step 3"):
+        fire(3)
+    assert fault.injector(0) is None                      # other ranks: no callable at all
+
+
+def test_a_phase_fault_has_no_step_injector_and_a_step_fault_no_phase(monkeypatch):
+    monkeypatch.setenv("HPCAI500_FAULT", "0:eval")
+    assert fault.injector(0) is None
+    fault.point(0, "roofline")                            # another phase: nothing
+    fault.point(1, "eval")                                # another rank: nothing
+    with pytest.raises(RuntimeError, match="at eval"):
+        fault.point(0, "eval")
+    monkeypatch.setenv("HPCAI500_FAULT", "0:5")
+    fault.point(0, "eval")
+
+
+def test_hang_sleeps_forever_and_kill_sends_sigkill(monkeypatch):
+    """Neither is run for real here (the mpirun tests do): their system calls are caught."""
+    import os
+    import signal
+    naps, kills = [], []
+
+    def nap(seconds):
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise KeyboardInterrupt          # leave the endless loop
+    monkeypatch.setattr(fault.time, "sleep", nap)
+    monkeypatch.setenv("HPCAI500_FAULT", "0:roofline:hang")
+    with pytest.raises(KeyboardInterrupt):
+        fault.point(0, "roofline")
+    assert naps == [60, 60, 60]
+    monkeypatch.setattr(fault.os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    monkeypatch.setenv("HPCAI500_FAULT", "0:7:kill")
+    with pytest.raises(RuntimeError):        # os.kill mocked out: falls through to the raise
+        fault.injector(0)(7)
+    assert kills == [(os.getpid(), signal.SIGKILL)]
+
+
+# ------------------------------------------------------------------ agreed errors
+class FakeComm:
+    """A world of `size` ranks seen from one of them: allgather returns every rank's
+    contribution, ours at `rank` and the others' given."""
+    def __init__(self, size, others=None, rank=0):
+        self.size, self.rank, self.others, self.sent = size, rank, dict(others or {}), []
+
+    def allgather(self, value):
+        self.sent.append(value)
+        return [value if r == self.rank else self.others.get(r) for r in range(self.size)]
+
+
+def test_agree_returns_the_value_when_no_rank_fails():
+    comm = FakeComm(4)
+    assert agree(comm, lambda: 42, "step") == 42
+    assert comm.sent == [None]                            # took part in the exchange
+
+
+def test_agree_lowest_failing_rank_wins_with_a_rank_prefix():
+    comm = FakeComm(4, {1: "step: disk on fire", 3: "step: other"}, rank=2)
+    with pytest.raises(RunError) as info:
+        agree(comm, lambda: 1 / 0, "step")
+    assert str(info.value) == "rank 1: step: disk on fire"
+    assert comm.sent == ["step: division by zero"]        # ours was sent too
+
+
+def test_agree_our_own_failure_and_no_prefix_on_one_rank():
+    with pytest.raises(RunError) as info:
+        agree(FakeComm(1), lambda: open("/nonexistent/x"), "workload x")
+    assert str(info.value).startswith("workload x: [Errno 2] No such file or directory")
+    with pytest.raises(RunError) as info:
+        agree(FakeComm(1), lambda: int("z"), "")               # no label: the bare message
+    assert str(info.value) == "invalid literal for int() with base 10: 'z'"
+    with pytest.raises(RunError, match="^rank 0: workload x: boom$"):
+        agree(FakeComm(2), lambda: (_ for _ in ()).throw(ValueError("boom")), "workload x")
+
+
+def test_a_rank_that_succeeds_still_raises_when_another_failed():
+    """The failure must reach every rank, or the ones that succeeded hang in the next collective."""
+    called = []
+    with pytest.raises(RunError, match="^rank 3: late$"):
+        agree(FakeComm(4, {3: "late"}), lambda: called.append(1) or "fine", "x")
+    assert called == [1]
+
+
+def test_first_failure():
+    first_failure(FakeComm(3), None)                      # nobody failed: returns
+    first_failure(FakeComm(3, {1: ""}), "")               # empty strings are no failure
+    with pytest.raises(RunError, match="^rank 2: b$"):
+        first_failure(FakeComm(3, {2: "b"}), None)
+    with pytest.raises(RunError, match="^rank 0: a$"):
+        first_failure(FakeComm(3, {2: "b"}), "a")
+    with pytest.raises(RunError, match="^only$"):
+        first_failure(FakeComm(1), "only")
+
+
+def test_say_writes_one_prefixed_line_on_stderr(capsys):
+    errors.say("error: x")
+    out, err = capsys.readouterr()
+    assert out == "" and err == "hpcai500: error: x\n"
