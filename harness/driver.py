@@ -202,6 +202,7 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
         import horovod.tensorflow as hvd
         nccl = hvd.nccl_built()
     notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
+    notes += [f"{w}: {line}" for w in cfg.workloads for line in workloads.get(w).describe_data(plan.datas[w])]
     cores = os.cpu_count() or 1
     over = (f"Oversubscribed: {nodes.local_size} ranks on {cores} cores on a node; a test with idle ranks gives"
             " its ranks more than the share the kernels ran with") if nodes.local_size > cores else None

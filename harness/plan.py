@@ -213,8 +213,10 @@ def describe(plan: Plan, world_size: int) -> list[str]:
     lines = [f"{cfg.path}: valid. {len(plan.tests)} test(s) on {world_size} rank(s), "
              f"{len(plan.nodes.hosts)} node(s):"]
     lines += [f"  {line}" for line in dat.describe(cfg) + settings.describe(plan.settings)]
+    from harness import workloads
     for name, data in plan.datas.items():
         lines.append(f"data {name}: {data.source}, {data.n_train} training / {data.n_val} validation samples")
+        lines += [f"  {line}" for line in workloads.get(name).describe_data(data)]
     for p in plan.tests:
         t, layout = p.test, p.layout
         lines.append(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")

@@ -171,6 +171,13 @@ def test_synthetic_round_trip(data):
     real = boxes[boxes[..., 0] >= 0]
     assert set(real[:, 0]) == {0, 1, 2, 3}
     assert (real[:, 1] >= 0).all() and (real[:, 4] <= 48).all() and (real[:, 3] > real[:, 1]).all()
+    # no setting: the order is detected from the rows, as written (the page's); each
+    # year's first image holds the witness river, low and reaching past x = height
+    assert data.box_order == "yxyxc"
+    assert data.box_order_how.startswith(f"detected from {len(real)} box rows of 5 files")
+    starts = np.cumsum([0] + [p.count for p in data.parts["train"]])[:-1]
+    first = data.train_boxes[starts, 0]                        # each training year's first box
+    assert (first[:, 0] == 3).all() and (first[:, 2] < first[:, 1]).all() and (first[:, 4] > 32).all()
 
 
 def test_synthetic_objects_are_where_their_boxes_are(data):
@@ -251,6 +258,8 @@ def test_box_order_by_hand():
     assert ew.box_columns("xyxyc") == [4, 1, 0, 3, 2]
     assert ew.box_columns("cyxyx") == [0, 1, 2, 3, 4]
     assert ew.box_columns("yyxxc") == [4, 0, 2, 1, 3]
+    assert ew.order_names("yyxxc") == "(ymin, ymax, xmin, xmax, class)"
+    assert ew.order_names("cyxyx") == "(class, ymin, xmin, ymax, xmax)"
     raw = np.array([[10, 20, 30, 40, 3], [-1, -1, -1, -1, -1]], np.float32)  # x0 y0 x1 y1 c
     rows = ew.to_rows(raw, "xyxyc")
     assert rows.tolist() == [[3, 20, 10, 40, 30], [-1, 0, 0, 0, 0]]
@@ -291,6 +300,7 @@ def test_reader_on_hand_built_published_files(tmp_path, monkeypatch, order):
     monkeypatch.setenv("HPCAI500_EWA_BOX_ORDER", order)
     files = _published(tmp_path, order)
     d = ewa.read(str(tmp_path), cache_dir=str(tmp_path / "cache"))
+    assert (d.box_order, d.box_order_how) == (order, "set by HPCAI500_EWA_BOX_ORDER")
     assert (d.n_train, d.n_val, d.height, d.width, d.max_boxes) == (3, 2, 8, 12, 2)  # last year: validation
     assert d.train_boxes[:, 0].tolist() == [[0, 1, 2, 5, 3], [1, 1, 2, 5, 4], [2, 1, 2, 5, 5]]
     assert d.val_boxes[:, 0].tolist() == [[3, 1, 2, 5, 6], [0, 1, 2, 5, 7]]
@@ -309,6 +319,8 @@ def test_reader_on_hand_built_published_files(tmp_path, monkeypatch, order):
 
 def test_reader_split_options_and_unwritable_data_directory(tmp_path, monkeypatch):
     _published(tmp_path)
+    # these few small boxes also fit the x-first reading (xyxyc): the setting decides
+    monkeypatch.setenv("HPCAI500_EWA_BOX_ORDER", "yxyxc")
     monkeypatch.setenv("HPCAI500_EWA_VAL", "climo_2000.h5")
     d = ewa.read(str(tmp_path), cache_dir=str(tmp_path / "cache"))
     assert (d.n_train, d.n_val) == (2, 3) and d.val_boxes[:, 0, 0].tolist() == [0, 1, 2]
@@ -353,7 +365,9 @@ def test_reader_split_options_and_unwritable_data_directory(tmp_path, monkeypatc
     ("val-no-truth", "have no boxes"),
     ("mixed", "mixes files written by stage()"),
 ])
-def test_bad_data_names_file_dataset_and_problem(tmp_path, case, message):
+def test_bad_data_names_file_dataset_and_problem(tmp_path, monkeypatch, case, message):
+    # the order set: these few square boxes fit several readings (detection: tests/test_datasets.py)
+    monkeypatch.setenv("HPCAI500_EWA_BOX_ORDER", "yxyxc")
     images = np.zeros((4, 16, 16, 24), np.float32)
     boxes = np.full((4, 2, 5), -1, np.float32)
     boxes[:, 0] = [1, 1, 5, 5, 0]                     # yxyxc
@@ -579,6 +593,7 @@ def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
     assert "PASSED" in p.stdout and "FAILED" not in p.stdout
     assert ("ewa: backbone small (automatic for 64 px images), R = 64 ROIs; FLOPs count the backbone, RPN and"
             " the ROI head once per ROI" in p.stdout)
+    assert "- ewa: box rows read as (ymin, xmin, ymax, xmax, class) = yxyxc, detected from" in p.stdout
     tests = results(tmp_path / "runs")["tests"]
     assert [len(t["base_quality"]) for t in tests] == [2, 1]
     (folder,) = (tmp_path / "runs" / ".data").glob("ewa-synthetic-*")

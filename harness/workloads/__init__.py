@@ -109,8 +109,14 @@ class Workload(Protocol):
         printed in the report (or None); `deviations`: how that model differs from the
         workload's reference model (a ranking result has none, harness/division.py)."""
 
+    def describe_data(self, data) -> list:
+        """Optional (DEFAULTS): lines for the report's conventions (and results.json's
+        `conventions`) on what the reader decided about the data and how: e.g. ewa's box
+        column order and validation years, ic's label base. Default: no lines."""
 
-DEFAULTS = {"ENSEMBLE": "sum", "MOMENTUM": 0.9, "describe_model": lambda data: (None, [])}
+
+DEFAULTS = {"ENSEMBLE": "sum", "MOMENTUM": 0.9, "describe_model": lambda data: (None, []),
+            "describe_data": lambda data: []}
 REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)
 

@@ -11,7 +11,10 @@ scenes weather_synthetic.py, the model faster_rcnn.py, the box math detection.py
 Data: a path (a directory of per-year HDF5 files in the published layout, or one such
 file), or `synthetic[:SAMPLES[:SIDE]]` (default 320 images of 96 x 144; SIDE is the
 height, the width 1.5 x SIDE as in 768 x 1152), written once per node in the published
-layout into the run's cache directory and read back through the same reader.
+layout into the run's cache directory and read back through the same reader. The box
+rows' column order is detected from the data unless HPCAI500_EWA_BOX_ORDER sets it
+(extreme_weather.detect_order); `describe_data` states it, the channels and the split
+in the report's conventions (and so in results.json's `conventions`).
 
 Feed: a rank reads only its job's resample share and holds a batch, not the data set:
 images are read per batch by h5py, one image per read, transposed to channels last and
@@ -78,12 +81,13 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
         if side < MIN_SIDE:
             raise DataError(f"ewa {dataset!r}: SIDE (image height) must be at least {MIN_SIDE}: "
                             "the detector's feature map is 1/8 of the image and needs 4 x 6 cells")
-        path = os.path.join(cache_dir, weather_synthetic.directory_name(samples, side, _order()))
+        written = _order() or ew.PAGE_ORDER   # unset: the page's order, detected back on reading
+        path = os.path.join(cache_dir, weather_synthetic.directory_name(samples, side, written))
     first = {}  # the writer's own read, not repeated
 
     def prepare():
         if kind == "synthetic" and not os.path.isdir(path):
-            weather_synthetic.write_synthetic(path, samples, side, order=_order())
+            weather_synthetic.write_synthetic(path, samples, side, order=written)
         first["data"] = read(path, source=dataset, cache_dir=cache_dir)
 
     node_once(node_rank, node_barrier, prepare)
@@ -92,12 +96,22 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
 
 def read(path: str, source: str | None = None, cache_dir: str | None = None) -> Data:
     """The one reader of published, synthetic and staged data, with the box order and
-    the validation years of the settings (HPCAI500_EWA_BOX_ORDER, HPCAI500_EWA_VAL)."""
+    the validation years of the settings (HPCAI500_EWA_BOX_ORDER: unset, the order is
+    detected from the rows; HPCAI500_EWA_VAL)."""
     return ew.read(path, source, cache_dir, order=_order(), val=settings.value(ew.VAL_ENV) or ())
 
 
-def _order() -> str:
+def _order() -> str | None:
     return settings.value(ew.BOX_ORDER_ENV)
+
+
+def describe_data(data: Data) -> list[str]:
+    """The report's lines on what the reader decided about the files: the box rows'
+    column order and how it was decided, the channels in the files' order, and which
+    files are the validation set."""
+    return [f"box rows read as {ew.order_names(data.box_order)} = {data.box_order}, {data.box_order_how}",
+            f"channels in the files' order: {', '.join(data.channel_names)} ({data.channel_names_how})",
+            f"split: {data.split_how}"]
 
 
 def stage(data: Data, rows: np.ndarray, path: str) -> int:

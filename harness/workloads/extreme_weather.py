@@ -7,14 +7,28 @@ by content (a root attribute), never by file name:
 * Published (extremeweatherdataset.github.io: one file per year, `climo_YYYY.h5`):
       images  (N, 16, H, W) float32, channels first, raw physical values
       boxes   (N, G, 5): four pixel coordinates and a class id; rows of -1 pad
-  The column order of a box row is HPCAI500_EWA_BOX_ORDER: the four coordinates as
-  letters, the first y/x the minimum, the second the maximum, and `c` for the class
-  (last when left out). Default `yxyxc` = (ymin, xmin, ymax, xmax, class): what we
-  believe the published files hold, unverified (no copy of the data here; the site
-  says "5 elements" a row). `xyxyc`, `cyxyx`, ... if not.
-  Split: the files named in HPCAI500_EWA_VAL (comma-separated file names) are the
-  validation set, by default the last file by name (the last year). A single file is
-  split by images: its last VAL_FRACTION are the validation set.
+  Channels: PRECT, PS, PSL, QREFHT, T200, T500, TMQ, TREFHT, TS, U850, UBOT, V850,
+  VBOT, Z1000, Z200, ZBOT in that order (CHANNEL_NAMES), unless the file names them
+  (a root or `images` attribute of CHANNEL_NAME_KEYS holding 16 names).
+  Box order, detected (`detect_order`): the dataset's page says a row is (ymin, xmin,
+  ymax, xmax, class), y on the 768 axis (`yxyxc`); the authors' converter writes
+  (ymin, ymax, xmin, xmax, class) in the page's naming (`yyxxc`). Neither is verified
+  against a real file, so the reader reads the box columns of every file and keeps
+  the one reading of CANDIDATE_ORDERS (those two and their x-first twins `xyxyc`,
+  `xxyyc`; the class last, as both sources say) that puts every real row inside the
+  image (0 <= min < max <= the image's own height or width). Several readings that
+  fit every row, or none, stop the read with a DataError showing sample rows and
+  naming HPCAI500_EWA_BOX_ORDER, which decides it: set, there is no detection (its
+  letters: the four coordinates, the first y/x the minimum, the second the maximum,
+  `c` for the class, last when left out; e.g. `yxyxc`, `yyxxc`, `cyxyx`), boxes
+  reaching past the image are clipped to it, and a row it leaves empty or wholly
+  outside is an error.
+  Split: the published set is 25 year files (1979-2005 without 1983 and 1999) with
+  no official split. The files named in HPCAI500_EWA_VAL (comma-separated file names)
+  are the validation set, by default the last file by name (the last year). A single
+  file is split by images: its last VAL_FRACTION are the validation set.
+  What was decided (box order, channel names, split, and how) is kept in the Data
+  object and stated in the report (ewa.describe_data).
   Normalisation: per-channel mean and standard deviation over up to STATS_SAMPLE evenly
   spaced training images, computed once and cached as `ewa-stats-<key>.npz` (key: the
   training files' names, sizes and ranges) beside the data, or in the run's cache
@@ -49,8 +63,14 @@ CHANNELS, CLASSES = 16, 4
 CLASS_NAMES = ("tropical depression", "tropical cyclone", "extratropical cyclone", "atmospheric river")
 VAL_FRACTION = 0.2         # of a single file's images, when the data set is one file
 STATS_SAMPLE = 256         # training images the statistics are computed over, at most
-BOX_ORDER_ENV, VAL_ENV, DEFAULT_BOX_ORDER = "HPCAI500_EWA_BOX_ORDER", "HPCAI500_EWA_VAL", "yxyxc"
-BOX_ORDER_FORM = "two y, two x and at most one c (e.g. yxyxc, xyxyc, cyxyx)"
+BOX_ORDER_ENV, VAL_ENV = "HPCAI500_EWA_BOX_ORDER", "HPCAI500_EWA_VAL"
+BOX_ORDER_FORM = "two y, two x and at most one c (e.g. yxyxc, yyxxc, cyxyx)"
+PAGE_ORDER, CONVERTER_ORDER = "yxyxc", "yyxxc"   # the dataset page's row order; the authors' converter's
+CANDIDATE_ORDERS = (PAGE_ORDER, CONVERTER_ORDER, "xyxyc", "xxyyc")   # what detection tries; class last
+CHANNEL_NAMES = ("PRECT", "PS", "PSL", "QREFHT", "T200", "T500", "TMQ", "TREFHT", "TS", "U850", "UBOT",
+                 "V850", "VBOT", "Z1000", "Z200", "ZBOT")   # the published files' channel order
+CHANNEL_NAME_KEYS = ("channels", "channel_names", "variables")   # attributes that may name them
+SAMPLE_ROWS = 4            # rows an ambiguous-order error shows
 OURS = ("hpcai500_ewa", "channels_last")   # root attribute of the files `write_staged` writes
 OUR_ORDER = "cyxyx"
 SPLITS = ("train", "val")
@@ -76,6 +96,11 @@ class Data:
     width: int                 # pixels
     mean: np.ndarray           # (16,) float32, per channel, in the data's physical units
     std: np.ndarray            # (16,) float32, per channel, > 0
+    box_order: str = PAGE_ORDER    # the column order the box rows were read in
+    box_order_how: str = ""        # how it was decided ("detected from ...", "set by ...")
+    channel_names: tuple = CHANNEL_NAMES
+    channel_names_how: str = "the published order; the files carry no names"
+    split_how: str = ""            # which files (or images) are the validation set, and why
     _files: dict = field(default_factory=dict, init=False, repr=False)  # file -> open h5py.File
 
     n_train = property(lambda self: len(self.train_boxes))
@@ -146,6 +171,27 @@ def to_rows(raw: np.ndarray, order: str) -> np.ndarray:
     return rows
 
 
+def order_names(order: str) -> str:
+    """A box order in words: order_names('yyxxc') == '(ymin, ymax, xmin, xmax, class)'."""
+    cols = box_columns(order)
+    names = ["class", "ymin", "xmin", "ymax", "xmax"]
+    return "(" + ", ".join(names[cols.index(k)] for k in range(5)) + ")"
+
+
+def inside(rows: np.ndarray, order: str, hw) -> np.ndarray:
+    """(n,) bool: which raw box rows (n, 5), read in `order`, lie inside an image of
+    height and width `hw` with min < max in both axes (0 <= min < max <= side)."""
+    _, y0, x0, y1, x1 = np.asarray(rows, np.float64)[:, box_columns(order)].T
+    h, w = hw
+    return (0 <= y0) & (y0 < y1) & (y1 <= h) & (0 <= x0) & (x0 < x1) & (x1 <= w)
+
+
+def fitting_orders(rows: np.ndarray, hw) -> list[str]:
+    """The CANDIDATE_ORDERS in which every one of the real raw box rows (n, 5) fits
+    the image (`inside`); the class column is the last in every candidate."""
+    return [o for o in CANDIDATE_ORDERS if inside(rows, o, hw).all()]
+
+
 def from_rows(rows: np.ndarray, order: str) -> np.ndarray:
     """The inverse of `to_rows`: padding rows become all -1, as in the published files."""
     out = np.empty_like(np.asarray(rows, np.float32))
@@ -157,13 +203,15 @@ def from_rows(rows: np.ndarray, order: str) -> np.ndarray:
 # ---- reading -----------------------------------------------------------------------
 
 def read(path: str, source: str | None = None, cache_dir: str | None = None,
-         order: str = DEFAULT_BOX_ORDER, val: tuple[str, ...] = ()) -> Data:
-    """Open a data set (see the module docstring): check every file, split, load boxes
-    and statistics. `order`: the published box rows' column order; `val`: the file names
-    of the validation years (default: the last file by name). Reads the last value of every file's images: a truncated or
-    corrupt file end fails here, not in the middle of training."""
+         order: str | None = None, val: tuple[str, ...] = ()) -> Data:
+    """Open a data set (see the module docstring): check every file, decide the box
+    order, split, load boxes and statistics. `order`: the published box rows' column
+    order (None: detected from the rows, `detect_order`); `val`: the file names of the
+    validation years (default: the last file by name). Reads the last value of every
+    file's images: a truncated or corrupt file end fails here, not in the middle of
+    training."""
     files = _files(path)
-    info = [_check(f, order) for f in files]
+    info = [_check(f) for f in files]
     ours = [i["ours"] for i in info]
     if any(ours) and not all(ours):
         raise DataError(f"{path}: mixes files written by stage() (channels last) with "
@@ -172,6 +220,17 @@ def read(path: str, source: str | None = None, cache_dir: str | None = None,
     if len(hws) > 1:
         raise DataError(f"{path}: files hold images of different sizes: "
                         + ", ".join(f"{os.path.basename(i['file'])} {i['hw']}" for i in info))
+    (height, width), = hws
+    if ours[0]:
+        order, how = OUR_ORDER, "our staged layout (class first)"
+    elif order:
+        order, how = order.strip().lower(), f"set by {BOX_ORDER_ENV}"
+    else:
+        for i in info:  # the class column is the last in every candidate order
+            _check_classes(i["file"], i["raw"][..., 4], "the class column, last in every candidate box order")
+        order, how = detect_order(path, info, (height, width))
+    for i in info:
+        i["boxes"] = _check_boxes(i["file"], i["raw"], order, i["hw"])
     parts = _split(path, info, val) if not ours[0] else {
         s: [Part(i["file"], 0, i["n"], False) for i in info if i["split"] == s] for s in SPLITS}
     for s in SPLITS:
@@ -186,12 +245,78 @@ def read(path: str, source: str | None = None, cache_dir: str | None = None,
         names = ", ".join(sorted({os.path.basename(p.file) for p in parts["val"]}))
         raise DataError(f"{path}: the validation images ({names}) have no boxes: mAP needs "
                         "ground truth to measure against")
-    (height, width), = hws
+    named = {i["channels"] for i in info if i["channels"]}
+    if len(named) > 1:
+        raise DataError(f"{path}: files name their channels differently: "
+                        + "; ".join(f"{os.path.basename(i['file'])} {', '.join(i['channels'])}"
+                                    for i in info if i["channels"]))
+    channels, channels_how = (named.pop(), "as the files name them") if named else (
+        CHANNEL_NAMES, "the published order; the files carry no names")
     data = Data(path, source or path, parts, boxes["train"], boxes["val"], height, width,
-                np.zeros(CHANNELS, np.float32), np.ones(CHANNELS, np.float32))
+                np.zeros(CHANNELS, np.float32), np.ones(CHANNELS, np.float32), order, how,
+                channels, channels_how, _split_how(info, parts, val, ours[0]))
     stored = [i["stats"] for i in info if i["stats"] is not None and i["split"] == "train"]
     mean, std = stored[0] if stored else _cached_statistics(data, cache_dir)
     return replace(data, mean=mean.astype(np.float32), std=std.astype(np.float32))
+
+
+def detect_order(path: str, info: list[dict], hw) -> tuple[str, str]:
+    """(order, how): the one reading of CANDIDATE_ORDERS that keeps every real box row
+    of every file inside the images (`inside`). DataError, with sample rows and the
+    setting that decides it, when several readings fit every row or none does."""
+    rows, where = [], []
+    for k, i in enumerate(info):
+        real = i["raw"][..., 4] >= 0
+        rows.append(i["raw"][real])
+        where.append(np.column_stack([np.full(int(real.sum()), k), np.argwhere(real)]))
+    rows, where = np.concatenate(rows), np.concatenate(where)
+    files = f"{len(info)} file{'s' if len(info) != 1 else ''}"
+    if len(rows) == 0:  # nothing to decide from: the missing validation truth is the error
+        return PAGE_ORDER, "no box rows to detect from"
+    h, w = hw
+
+    def show(n):
+        k, image, j = where[n]
+        return (f"{os.path.basename(info[k]['file'])} image {image} box {j} "
+                f"[{', '.join(f'{v:g}' for v in rows[n])}]")
+
+    fits = {o: inside(rows, o, hw) for o in CANDIDATE_ORDERS}
+    ok = [o for o in CANDIDATE_ORDERS if fits[o].all()]
+    if len(ok) == 1:
+        return ok[0], (f"detected from {len(rows)} box rows of {files}: of the readings "
+                       f"{', '.join(CANDIDATE_ORDERS)} only this one keeps every box inside the "
+                       f"{h} x {w} images with min < max")
+    decide = (f"set {BOX_ORDER_ENV} to the files' column order ({BOX_ORDER_FORM}; the dataset page's "
+              f"order is {PAGE_ORDER}, the authors' converter's {CONVERTER_ORDER})")
+    if ok:
+        sample = np.unique(np.linspace(0, len(rows) - 1, min(SAMPLE_ROWS, len(rows))).astype(int))
+        raise DataError(
+            f"ewa dataset {path}: cannot tell the column order of the box rows: "
+            f"{len(ok)} readings, {', '.join(f'{o} {order_names(o)}' for o in ok)}, keep every one of "
+            f"the {len(rows)} box rows of {files} inside the {h} x {w} images with min < max. "
+            f"Sample rows: {'; '.join(show(n) for n in sample)}. To decide, {decide}")
+    fails = "; ".join(f"{o} {order_names(o)}: {int((~fits[o]).sum())} of {len(rows)} rows, e.g. "
+                      f"{show(int(np.argmin(fits[o])))}" for o in CANDIDATE_ORDERS)
+    raise DataError(
+        f"ewa dataset {path}: no reading of the box rows keeps every box inside the {h} x {w} images "
+        f"with min < max ({files}). Rows that do not fit: {fails}. If the files' order is none of these, "
+        f"{decide}; set, boxes reaching past the image are clipped to it")
+
+
+def _split_how(info: list[dict], parts: dict, val: tuple[str, ...], ours: bool) -> str:
+    """Which files (or images) are the validation set, and why, for the report."""
+    if ours:
+        return "our staged copy (train.h5, val.h5)"
+    if len(info) == 1 and not val:
+        (t,), (v,) = parts["train"], parts["val"]
+        return (f"validation = the last {VAL_FRACTION:.0%} of the images of {os.path.basename(t.file)} "
+                f"({v.count} of {t.count + v.count}; one file)")
+    names = {s: [os.path.basename(p.file) for p in parts[s]] for s in SPLITS}
+    why = f"set by {VAL_ENV}" if val else f"the last file by name; {VAL_ENV} names others"
+    train = names["train"]
+    span = train[0] if len(train) == 1 else f"{train[0]} .. {train[-1]}"
+    return (f"validation {', '.join(names['val'])} ({why}), training {len(train)} file"
+            f"{'s' if len(train) != 1 else ''} ({span}); the published set has no official split")
 
 
 def _files(path: str) -> list[str]:
@@ -229,8 +354,8 @@ def _split(path: str, info: list[dict], val: tuple[str, ...]) -> dict:
             for s in SPLITS}
 
 
-def _check(file: str, order: str) -> dict:
-    """One file's layout, shapes, boxes (converted to our rows, checked) and stored statistics."""
+def _check(file: str) -> dict:
+    """One file's layout, shapes, raw box rows (finite), channel names and stored statistics."""
     try:
         f = h5py.File(file, "r", locking=False)
     except OSError as e:
@@ -267,9 +392,22 @@ def _check(file: str, order: str) -> dict:
             stats = f["channel_mean"][...], f["channel_std"][...]
             _check_stats(stats, f"{file}: datasets 'channel_mean'/'channel_std'")
         n = len(images)
-    order = OUR_ORDER if ours else order
+        channels = _channel_names(f)
+    if not np.isfinite(raw).all():
+        raise DataError(f"{file}: dataset 'boxes' contains NaN or infinity")
     return {"file": file, "ours": ours, "hw": hw, "n": n, "split": split, "stats": stats,
-            "boxes": _check_boxes(file, raw, order, hw)}
+            "raw": raw, "channels": channels}
+
+
+def _channel_names(f) -> tuple | None:
+    """The 16 channel names if the file gives them (a root or `images` attribute of
+    CHANNEL_NAME_KEYS holding 16 strings), else None."""
+    for attrs in (f.attrs, f["images"].attrs):
+        for key in CHANNEL_NAME_KEYS:
+            values = np.ravel(attrs[key]) if key in attrs else []
+            if len(values) == CHANNELS and all(isinstance(v, (bytes, str)) for v in values):
+                return tuple(v.decode() if isinstance(v, bytes) else v for v in values)
+    return None
 
 
 def _check_stats(stats, where: str) -> None:
@@ -279,16 +417,19 @@ def _check_stats(stats, where: str) -> None:
         raise DataError(f"{where} must be {CHANNELS} finite values each (std > 0)")
 
 
-def _check_boxes(file: str, raw: np.ndarray, order: str, hw) -> np.ndarray:
-    if not np.isfinite(raw).all():
-        raise DataError(f"{file}: dataset 'boxes' contains NaN or infinity")
-    boxes = to_rows(raw, order)
-    cls = boxes[..., 0]
+def _check_classes(file: str, cls: np.ndarray, where: str) -> None:
     bad = (cls != np.round(cls)) | (cls >= CLASSES)
     if bad.any():
         i, j = np.argwhere(bad)[0]
         raise DataError(f"{file}: dataset 'boxes': image {i} box {j}: class must be -1 (padding) or "
-                        f"an integer in [0, {CLASSES}), found {cls[i, j]:g} (box order {order})")
+                        f"an integer in [0, {CLASSES}), found {cls[i, j]:g} ({where})")
+
+
+def _check_boxes(file: str, raw: np.ndarray, order: str, hw) -> np.ndarray:
+    """Raw rows in `order` -> our rows (class, ymin, xmin, ymax, xmax), checked and clipped."""
+    boxes = to_rows(raw, order)
+    cls = boxes[..., 0]
+    _check_classes(file, cls, f"box order {order}")
     real = cls >= 0
     flat = (boxes[..., 3] <= boxes[..., 1]) | (boxes[..., 4] <= boxes[..., 2])
     if (real & flat).any():

@@ -2,11 +2,19 @@
 
 Data: a directory of ImageNet TFRecord shards in the common layout (`train-00000-of-01024`
 ..., `validation-00000-of-00128` ...; each record a tf.train.Example with the JPEG in
-`image/encoded` and the class in `image/class/label`). The common converter writes labels
-1..1000; LABEL_OFFSET (default 1, or env HPCAI500_IC_LABEL_OFFSET) is subtracted. A
-directory written by this module also holds `hpcai500-ic.json` (image side, classes,
-label offset), which then wins over the defaults (side 224, classes from the validation
-labels, the offset above).
+`image/encoded` and the class in `image/class/label`). tensorflow/models'
+build_imagenet_data.py writes labels 1..1000 (0 unused), other converters 0..999: the
+label base (the offset subtracted) is decided from the labels read at load time (every
+validation label and the first record of each training shard, `_label_base`): a 0 means
+0-based, the top label (1000, or the classes of hpcai500-ic.json) 1-based, both an
+error; when neither occurs (a subset) it falls back to 1 (LABEL_OFFSET, the converter's
+convention) and says so. HPCAI500_IC_LABEL_OFFSET, set, overrides the detection. A
+label outside the chosen range is refused naming its shard: at load time for the
+labels read, in the input pipeline for every other training record. A directory
+written by this module also holds `hpcai500-ic.json` (image side, classes, label
+offset), which then wins over the defaults (side 224, classes from the labels read,
+the offset above). `describe_data` states the base and how it was decided in the
+report's conventions (and so in results.json's `conventions`).
 
 Training sample i (i = 0..n_train-1) is the i-th record over the sorted train shards.
 The harness's bootstrap indices are read without loading the data set: an index of
@@ -59,7 +67,9 @@ REFERENCE_NOTE = ("ResNet-50 v1.5 (stride on the 3x3 conv) counts 24.61 GFLOPs a
                   " 224x224, 7 % above the paper's 23.0 (APC 11 776 GFLOPs at |B| = 512), which is"
                   " ResNet-50 v1's count; JPEG decoding and augmentation are not counted")
 LABEL_SMOOTHING = 0.1
-LABEL_OFFSET = 1               # the common converter writes 1..1000
+LABEL_OFFSET = 1               # tensorflow/models' converter writes 1..1000: the fallback base
+IMAGENET_CLASSES = 1000        # the top label of a 1-based set, when hpcai500-ic.json gives no classes
+OFFSET_ENV = "HPCAI500_IC_LABEL_OFFSET"
 IMAGE_SIDE = 224               # training crop of real ImageNet
 CENTER_FRACTION = 0.875        # validation: central crop (224 of 256)
 MEAN = (0.485, 0.456, 0.406)   # ImageNet RGB mean and std, on [0, 1] pixels
@@ -84,6 +94,8 @@ class ICData:
     num_classes: int
     side: int
     label_offset: int
+    label_how: str = ""        # how the label base was decided, for the report
+    labels_read: str = ""      # which labels it was decided from
 
     @property
     def n_train(self) -> int:
@@ -128,24 +140,54 @@ def read(path: str, cache_dir: str | None = None, source: str | None = None) -> 
     val_files = tfrecord.list_shards(path, "validation")
     if cache_dir is None and os.access(path, os.W_OK):
         cache_dir = path
-    train, val, raw = _index(train_files, val_files, cache_dir)
-    offset = meta.get("label_offset", _env_offset())
-    y_val = raw - offset
-    if len(y_val) == 0 or len(train) == 0:
+    train, val, raw, sample, sample_raw = _index(train_files, val_files, cache_dir)
+    if len(val) == 0 or len(train) == 0:
         raise DataError(f"{path}: no records in the {'train' if len(train) == 0 else 'validation'} shards")
-    classes = int(meta.get("classes", y_val.max() + 1))
-    if y_val.min() < 0 or y_val.max() >= classes:
-        raise DataError(f"{path}: validation labels run {raw.min()}..{raw.max()}; after subtracting "
-                        f"the label offset {offset} they must lie in [0, {classes}) "
-                        "(set HPCAI500_IC_LABEL_OFFSET=0 for 0-based labels)")
-    return ICData(path, source or path, train, val, y_val.astype(np.int64), classes,
-                  int(meta.get("side", IMAGE_SIDE)), offset)
+    # every label read, with its shard: the validation set's, then the training sample's
+    labels = np.concatenate([raw, sample_raw])
+    shards = [val.files[i] for i in val.shard] + [train.files[i] for i in train.shard[sample]]
+    top = meta.get("classes", IMAGENET_CLASSES)
+    offset, how = _label_base(meta, labels, shards, top)
+    y = labels - offset
+    bad = np.flatnonzero((y < 0) | (y >= top))
+    if len(bad):
+        k = bad[0]
+        raise DataError(f"{shards[k]}: label {labels[k]} lies outside {offset}..{offset + top - 1}, the "
+                        f"labels of {top} classes {offset}-based ({how}); {OFFSET_ENV} sets the base")
+    classes = int(meta.get("classes", y.max() + 1))
+    read_from = (f"{len(raw)} validation labels and the first record of each of {len(sample)} training "
+                 f"shard{'s' if len(sample) != 1 else ''}")
+    return ICData(path, source or path, train, val, (raw - offset).astype(np.int64), classes,
+                  int(meta.get("side", IMAGE_SIDE)), offset, how, read_from)
 
 
-def _env_offset() -> int:
-    """What to subtract from the stored labels: the setting, else 1 (the common converter)."""
-    offset = settings.value("HPCAI500_IC_LABEL_OFFSET")
-    return LABEL_OFFSET if offset is None else offset
+def _label_base(meta: dict, labels: np.ndarray, shards: list, top: int) -> tuple[int, str]:
+    """(offset, how): what to subtract from the stored labels, and why. Our own files
+    record it; the setting overrides the data; else a 0 label means 0-based, the top
+    label 1-based, neither the converter's 1 (said as an assumption)."""
+    if "label_offset" in meta:
+        return meta["label_offset"], f"recorded in {META}, written with the data by hpcai500"
+    offset = settings.value(OFFSET_ENV)
+    if offset is not None:
+        return offset, f"set by {OFFSET_ENV}={offset}"
+    zero, highest = np.flatnonzero(labels == 0), np.flatnonzero(labels >= top)
+    if len(zero) and len(highest):
+        raise DataError(f"the labels read run {labels.min()}..{labels.max()}: label 0 ({shards[zero[0]]}) "
+                        f"means 0-based, label {labels[highest[0]]} ({shards[highest[0]]}) 1-based for "
+                        f"{top} classes; set {OFFSET_ENV} to the data's base")
+    if len(zero):
+        return 0, f"detected: label 0 occurs ({os.path.basename(shards[zero[0]])})"
+    if len(highest):
+        return 1, f"detected: label {top} occurs ({os.path.basename(shards[highest[0]])})"
+    return LABEL_OFFSET, (f"assumed: neither 0 nor {top} among the labels read ({labels.min()}..{labels.max()}), "
+                          f"so tensorflow/models' convention (1..{top}, 0 unused) is taken; "
+                          f"set {OFFSET_ENV}=0 if the data is 0-based")
+
+
+def describe_data(data: ICData) -> list[str]:
+    """The report's line on the labels: the base, how it was decided, from what."""
+    return [f"labels {data.label_offset}-based ({data.label_how}): {data.label_offset} subtracted, "
+            f"{data.num_classes} classes; decided from the {data.labels_read}"]
 
 
 def _meta(path: str) -> dict:
@@ -164,29 +206,46 @@ def _meta(path: str) -> dict:
 
 
 _INDEX_KEYS = ("train_shard", "train_offset", "train_length", "val_shard", "val_offset",
-               "val_length", "val_label")
+               "val_length", "val_label", "train_sample", "train_sample_label")
 
 
 def _index(train_files, val_files, cache_dir):
-    """(train index, validation index, raw validation labels), from the cache or built."""
+    """(train index, validation index, raw validation labels, the training sample's
+    record numbers (the first record of each shard) and raw labels), from the cache or built."""
     key = tfrecord.cache_key(train_files + val_files)
     file = os.path.join(cache_dir, f"ic-index-{key}.npz") if cache_dir else None
     z = tfrecord.load_npz(file) if file else None
-    if z is not None and set(z) == set(_INDEX_KEYS) and len(z["val_label"]) == len(z["val_offset"]):
+    if (z is not None and set(z) == set(_INDEX_KEYS) and len(z["val_label"]) == len(z["val_offset"])
+            and len(z["train_sample"]) == len(z["train_sample_label"])):
         return (tfrecord.Index(tuple(train_files), z["train_shard"], z["train_offset"], z["train_length"]),
                 tfrecord.Index(tuple(val_files), z["val_shard"], z["val_offset"], z["val_length"]),
-                z["val_label"])
+                z["val_label"], z["train_sample"], z["train_sample_label"])
     train, val = tfrecord.build_index(train_files), tfrecord.build_index(val_files)
     raw = _labels(val)
+    sample = _first_of_each_shard(train)
+    sample_raw = _labels(_subset(train, sample))
     if file:
         try:
             os.makedirs(cache_dir, exist_ok=True)
-            tfrecord.save_npz(file, train_shard=train.shard, train_offset=train.offset,
-                              train_length=train.length, val_shard=val.shard, val_offset=val.offset,
-                              val_length=val.length, val_label=raw)
+            _save_index(file, train, val, raw, sample, sample_raw)
         except OSError:  # a read-only cache costs a re-scan next time, not the run
             pass
-    return train, val, raw
+    return train, val, raw, sample, sample_raw
+
+
+def _save_index(file, train, val, raw, sample, sample_raw) -> None:
+    tfrecord.save_npz(file, train_shard=train.shard, train_offset=train.offset, train_length=train.length,
+                      val_shard=val.shard, val_offset=val.offset, val_length=val.length, val_label=raw,
+                      train_sample=sample, train_sample_label=sample_raw)
+
+
+def _first_of_each_shard(index: tfrecord.Index) -> np.ndarray:
+    """The record numbers of each non-empty shard's first record (records are in shard order)."""
+    return np.flatnonzero(np.diff(index.shard.astype(np.int64), prepend=-1) != 0).astype(np.int64)
+
+
+def _subset(index: tfrecord.Index, rows) -> tfrecord.Index:
+    return tfrecord.Index(index.files, index.shard[rows], index.offset[rows], index.length[rows])
 
 
 def _labels(index: tfrecord.Index) -> np.ndarray:
@@ -275,25 +334,37 @@ def input_signature(data: ICData, batch: int):
 # ---- the input pipeline ---------------------------------------------------------------
 
 def _records(index: tfrecord.Index, rows: np.ndarray):
-    """tf.data of the raw records `rows`, in order: preads in a generator, CHUNK at a time
-    (one Python step per chunk, not per record)."""
+    """tf.data of the raw records `rows`, in order, each with its shard number: preads in
+    a generator, CHUNK at a time (one Python step per chunk, not per record)."""
     import tensorflow as tf
     rows = np.asarray(rows, np.int64)
 
     def gen():
         with tfrecord.Reader(index) as r:
             for a in range(0, len(rows), CHUNK):
-                yield np.array(r.records(rows[a:a + CHUNK]), dtype=object)
+                yield (np.array(r.records(rows[a:a + CHUNK]), dtype=object),
+                       index.shard[rows[a:a + CHUNK]].astype(np.int32))
 
     return tf.data.Dataset.from_generator(
-        gen, output_signature=tf.TensorSpec((None,), tf.string)).unbatch()
+        gen, output_signature=(tf.TensorSpec((None,), tf.string), tf.TensorSpec((None,), tf.int32))).unbatch()
 
 
-def _parse(record, offset):
+def _parse(record, shard, offset: int, classes: int, files):
+    """(JPEG bytes, 0-based label) of a record; a label outside 0..classes-1 after the
+    offset stops the pipeline with an error naming the record's shard (`files`: a
+    string tensor of the index's shard paths)."""
     import tensorflow as tf
     f = tf.io.parse_single_example(record, {tfrecord.IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
                                             tfrecord.LABEL_KEY: tf.io.FixedLenFeature([], tf.int64)})
-    return f[tfrecord.IMAGE_KEY], f[tfrecord.LABEL_KEY] - offset
+    raw = f[tfrecord.LABEL_KEY]
+    label = raw - offset
+    check = tf.debugging.Assert(
+        (label >= 0) & (label < classes),
+        ["ic: label", raw, "in", tf.gather(files, shard), f"lies outside {offset}..{offset + classes - 1}"
+         f" ({classes} classes, labels {offset}-based: see the report's conventions; {OFFSET_ENV} sets the base)"],
+        summarize=1)
+    with tf.control_dependencies([check]):
+        return f[tfrecord.IMAGE_KEY], tf.identity(label)
 
 
 def _normalise(image):
@@ -337,8 +408,9 @@ def dataset(data: ICData, index: tfrecord.Index, rows, batch: int, *, augment: b
         raise IndexError(f"ic: rows {rows.min()}..{rows.max()} outside 0..{len(index) - 1}")
     if drop_remainder:
         rows = rows[:len(rows) // batch * batch]  # read no record that is dropped
-    side, offset = data.side, data.label_offset
-    ds = _records(index, rows).map(lambda r: _parse(r, offset))
+    side, offset, classes = data.side, data.label_offset, data.num_classes
+    files = tf.constant([str(f) for f in index.files])
+    ds = _records(index, rows).map(lambda r, s: _parse(r, s, offset, classes, files))
     if augment:
         base = tf.constant(seed % 2**63, tf.int64)
         ds = ds.enumerate().map(
@@ -403,10 +475,9 @@ def stage(data: ICData, rows, path: str) -> int:
     # the index of the copy is known without a scan: save it where read(path) looks
     val_files = [os.path.join(path, os.path.basename(f)) for f in data.val.files]
     key = tfrecord.cache_key(files + val_files)
-    tfrecord.save_npz(os.path.join(path, f"ic-index-{key}.npz"),
-                      train_shard=np.concatenate([p[0] for p in parts]),
-                      train_offset=np.concatenate([p[1] for p in parts]),
-                      train_length=np.concatenate([p[2] for p in parts]),
-                      val_shard=data.val.shard, val_offset=data.val.offset, val_length=data.val.length,
-                      val_label=data.y_val + data.label_offset)
+    train = tfrecord.Index(tuple(files), np.concatenate([p[0] for p in parts]),
+                           np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
+    sample = _first_of_each_shard(train)   # copy k is rows[k]: their labels are the source's
+    _save_index(os.path.join(path, f"ic-index-{key}.npz"), train, data.val, data.y_val + data.label_offset,
+                sample, _labels(_subset(data.train, rows[sample])))
     return written

@@ -2,12 +2,19 @@
 
 The ewa workload's `synthetic[:SAMPLES[:SIDE]]` data set, for machines without the real
 data and for tests: YEARS files `climo_1979.h5`, ... (the last year the validation set)
-in the published layout (extreme_weather.py), box rows in HPCAI500_EWA_BOX_ORDER, so
-that it is read back by the one reader of real data. Each image holds 16 channels of
-smooth noise with their own offsets and scales (as physical variables have) and 1-3
-objects whose class decides their shape, size and the channels they show in: a
-detector has something to learn, and mAP means something. About 1.5 s and 57 MB an
-image at the full 768 x 1152.
+in the published layout (extreme_weather.py), box rows in HPCAI500_EWA_BOX_ORDER (unset:
+the page's `yxyxc`), so that it is read back by the one reader of real data. Each image
+holds 16 channels of smooth noise with their own offsets and scales (as physical
+variables have) and 1-3 objects whose class decides their shape, size and the channels
+they show in: a detector has something to learn, and mAP means something. About 1.5 s
+and 57 MB an image at the full 768 x 1152.
+
+The reader detects the box order from the rows (extreme_weather.detect_order), and a
+few small boxes can fit several readings. So, by construction, the first image of every
+file holds a witness: an atmospheric river low in the image (x_min < y_min) reaching
+past x = height (x_max > height). Its value > height can only be x_max, and the other
+three values then fit one candidate order only, whichever of the four the set is
+written in: the set is never ambiguous, and write_synthetic checks that it is not.
 """
 from __future__ import annotations
 
@@ -21,9 +28,10 @@ from harness.workloads import DataError
 from harness.workloads import detection as det
 from harness.workloads import extreme_weather as ew
 
-FORMAT_VERSION = 3          # part of the cache directory's name: bump when the generator changes
+FORMAT_VERSION = 4          # part of the cache directory's name: bump when the generator changes
 # 3: a directory is complete once it exists (renamed into place whole), no `done` marker:
 # a half-written v2 directory of a killed writer must not be taken for a complete one
+# 4: a witness object in each file's first image makes the box order detectable
 YEARS = 5                   # files of a set; the last is the validation set
 MAX_BOXES = 3               # objects an image, at most (G of the boxes dataset)
 FIRST_YEAR = 1979
@@ -39,7 +47,7 @@ def directory_name(samples: int, side: int, order: str) -> str:
 
 
 def write_synthetic(path: str, samples: int, side: int, seed: int = 2024,
-                    order: str = ew.DEFAULT_BOX_ORDER) -> None:
+                    order: str = ew.PAGE_ORDER) -> None:
     """`samples` images of side x 1.5 side pixels (as 768 x 1152) in the published
     layout, written image by image (memory stays at one image whatever the size) into a
     temporary directory renamed to `path`: a directory at `path` is a whole set."""
@@ -52,20 +60,44 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024,
     with atomic_path(path) as tmp:
         os.makedirs(tmp)
         for k, count in enumerate(len(a) for a in np.array_split(np.arange(samples), years)):
-            scenes = [_scene(rng, height, width) for _ in range(count)]
+            scenes = [_scene(rng, height, width, witness=i == 0) for i in range(count)]
             rows = np.full((count, MAX_BOXES, 5), [-1, 0, 0, 0, 0], np.float32)
             for i, objects in enumerate(scenes):
                 rows[i, :len(objects)] = [(c, *box) for c, box, _ in objects]
+            _check_detectable(rows, order, (height, width))
             # rendered lazily, in scene order: one image in memory, one stream of draws
             images = ((_render(rng, height, width, objects) * scales + offsets).transpose(2, 0, 1)
                       for objects in scenes)
             ew.write_published(os.path.join(tmp, f"climo_{FIRST_YEAR + k}.h5"), images, rows, order)
 
 
-def _scene(rng, height, width):
-    """1-3 objects (class, box, shape parameters), overlapping little."""
-    objects = []
-    for _ in range(rng.integers(1, MAX_BOXES + 1)):
+def _check_detectable(rows: np.ndarray, order: str, hw) -> None:
+    """The rows (class, ymin, xmin, ymax, xmax) of a file, as written in `order`, fit
+    that candidate reading and no other (the witness's doing; see the module docstring)."""
+    if order.strip().lower() not in ew.CANDIDATE_ORDERS:
+        return  # an order outside the candidates is read only with the setting: no detection
+    raw = ew.from_rows(rows, order)
+    fits = ew.fitting_orders(raw[raw[..., 4] >= 0], hw)
+    if fits != [order.strip().lower()]:
+        raise AssertionError(f"ewa synthetic: box rows written in {order} fit the readings {fits}")
+
+
+def _witness(rng, height, width):
+    """An atmospheric river low in the image, nearly level, from x < 0.41 height to
+    x > 1.08 height (see the module docstring): (class, box, shape parameters)."""
+    thick, angle = 0.04 * height, rng.uniform(-0.08, 0.08)
+    length = rng.uniform(0.6, 0.7) * width
+    cy, cx = rng.uniform(0.72, 0.88) * height, rng.uniform(0.6, 0.9) * height
+    half_y, half_x = 0.5 * length * abs(math.sin(angle)) + thick, 0.5 * length * math.cos(angle) + thick
+    box = (max(cy - half_y, 0), max(cx - half_x, 0), min(cy + half_y, height), min(cx + half_x, width))
+    return 3, box, (cy, cx, (thick, angle, length))
+
+
+def _scene(rng, height, width, witness=False):
+    """1-3 objects (class, box, shape parameters), overlapping little; the first a
+    witness (`_witness`) if asked."""
+    objects = [_witness(rng, height, width)] if witness else []
+    for _ in range(rng.integers(1, MAX_BOXES + 1) - len(objects)):
         for _attempt in range(20):
             c = int(rng.integers(ew.CLASSES))
             obj = _object(rng, c, height, width)
