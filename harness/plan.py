@@ -30,6 +30,7 @@ class Planned:
     warnings: tuple[str, ...]
     division: str = "open"                  # closed | open (harness/division.py)
     open_reasons: tuple[str, ...] = ()
+    model_deviations: tuple[str, ...] = ()  # the model built vs the workload's reference (describe_model)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def read(world, path: str, resume: str | None) -> Input:
             cfg = dat.parse(path)
             tests = dat.expand(cfg)
             if resume:
-                previous = resumed(resume, cfg, len(tests))
+                previous = resumed(resume, cfg, len(tests), values)
         except (dat.DatError, settings.SettingError, RunError) as e:
             err = str(e)
     done = {(t["index"], t.get("repetition", 0)) for t in previous["tests"]} if previous else set()
@@ -171,12 +172,13 @@ def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
 
     from harness import division, workloads
     wl = workloads.get(p.test.workload)
+    deviations = tuple(wl.describe_model(data)[1])
     verdict, reasons = division.judge(
         workload=p.test.workload, dataset_kind=dat.dataset_spec(cfg.dataset)[0],
-        deviations=wl.describe_model(data)[1], test_only=settings.test_only(values),
+        deviations=list(deviations), test_only=settings.test_only(values),
         target=cfg.target_quality, default_target=wl.TARGET_QUALITY, n=cfg.penalty_n, default_n=wl.PENALTY_N,
         repetitions=cfg.repetitions)
-    return replace(p, division=verdict, open_reasons=tuple(reasons))
+    return replace(p, division=verdict, open_reasons=tuple(reasons), model_deviations=deviations)
 
 
 def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
@@ -187,8 +189,9 @@ def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
                            f"{t.workload} has {n} training samples and a job's step takes P x B")
 
 
-def resumed(run_dir: str, cfg: dat.Config, n_tests: int) -> dict:
-    """The results of the invocation to resume, checked against the input file."""
+def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> dict:
+    """The results of the invocation to resume, checked against the input file and the
+    settings in force now (`values`, as settings.read gives them)."""
     from harness import results
     path = os.path.join(run_dir, "results.json")
     try:
@@ -198,9 +201,9 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int) -> dict:
     if previous.get("input", {}).get("sha256") != results.sha256(cfg.text):
         raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
                        f"(SHA-256 differs); resume with the same file, or start a new run")
-    if previous.get("settings", {}) != settings.read():
+    if previous.get("settings", {}) != values:
         raise RunError(f"--resume {run_dir}: the HPCAI500_* settings differ from that run's "
-                       f"({previous.get('settings', {})} there, {settings.read()} now); resume with the same "
+                       f"({previous.get('settings', {})} there, {values} now); resume with the same "
                        "settings, or start a new run")
     if len(previous.get("tests", [])) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")

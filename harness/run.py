@@ -205,7 +205,7 @@ def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) 
                    "digest": r["index_digest"]} for r in roots],
         weights_digest=[[r["weights"] for r in sorted(workers, key=lambda r: r["rank"]) if r["job"] == j]
                         for j in range(layout.M)],
-        model_layers=list(fc.layers), model_deviations=list(wl.describe_model(data)[1]))
+        model_layers=list(fc.layers), model_deviations=list(planned.model_deviations))
 
 
 def _staging_seconds(workers) -> float:
