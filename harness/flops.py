@@ -292,7 +292,7 @@ def profiler_flops(model, input_shape=None) -> int:
     import tensorflow as tf
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
     shape = tuple(input_shape or model.input_shape[1:])
-    fn = tf.function(lambda x: model(x, training=False))
+    fn = tf.function(lambda x: model(x, training=False), autograph=False)
     frozen = convert_variables_to_constants_v2(
         fn.get_concrete_function(tf.TensorSpec((1, *shape), tf.float32)))
     graph = tf.Graph()

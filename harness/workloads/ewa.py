@@ -206,7 +206,7 @@ def predict(model, data: Data, rows: slice) -> np.ndarray:
     empty = np.zeros((batch, data.max_boxes, 5), np.float32)
     empty[..., 0] = -1
 
-    @tf.function
+    @tf.function(autograph=False)  # plain Python control flow: no AST conversion
     def run(x):
         return faster_rcnn.detections(model((x, empty), training=False), cfg)
 
