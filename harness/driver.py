@@ -136,13 +136,15 @@ def _run(args, world, watchdog) -> int:
     watchdog.beat("input")
     given = planning.read(world, args.dat, args.resume)
     nodes = topology.discover(world)
+    # Validate and load before TensorFlow is imported (~3 s a rank): a refused input stops
+    # at once, and the loaders run no TensorFlow op, so the pinning below still works.
+    plan = planning.make(world, given, nodes, watchdog)
     watchdog.beat("device set-up")
     with native_stderr_captured() as native:
         devices = train.setup_devices(nodes.local_rank, nodes.local_size)
     if not devices["gpus_on_node"] and telemetry.gpu_inventory():
         say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but TensorFlow"
             f" found none; its start-up messages:\n{native[0]}")
-    plan = planning.make(world, given, nodes, watchdog)
     cfg = plan.cfg
     if args.check:
         if world.rank == 0:

@@ -15,6 +15,14 @@ def test_embedded_split_is_fixed_and_disjoint():
     assert 0.0 <= a.x_train.min() and a.x_train.max() <= 1.0
 
 
+def test_embedded_digits_are_scikit_learns():
+    """Read from the file without importing scikit-learn: the very rows load_digits() gives."""
+    from sklearn.datasets import load_digits
+    x, y = digits._digits_csv()
+    ref = load_digits()
+    assert np.array_equal(x, ref.data) and np.array_equal(y, ref.target) and y.dtype == np.int64
+
+
 def test_synthetic_round_trip(tmp_path):
     d = digits.load("synthetic:300:12", str(tmp_path))
     assert d.n_train + len(d.y_val) == 300 and d.x_train.shape[1:] == (12, 12, 1)

@@ -195,13 +195,15 @@ def test_synthetic_default_and_224_px(tmp_path):
 
 def test_loading_leaves_tensorflow_unstarted(tmp_path):
     """The harness loads data before it pins TensorFlow's threads, which only works
-    while TensorFlow's runtime has not started: load, read and stage run no TF op."""
+    while TensorFlow's runtime has not started: load, read and stage run no TF op
+    (ic's; and the other workloads' loads)."""
     import subprocess
     import sys
     code = ("import numpy as np, tensorflow as tf\n"
-            "from harness.workloads import ic\n"
+            "from harness.workloads import digits, ewa, ic\n"
             f"d = ic.load('synthetic:20:16', {str(tmp_path)!r})\n"
             f"ic.stage(d, np.arange(3), {str(tmp_path / 'copy')!r}); ic.read({str(tmp_path / 'copy')!r})\n"
+            f"digits.load('embedded', ''); ewa.load('synthetic:10:64', {str(tmp_path)!r})\n"
             "tf.config.threading.set_intra_op_parallelism_threads(1)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)),
                        capture_output=True, text=True, timeout=120)

@@ -40,13 +40,26 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
 
 
 def _embedded() -> Data:
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x, y = (d.images / 16.0).astype(np.float32)[..., None], d.target.astype(np.int64)
+    x, y = _digits_csv()
+    x, y = (x.reshape(-1, 8, 8) / 16.0).astype(np.float32)[..., None], y
     order = np.random.default_rng(0).permutation(len(y))  # fixed split, independent of the run's seed
     n_val = int(round(VAL_FRACTION * len(y)))
     val, train = order[:n_val], order[n_val:]
     return Data(x[train], y[train], x[val], y[val], CLASSES, "scikit-learn digits (embedded, real)")
+
+
+def _digits_csv() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (1797 rows of 64 pixels 0..16, then the label), read from the
+    file load_digits() reads, found without importing scikit-learn: its import is ~0.9 s
+    of every rank's start-up, for one 1797-row table."""
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") if spec else ""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"the embedded digits need scikit-learn's datasets/data/digits.csv.gz: found "
+                                f"{path or 'no scikit-learn'}, expected scikit-learn installed (requirements.txt)")
+    table = np.loadtxt(path, delimiter=",")
+    return table[:, :-1], table[:, -1].astype(np.int64)
 
 
 def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> None:
