@@ -93,15 +93,15 @@ def bagging_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sweep_runs(tmp_path_factory):
-    """Two real runs on 2 ranks that tests/test_ic.py and tests/test_staging.py read, each
-    a sweep of two workloads (digits, then ic) on synthetic:320:32, B 16, 5 epochs, ic
-    as a small ResNet (the documented test knobs: ResNet-50 itself trains at ~40 images/s
-    here). Run A: layouts M=2, P=1 and M=1, P=2. Run B: M=1, P=2 again, trained from
-    node-local copies (line 28, removed after each test). Returns (folder, A, B): results
-    under folder/runs and folder/staged, the copies under folder/stage."""
+    """Two real runs of ic on 2 ranks that tests/test_ic.py and tests/test_staging.py
+    read, synthetic:320:32, B 16, 5 epochs, ic as a small ResNet (the documented test
+    knobs: ResNet-50 itself trains at ~40 images/s here). Run A: layouts M=2, P=1 and
+    M=1, P=2. Run B: M=1, P=2 again, trained from node-local copies (line 28, removed
+    after each test). Returns (folder, A, B): results under folder/runs and
+    folder/staged, the copies under folder/stage."""
     folder = tmp_path_factory.mktemp("sweep")
     env = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1"}
-    both = dict(l6=2, l7="digits ic", l8="synthetic:320:32", l14=16, l15=5, l30=0)
+    both = dict(l7="ic", l8="synthetic:320:32", l14=16, l15=5, l30=0)
     (folder / "a.dat").write_text(dat_text(l5=folder / "runs", l9=2, l10="2 1", l11="1 2", **both))
     (folder / "b.dat").write_text(dat_text(l5=folder / "staged", l9=1, l10=1, l11=2, l28=folder / "stage", **both))
     return (folder, mpirun(2, [str(folder / "a.dat")], folder, env=env),

@@ -2,8 +2,8 @@
 
 In-process: flops.rule on hand-computed records (the pure half of the FLOP count that
 the verifier re-derives from), and folders that are not runs. Under mpirun (`mpi`):
-one small real run (2 ranks, M = 2, 2 epochs, no micro-kernels), shared by the cases
-through a module-scoped fixture; each case verifies its own copy of the run folder,
+one small real run (conftest's bagging_run: 4 ranks, M = 2 jobs of P = 2, 2 epochs,
+staged, no micro-kernels), shared by the cases; each case verifies its own copy of the run folder,
 edited the way the case says: a real run passes every check, and each edit fails the
 check that names it."""
 import io
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from harness import flops, verify
-from tests.conftest import ROOT, dat_text, mpi_env, mpirun
+from tests.conftest import ROOT, mpi_env
 
 
 # ---- flops.rule: Table 3 on hand-computed records, no TensorFlow ----------------------
@@ -98,15 +98,13 @@ def test_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys):
 # ---- a real run, and edits of it ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
-    """One small real run: 2 ranks, M = 2 base models of P = 1, 2 epochs, no micro-kernels."""
-    base = tmp_path_factory.mktemp("verify")
-    dat = base / "test.dat"
-    dat.write_text(dat_text(l5=str(base / "runs"), l9=1, l10=2, l11=1, l15=2, l30=0))
-    proc = mpirun(2, [str(dat)], base)
+def real_run(bagging_run):
+    """The shared real run of tests/conftest.py (4 ranks, M = 2 jobs of P = 2, 2 epochs,
+    staged, the report also in a file): its run folder and its input file."""
+    folder, proc = bagging_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = [p for p in (base / "runs").iterdir() if not p.name.startswith(".")]
-    return run, dat
+    (run,) = [p for p in (folder / "runs").iterdir() if not p.name.startswith(".")]
+    return run, folder / "test.dat"
 
 
 @pytest.fixture
