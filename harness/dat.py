@@ -35,7 +35,8 @@ CHOICES = {
 KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
-NLINES = 30
+NLINES = 32
+FIRST_NEW = 31   # lines 31-32 came with time to quality: a 30-line file predates them
 _ONE_OF = {kind: ", ".join(names) for kind, names in KNOWN.items()}
 LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "a title line", "a title line", "output file name", "device out (6=stdout,7=stderr,file)",
@@ -50,7 +51,12 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     f"aggregation ({_ONE_OF['aggregation']})", "target quality (-1 = workload default)",
     "penalty exponent n (-1 = workload default)", f"repetitions (1 to {MAX_REPETITIONS})",
     "staging directory (none, or a node-local path [keep])", "seed",
-    "roofline micro-kernels (0=skip, 1=run)")
+    "roofline micro-kernels (0=skip, 1=run)",
+    "evaluate every K epochs (0 = only at the end)",
+    "stop at target (0=no, 1=at the first evaluation that reaches it)")
+# What to add to a file that predates lines 31-32 (the shipped file's values).
+NEW_LINES = ("1             evaluate every K epochs (0 = only at the end)",
+             "0             stop at target (0=no, 1=at the first evaluation that reaches it)")
 # The T/V code's fields, in order (Test.tv); the report prints "T/V : Encoded variant ({TV_LEGEND})"
 TV_FIELDS = (("sampler", "sampler"), ("precision", "prec"), ("comm_precision", "comm"), ("optimizer", "opt"),
              ("allreduce", "AR"))
@@ -101,6 +107,8 @@ class Config:
     staging: str                          # line 28: 'none' or a path
     seed: int                             # line 29
     roofline: int                         # line 30
+    eval_every: int = 0                   # line 31: evaluate every K epochs (epochs); 0 = at the end only
+    stop_at_target: bool = False          # line 32: stop at the first evaluation that reaches the target
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 
 
@@ -272,6 +280,12 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     staging_keep = staging != "none" and len(r.tokens(28)) > 1 and r.tokens(28)[1].lower() == "keep"
     seed = r.number(29, f"a seed: an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
     roofline = r.number(30, "roofline micro-kernels: 0 (skip) or 1 (run)", lambda v: v in (0, 1))
+    if not any(ln.strip() for ln in r.lines[FIRST_NEW - 1:]):
+        raise r.err(FIRST_NEW, _Bare("end of file"), f"lines {FIRST_NEW}-{NLINES} (an input file from before "
+                    "time to quality has 30 lines); add them, e.g. " + " and ".join(map(repr, NEW_LINES)))
+    eval_every = r.number(31, "evaluate every K epochs: an integer >= 0 (0 = only at the end)", lambda v: v >= 0)
+    stop_at_target = bool(r.number(32, "stop at target: 0 (no) or 1 (at the first evaluation that reaches it)",
+                                   lambda v: v in (0, 1)))
     for n in range(NLINES + 1, len(r.lines) + 1):
         if r.lines[n - 1].strip():
             raise r.err(n, r.lines[n - 1].split()[0], f"end of file (unexpected line {n}: "
@@ -284,7 +298,7 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
         comm_precision=comm_precision, allreduce=allreduce, sampler=sampler,
         aggregation=aggregation, target_quality=target, penalty_n=penalty_n,
         repetitions=repetitions, staging=staging, seed=seed, roofline=roofline,
-        staging_keep=staging_keep)
+        eval_every=eval_every, stop_at_target=stop_at_target, staging_keep=staging_keep)
 
 
 def parse(path: str) -> Config:
@@ -336,6 +350,10 @@ def describe(cfg: Config) -> list[str]:
             ("REPS", str(cfg.repetitions)), ("STAGING", cfg.staging if cfg.staging == "none" else
                          f"{cfg.staging} (node-local copy of each job's resample, "
                          f"{'kept' if cfg.staging_keep else 'removed'} after each test)"), ("SEED", str(cfg.seed)),
-            ("ROOFLINE", ("skip", "run")[cfg.roofline]), ("OUTPUT", dev),
+            ("ROOFLINE", ("skip", "run")[cfg.roofline]),
+            ("EVAL", "at the end only" if not cfg.eval_every else f"every {_n(cfg.eval_every, 'epoch')} and at the end"),
+            ("STOP", "at the first evaluation that reaches the target" if cfg.stop_at_target
+                     else f"after epoch {cfg.epochs} (line 15)"),
+            ("OUTPUT", dev),
             ("RESULTS", cfg.results_dir)]
     return [f"{k:<8}: {v}" for k, v in rows]

@@ -64,6 +64,13 @@ def weak_scaling(points: list[tuple[int, float]]) -> Scaling | None:
     return Scaling(s0, s1, speedup, speedup / (s1 / s0))
 
 
+def first_reaching(curve: list[dict], target: float) -> dict | None:
+    """The first evaluation (curve point: epoch, seconds, quality) whose ensemble quality
+    reaches the target: its seconds are the time to quality, its epoch the epochs to
+    quality (HPC AI500 V2.0, MLPerf's time to train). None: never reached."""
+    return next((p for p in curve if p["quality"] >= target), None)
+
+
 @dataclass(frozen=True)
 class Repeats:
     runs: int
@@ -74,6 +81,9 @@ class Repeats:
     quality: float       # mean of the kept runs' ensemble quality
     cv_flops: float      # coefficient of variation over all runs (HPC AI500 V2.0)
     cv_quality: float
+    reached: int         # runs whose ensemble reached the target at some evaluation
+    time_to_quality: float | None       # s, olympic mean by time to quality; None unless every run reached
+    cv_epochs_to_quality: float | None  # V2.0's repeatability measure; None unless every run reached
 
 
 def repeats(runs: list[dict], target: float, n: float, staged: bool = False) -> Repeats:
@@ -83,7 +93,9 @@ def repeats(runs: list[dict], target: float, n: float, staged: bool = False) -> 
     The kept runs' FLOPS is their total work over their total time (a mean of rates would
     weigh a short run as much as a long one), and their VFLOPS follows from that FLOPS
     and their mean quality by Eq. 7-8, so the summary row is consistent with itself.
-    The coefficients of variation (sample std / mean) use every run."""
+    The coefficients of variation (sample std / mean) use every run. Time to quality
+    has its own olympic mean, runs ordered by it (MLPerf's time to train), when every
+    run reached the target; a run that never did has no time to average."""
     key = "time_to_solution" if staged else "train_seconds"
     ordered = sorted(runs, key=lambda r: r[key])
     kept = ordered[1:-1] if len(ordered) >= 3 else ordered
@@ -97,5 +109,11 @@ def repeats(runs: list[dict], target: float, n: float, staged: bool = False) -> 
         return var ** 0.5 / m if m else 0.0
     fl = flops(sum(r["total_flops"] for r in kept), sum(r["train_seconds"] for r in kept))
     quality = mean("quality", kept)
+    reached = sum(r["time_to_quality"] is not None for r in runs)
+    ttq = cv_epochs = None
+    if reached == len(runs):
+        by_ttq = sorted(runs, key=lambda r: r["time_to_quality"])
+        ttq = mean("time_to_quality", by_ttq[1:-1] if len(by_ttq) >= 3 else by_ttq)
+        cv_epochs = cv("epochs_to_quality")
     return Repeats(len(runs), len(kept), key, fl, vflops(fl, quality, target, n), quality,
-                   cv("flops"), cv("quality"))
+                   cv("flops"), cv("quality"), reached, ttq, cv_epochs)

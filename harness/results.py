@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.0"
+SCHEMA = "2.1"
 
 
 def sha256(text: str) -> str:
@@ -37,7 +37,10 @@ class TestResult:
     aggregation: str
     repetition: int                   # 0-based; the run used seed + repetition
     seed: int
-    epochs: int
+    epochs: int                       # line 15: the epochs each base model may train
+    epochs_trained: int               # epochs trained: fewer when the target stopped training (line 32)
+    eval_every: int                   # line 31: evaluations every K epochs (0: at the end only)
+    stop_at_target: bool              # line 32
     jobs: list                        # world ranks of each job, root first
     idle_ranks: list
     warnings: list
@@ -58,8 +61,13 @@ class TestResult:
     train_seconds: float              # s, world barrier to the last step, max over ranks
     train_seconds_min: float          # s, the fastest training rank
     staging: dict | None              # the Data Duplicator's copies, or None
-    time_to_solution: float           # s, staging + train_seconds + eval_seconds (MLPerf HPC's time to train)
-    eval_seconds: float               # s, prediction + reduction, max over ranks
+    time_to_solution: float           # s, staging + rank 0's wall from the start of training to the end of the
+                                      #   last evaluation (training, evaluations, waits for other jobs)
+    eval_seconds: float               # s, all evaluations (prediction, waiting for the other jobs, reduction), max over ranks
+    evaluations: list                 # per evaluation: epoch, seconds (rank 0, since the start of training),
+                                      #   quality (ensemble), base_quality (per job)
+    time_to_quality: float | None     # s, the first evaluation reaching the target (staging apart); None: never
+    epochs_to_quality: int | None     # its epoch; None: never
     sampler_seconds: float            # s, drawing and sending the resamples (rank 0)
     flops: float                      # FLOP/s, total_flops / train_seconds (Eq. 6)
     vflops: float                     # FLOP/s, flops x penalty (Eq. 7-8)

@@ -37,7 +37,7 @@ class Context:
 def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     """Repetition `rep` (seed + rep) of a test of the plan (harness/plan.Planned) on every
     rank. Rank 0 returns (TestResult, {job: MLLOG lines}); the other ranks None."""
-    from harness import ensemble, sampler, staging, topology, workloads
+    from harness import sampler, staging, topology, train, workloads
     cfg, world = ctx.cfg, ctx.world
     t, layout = planned.test, planned.layout
     seed = cfg.seed + rep
@@ -50,26 +50,26 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
     log = _log(ctx, planned, data, job, job_comm, indices, seed)
     copy = _stage(ctx, t, rep, wl, data, job, job_comm, indices, log, watchdog)
-    scores = None
+    evaluation = Evaluation(ctx, t, layout.M, wl, data, watchdog)
     if job is None:
         world.Barrier()  # the start barrier the jobs' ranks enter inside train()
+        evaluation.begin()
+        for epoch in train.evaluation_epochs(cfg.epochs, cfg.eval_every):  # the jobs' evaluations
+            t2 = time.perf_counter()
+            stop = evaluation.reduce(epoch, None, None, None)
+            rec["eval_seconds"] += time.perf_counter() - t2
+            if stop:
+                break
     else:
-        scores = _base_model(ctx, t, layout.M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed)
-    # Jobs finish at different times (poisson resamples differ in size; idle ranks
-    # have no job): wait for all of them here, politely, so the reduction is quick.
-    watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {t.index}")
+        _base_model(ctx, t, layout.M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed, evaluation)
     staging.cleanup(copy, cfg.staging_keep)
-    t2 = time.perf_counter()
-    total = ensemble.reduce_scores(world, scores, ensemble.reduced_shape(
-        data.n_val, wl.score_width(data), layout.M, ensemble.stacks(wl)))
-    rec["eval_seconds"] += time.perf_counter() - t2
     records = world.gather(rec, root=0)
     if world.rank != 0:
         return None
-    result = measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed)
+    result = measure(ctx, planned, wl, data, records, evaluation, sampler_seconds, rep, seed)
     # Each log ends on rank 0, where the ensemble's quality is known: MLPerf's success
     # is the target reached (by the ensemble: the benchmark's result), not a clean exit.
-    reached = result.quality >= result.target_quality
+    reached = result.time_to_quality is not None
     return result, {r["job"]: mllog.close(r["mllog"], ensemble_quality=result.quality, reached=reached,
                                           instance_id=r["job"]) for r in records if "mllog" in r}
 
@@ -114,9 +114,8 @@ def _stage(ctx, t, rep, wl, data, job, job_comm, indices, log, watchdog):
     return copy
 
 
-def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed):
-    """Train and evaluate this rank's share of base model `job`; fills `rec` and returns
-    the model's score matrix on the job's root (None on its other ranks). With
+def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed, evaluation):
+    """Train and evaluate this rank's share of base model `job`; fills `rec`. With
     staging, the model trains and predicts from the node-local `copy`."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -134,46 +133,101 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
     probe.start()
     recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                           t.precision, cfg.comm_precision)
+
+    def evaluate(epoch: int) -> bool:
+        """The job's predictions, its root's quality and term of the ensemble, the world's
+        reduction; True: the ensemble reached the target and line 32 says stop."""
+        watchdog.beat(f"evaluation, test {t.index}")
+        fault.point(world.rank, "eval")
+        t1, wall = time.perf_counter(), time.time()
+        full = ensemble.gather_job(job_comm, wl.predict(model, local, ensemble.my_rows(
+            data.n_val, job_comm.rank, job_comm.size)), data.n_val)
+        quality = scores = None
+        if root:
+            rec["quality"] = quality = wl.quality(full, data)
+            scores = ensemble.contribution(full, cfg.aggregation, job, M, ensemble.stacks(wl))
+            log.eval(epoch, quality, start_s=wall, stop_s=time.time())
+        stop = evaluation.reduce(epoch, scores, quality, job)
+        rec["eval_seconds"] += time.perf_counter() - t1
+        watchdog.beat(f"training, test {t.index}")
+        return stop
+
     res = train.train(wl, local, model, local_indices, recipe, seed=seed, job=job,
-                      world_barrier=world.Barrier, hooks=_Hooks(t, ctx.n_tests, log, world.rank == 0),
-                      on_step=_on_step(watchdog, fault.injector(world.rank)))
+                      world_barrier=world.Barrier, hooks=_Hooks(t, ctx.n_tests, log, world.rank == 0, evaluation),
+                      on_step=_on_step(watchdog, fault.injector(world.rank)), evaluate=evaluate,
+                      eval_every=cfg.eval_every)
     rec["telemetry"] = probe.stop(window=res.clock)
-    watchdog.beat(f"evaluation, test {t.index}")
-    fault.point(world.rank, "eval")
-    t1, wall = time.perf_counter(), time.time()
-    rows = ensemble.my_rows(data.n_val, job_comm.rank, job_comm.size)
-    full = ensemble.gather_job(job_comm, wl.predict(model, local, rows), data.n_val)
-    scores = None
     if root:
-        rec["quality"] = wl.quality(full, data)
-        scores = ensemble.contribution(full, cfg.aggregation, job, M, ensemble.stacks(wl))
         rec.update(index_digest=sampler.digest(indices), resample_size=int(len(indices)),
-                   out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train))
-        log.eval(cfg.epochs, rec["quality"], start_s=wall, stop_s=time.time())
-        rec["mllog"] = log.lines
+                   out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train), mllog=log.lines)
     if copy:
         rec["staging"] = {"seconds": copy.seconds, "writer": copy.writer, "samples": copy.samples,
                           "bytes": copy.bytes, "path": copy.path}
     rec.update(seconds=res.seconds, samples=res.samples, steps_per_epoch=res.steps_per_epoch,
-               loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
-               flops=flops.count(model), eval_seconds=time.perf_counter() - t1)
+               epochs=res.epochs, loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
+               flops=flops.count(model))
     hvd.shutdown()
     tf.keras.backend.clear_session()
     job_comm.Free()
-    return scores
 
 
-def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) -> TestResult:
-    """The test's figures from every rank's record (rank 0): Eq. 4-8 and the rest."""
-    from harness import ensemble, metrics, telemetry
+class Evaluation:
+    """The ensemble's quality along the way (lines 31-32), on every rank of the world:
+    after each evaluation epoch every job's root adds its model's term to one world
+    reduction (idle ranks add nothing), world rank 0 scores the ensemble, keeps the
+    curve, and every rank learns whether the target stops training. The clock of the
+    curve is world rank 0's, from the start barrier of training."""
+
+    def __init__(self, ctx, t, M: int, wl, data, watchdog):
+        from harness import ensemble
+        self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = ctx, t, M, wl, data, watchdog
+        self.shape = ensemble.reduced_shape(data.n_val, wl.score_width(data), M, ensemble.stacks(wl))
+        cfg = ctx.cfg
+        self.target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
+        self.start = 0.0      # perf_counter() at the start barrier (rank 0)
+        self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"}
+
+    def begin(self) -> None:
+        self.start = time.perf_counter()
+
+    def reduce(self, epoch: int, scores, quality: float | None, job: int | None) -> bool:
+        """This rank's part of the evaluation after `epoch`: `scores` and `quality` from
+        a job's root, None elsewhere. Returns the stop decision, the same on every rank."""
+        from harness import ensemble
+        world = self.ctx.world
+        # Jobs reach an evaluation at different times (resamples differ in size; idle
+        # ranks have no job): wait for all of them politely, so the reduction is quick.
+        self.watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {self.t.index}")
+        total = ensemble.reduce_scores(world, scores, self.shape)
+        bases = world.gather(None if quality is None else (job, quality), root=0)
+        stop = False
+        if world.rank == 0:
+            q = self.wl.quality(ensemble.ensemble_scores(total, self.M, ensemble.stacks(self.wl)), self.data)
+            self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
+                               "base_quality": [b for _, b in sorted(x for x in bases if x is not None)]})
+            stop = self.ctx.cfg.stop_at_target and q >= self.target
+            t = self.t
+            print(f"hpcai500: test {t.index}/{self.ctx.n_tests} M={t.M} P={t.P} B={t.batch} : evaluation after"
+                  f" epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
+                  f"{', reached: stopping' if stop else ''}", file=sys.stderr, flush=True)
+        return world.bcast(stop, root=0)
+
+
+def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_seconds, rep, seed) -> TestResult:
+    """The test's figures from every rank's record and the evaluations (rank 0): Eq. 4-8
+    and the rest."""
+    from harness import metrics, telemetry
     cfg, t, layout = ctx.cfg, planned.test, planned.layout
     roots = sorted((r for r in records if "quality" in r), key=lambda r: r["job"])
     workers = [r for r in records if r["job"] is not None]
     fc = workers[0]["flops"]
     seconds = max(r["seconds"] for r in records)
     total_flops = metrics.total_flops([r["samples"] for r in roots], fc.training)
-    quality = wl.quality(ensemble.ensemble_scores(total, layout.M, ensemble.stacks(wl)), data)
-    target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
+    curve = evaluation.curve
+    quality = curve[-1]["quality"]
+    target = evaluation.target
+    reached = metrics.first_reaching(curve, target)
+    staging_seconds = _staging_seconds(workers)
     n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n)
@@ -183,7 +237,8 @@ def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) 
     return TestResult(
         index=t.index, tv=t.tv(cfg), workload=t.workload, M=layout.M, P=layout.P, B=t.batch,
         precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=rep, seed=seed,
-        epochs=cfg.epochs, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
+        epochs=cfg.epochs, epochs_trained=roots[0]["epochs"], eval_every=cfg.eval_every,
+        stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
         warnings=list(planned.warnings), division=planned.division, open_reasons=list(planned.open_reasons),
         data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
         forward_flops_per_sample=fc.forward, training_flops_per_sample=fc.training,
@@ -193,8 +248,9 @@ def measure(ctx, planned, wl, data, records, total, sampler_seconds, rep, seed) 
         steps_per_epoch=[r["steps_per_epoch"] for r in roots],
         samples_trained=int(sum(r["samples"] for r in roots)), total_flops=total_flops,
         train_seconds=seconds, train_seconds_min=min(r["seconds"] for r in workers),
-        staging=_staging_summary(cfg, workers), time_to_solution=seconds + _staging_seconds(workers) + eval_seconds,
-        eval_seconds=eval_seconds, sampler_seconds=sampler_seconds,
+        staging=_staging_summary(cfg, workers), time_to_solution=staging_seconds + curve[-1]["seconds"],
+        eval_seconds=eval_seconds, sampler_seconds=sampler_seconds, evaluations=curve,
+        time_to_quality=reached and reached["seconds"], epochs_to_quality=reached and reached["epoch"],
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
         base_quality=[r["quality"] for r in roots], target_quality=target, penalty_n=n,
         penalty=metrics.penalty(quality, target, n), final_loss=[r["loss"] for r in roots],
@@ -226,12 +282,14 @@ def _staging_summary(cfg, workers) -> dict | None:
 
 class _Hooks:
     """Training-loop callbacks of one rank: MLLOG events on a job's root, progress
-    lines on world rank 0 (stderr, so that stdout stays the pasteable report)."""
+    lines on world rank 0 (stderr, so that stdout stays the pasteable report), the
+    evaluation clock's start."""
 
-    def __init__(self, t, total, log, progress: bool):
-        self.t, self.total, self.log, self.progress = t, total, log, progress
+    def __init__(self, t, total, log, progress: bool, evaluation: Evaluation):
+        self.t, self.total, self.log, self.progress, self.evaluation = t, total, log, progress, evaluation
 
     def run_start(self):
+        self.evaluation.begin()
         if self.log:
             self.log.run_start()
 

@@ -69,13 +69,14 @@ class Recipe:
 
 @dataclass
 class TrainResult:
-    seconds: float            # this rank's wall time, barrier to end of the last epoch
+    seconds: float            # this rank's wall time, barrier to end of the last epoch, evaluations excluded
     steps_per_epoch: int
     samples: int              # samples this job processed (all its ranks, all epochs)
     final_loss: float         # last epoch's mean loss on this rank
     weights_diff: float       # max |w - w_root| over this rank's trainable weights
     weights_digest: str       # hash of this rank's trainable weights
-    clock: tuple[float, float]  # time.perf_counter() at the start and the end of the timed training
+    clock: tuple[float, float]  # time.perf_counter() at the start and the end of training (evaluations inside)
+    epochs: int = 0           # epochs trained (fewer than the recipe's when the target stopped it)
 
 
 def build(workload, data, seed: int, job: int, precision: str = "fp32"):
@@ -88,11 +89,21 @@ def build(workload, data, seed: int, job: int, precision: str = "fp32"):
     return workload.build_model(data)
 
 
+def evaluation_epochs(epochs: int, every: int) -> list[int]:
+    """The epochs (from 1) after which the ensemble is evaluated: every `every` epochs
+    (line 31; 0 = none along the way) and always after the last."""
+    along = range(every, epochs, every) if every > 0 else ()
+    return [*along, epochs]
+
+
 def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
-          world_barrier, hooks=None, on_step=None) -> TrainResult:
+          world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0) -> TrainResult:
     """Train one base model. `hooks` (optional) gets run_start(), epoch_start(epoch) and
     epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted from 1; `on_step(step)`
-    (optional) runs before every step (watchdog heartbeat, fault injection)."""
+    (optional) runs before every step (watchdog heartbeat, fault injection).
+    `evaluate(epoch) -> stop` (optional) runs after each of evaluation_epochs(epochs,
+    eval_every), on every rank of the job, with the training clock stopped; True ends
+    training there (the target reached)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -137,6 +148,9 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     start = time.perf_counter()
     if hooks:
         hooks.run_start()
+    due = set(evaluation_epochs(epochs, eval_every)) if evaluate is not None else set()
+    paused = 0.0     # s spent evaluating: outside the training clock
+    trained = epochs
     for epoch in range(epochs):
         if hooks:
             hooks.epoch_start(epoch + 1)
@@ -153,15 +167,24 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                                f"expected {steps}")
         mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
         if hooks:
-            hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start)
+            hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start - paused)
+        if epoch + 1 in due:
+            t0 = time.perf_counter()
+            # Horovod averages gradients only: batch-norm statistics differ per replica.
+            # Every rank of the job predicts with the root's (training never reads them).
+            hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
+            reached = evaluate(epoch + 1)
+            paused += time.perf_counter() - t0
+            if reached:
+                trained = epoch + 1
+                break
     stop = time.perf_counter()
-    seconds = stop - start
+    seconds = stop - start - paused
 
     diff, digest = _consistency(model, hvd)
-    # Horovod averages gradients only: batch-norm statistics differ per replica. Every
-    # rank of the job predicts with the root's model.
-    hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
-    return TrainResult(seconds, steps, steps * epochs * batch * size, mean_loss, diff, digest, (start, stop))
+    hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)   # the model as the root has it
+    return TrainResult(seconds, steps, steps * trained * batch * size, mean_loss, diff, digest, (start, stop),
+                       trained)
 
 
 def _consistency(model, hvd) -> tuple[float, str]:

@@ -33,7 +33,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, fields
 
-from harness import dat, division, flops, metrics, report, results, settings, telemetry, workloads
+from harness import dat, division, flops, metrics, report, results, settings, telemetry, train, workloads
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
 MAX_DIFFS = 5  # report.txt lines shown per block that differs
@@ -290,7 +290,7 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     """The test's figures as run.measure derives them (Eq. 4-8 and the rest)."""
     from harness.run import _utilisation
     name = _name(t)
-    per_job = [s * t["epochs"] * t["B"] * t["P"] for s in t["steps_per_epoch"]]
+    per_job = [s * t["epochs_trained"] * t["B"] * t["P"] for s in t["steps_per_epoch"]]
     steps = [r["size"] // (t["P"] * t["B"]) for r in t["resample"]]
     samples = sum(per_job)
     total = metrics.total_flops(per_job, training)
@@ -301,21 +301,40 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     penalty = metrics.penalty(t["quality"], target, n)
     vfl = metrics.vflops(fl, t["quality"], target, n)
     staging = (t["staging"] or {}).get("seconds", 0.0)
-    tts = t["train_seconds"] + staging + t["eval_seconds"]
+    curve = t["evaluations"]
+    tts = staging + curve[-1]["seconds"]
+    reached = metrics.first_reaching(curve, target)
+    due = train.evaluation_epochs(t["epochs"], t["eval_every"])
+    stopped = bool(t["stop_at_target"] and reached)
+    epochs_trained = reached["epoch"] if stopped else t["epochs"]
     ranks = [r for job in t["jobs"] for r in job]
     util = _utilisation(fl, res["roofline"].get(t["precision"]), ranks)
     per_watt = telemetry.per_joule(vfl, t["train_seconds"], t.get("telemetry") or {})
     cons = t["consistency"]
     out = [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t["steps_per_epoch"] == steps,
                  t["steps_per_epoch"], steps),
-           _num(f"{name}: samples trained (steps x epochs x B x P, all jobs)", t["samples_trained"], samples),
+           Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
+                 " (line 32)", [p["epoch"] for p in curve] == [e for e in due if e <= epochs_trained],
+                 [p["epoch"] for p in curve], [e for e in due if e <= epochs_trained]),
+           Check(f"{name}: epochs trained (line 15, or the epoch the target stopped training)",
+                 t["epochs_trained"] == epochs_trained, t["epochs_trained"], epochs_trained),
+           _num(f"{name}: ensemble quality = the last evaluation's", t["quality"], curve[-1]["quality"]),
+           Check(f"{name}: base-model qualities = the last evaluation's", t["base_quality"] == curve[-1]["base_quality"],
+                 t["base_quality"], curve[-1]["base_quality"]),
+           Check(f"{name}: time to quality = the first evaluation reaching the target",
+                 (t["time_to_quality"], t["epochs_to_quality"]) == ((reached["seconds"], reached["epoch"])
+                                                                    if reached else (None, None)),
+                 (t["time_to_quality"], t["epochs_to_quality"]),
+                 (reached["seconds"], reached["epoch"]) if reached else (None, None)),
+           _num(f"{name}: samples trained (steps x epochs trained x B x P, all jobs)", t["samples_trained"], samples),
            _num(f"{name}: total FLOPs (samples x training FLOPs per sample)", t["total_flops"], total),
            _num(f"{name}: FLOPS (total FLOPs / train_seconds)", t["flops"], fl),
            _num(f"{name}: target quality (line 25)", t["target_quality"], target),
            _num(f"{name}: penalty exponent n (line 26)", t["penalty_n"], n),
            _num(f"{name}: penalty (quality / target)^n", t["penalty"], penalty),
            _num(f"{name}: VFLOPS (FLOPS x penalty)", t["vflops"], vfl),
-           _num(f"{name}: time to solution (staging + training + evaluation)", t["time_to_solution"], tts)]
+           _num(f"{name}: time to solution (staging + wall to the end of the last evaluation)",
+                t["time_to_solution"], tts)]
     rec_util = t["utilisation"]
     if rec_util is None or util is None:
         out.append(Check(f"{name}: utilisation", rec_util == util, rec_util, util,
@@ -340,6 +359,7 @@ def _sweep_check(t: dict, cfg) -> Check:
     s = tests[t["index"] - 1]
     want = {"workload": s.workload, "P": s.P, "B": s.batch, "precision": s.precision, "tv": s.tv(cfg),
             "sampler": cfg.sampler, "aggregation": cfg.aggregation, "epochs": cfg.epochs,
+            "eval_every": cfg.eval_every, "stop_at_target": cfg.stop_at_target,
             "seed": cfg.seed + t["repetition"], "M": s.M or t["M"]}
     diff = {k: v for k, v in want.items() if t.get(k) != v}
     return Check(f"{_name(t)}: test {s.index} of the input's sweep, with its parameters", not diff,

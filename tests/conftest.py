@@ -101,7 +101,7 @@ def sweep_runs(tmp_path_factory):
     folder/staged, the copies under folder/stage."""
     folder = tmp_path_factory.mktemp("sweep")
     env = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1"}
-    both = dict(l7="ic", l8="synthetic:320:32", l14=16, l15=5, l30=0)
+    both = dict(l7="ic", l8="synthetic:320:32", l14=16, l15=5, l30=0, l31=0)   # one evaluation, at the end
     (folder / "a.dat").write_text(dat_text(l5=folder / "runs", l9=2, l10="2 1", l11="1 2", **both))
     (folder / "b.dat").write_text(dat_text(l5=folder / "staged", l9=1, l10=1, l11=2, l28=folder / "stage", **both))
     return (folder, mpirun(2, [str(folder / "a.dat")], folder, env=env),

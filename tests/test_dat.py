@@ -46,7 +46,7 @@ def fails(text, line, token=None, path="HPCAI500.dat"):
 
 def test_shipped_file_parses_and_expands_to_three_tests():
     cfg = parse(str(DAT))
-    assert len(SHIPPED.splitlines()) == 30
+    assert len(SHIPPED.splitlines()) == dat.NLINES == 32
     assert cfg.text == SHIPPED and cfg.path == str(DAT)
     assert (cfg.output_file, cfg.device_out, cfg.results_dir) == ("HPCAI500.out", 6, "runs")
     assert cfg.workloads == ("digits",) and cfg.dataset == "embedded"
@@ -57,6 +57,8 @@ def test_shipped_file_parses_and_expands_to_three_tests():
         "fp32", "ring", "bootstrap", "mean")
     assert (cfg.target_quality, cfg.penalty_n, cfg.repetitions) == (-1.0, -1.0, 1)
     assert (cfg.staging, cfg.seed, cfg.roofline) == ("none", 42, 1)
+    assert (cfg.eval_every, cfg.stop_at_target) == (1, False)      # a new user sees the quality curve
+    assert SHIPPED.splitlines()[30:] == list(dat.NEW_LINES)        # what a 30-line file is told to add
     tests = expand(cfg)
     assert [(t.index, t.M, t.P) for t in tests] == [(1, 1, 1), (2, 2, 1), (3, 4, 1)]
     assert all((t.workload, t.batch, t.precision) == ("digits", 32, "fp32") for t in tests)
@@ -213,16 +215,16 @@ def test_short_file_names_the_first_missing_line(n):
     assert dat.LINES[n] in str(err)
 
 
-@pytest.mark.parametrize("n", range(3, 31))
+@pytest.mark.parametrize("n", range(3, dat.NLINES + 1))
 def test_deleted_line_is_an_error(n):
     lines = SHIPPED.splitlines(keepends=True)
     with pytest.raises(DatError) as info:
         parse_text("".join(lines[:n - 1] + lines[n:]))
-    assert n <= info.value.line_no <= 30
+    assert n <= info.value.line_no <= dat.NLINES
 
 
 @pytest.mark.parametrize("extra,line,token", [
-    ("junk\n", 31, "junk"), ("\n\n  \n7 more\n", 34, "7"), ("\t-1\n", 31, "-1")])
+    ("junk\n", 33, "junk"), ("\n\n  \n7 more\n", 36, "7"), ("\t-1\n", 33, "-1")])
 def test_extra_lines_are_an_error(extra, line, token):
     err = fails(SHIPPED + extra, line, token)
     assert f"unexpected line {line}" in str(err)

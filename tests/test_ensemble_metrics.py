@@ -67,9 +67,11 @@ def test_weak_scaling_averages_repeated_runs_at_a_scale():
     assert s.speedup == pytest.approx(2.0) and s.efficiency == pytest.approx(1.0)
 
 
-def _runs(rows):
-    return [{"train_seconds": t, "total_flops": w, "flops": w / t, "quality": q, "time_to_solution": tts}
-            for t, w, q, tts in rows]
+def _runs(rows, ttq=None):
+    """ttq: per run (time to quality s, epochs to quality), or None: every run reached at its end."""
+    ttq = ttq or [(tts, 10) for *_, tts in rows]
+    return [{"train_seconds": t, "total_flops": w, "flops": w / t, "quality": q, "time_to_solution": tts,
+             "time_to_quality": tq, "epochs_to_quality": eq} for (t, w, q, tts), (tq, eq) in zip(rows, ttq)]
 
 
 def test_olympic_repeats_sum_the_kept_runs_work_over_their_time():
@@ -85,6 +87,34 @@ def test_olympic_repeats_sum_the_kept_runs_work_over_their_time():
     two = metrics.repeats(runs[:2], target=0.7, n=2)
     assert (two.kept, two.flops) == (2, pytest.approx(1990 / 19))     # fewer than 3: all kept
     assert metrics.repeats(runs[:1], target=0.7, n=2).cv_flops == 0.0
+
+
+def test_time_to_quality_has_its_own_olympic_order_and_v2s_cv_of_epochs():
+    rows = [(10, 1000, 0.9, 10)] * 5
+    runs = _runs(rows, [(8.0, 4), (6.0, 3), (20.0, 9), (7.0, 3), (2.0, 1)])
+    r = metrics.repeats(runs, target=0.9, n=1)
+    assert r.reached == 5
+    assert r.time_to_quality == pytest.approx((8.0 + 6.0 + 7.0) / 3)   # 2 s and 20 s dropped
+    import numpy as np
+    assert r.cv_epochs_to_quality == pytest.approx(np.std([4, 3, 9, 3, 1], ddof=1) / np.mean([4, 3, 9, 3, 1]))
+    runs[2].update(time_to_quality=None, epochs_to_quality=None)       # one run never reached the target
+    r = metrics.repeats(runs, target=0.9, n=1)
+    assert (r.reached, r.time_to_quality, r.cv_epochs_to_quality) == (4, None, None)
+
+
+def test_first_reaching_is_the_first_evaluation_at_or_over_the_target():
+    curve = [{"epoch": e, "seconds": 1.5 * e, "quality": q} for e, q in ((1, 0.5), (2, 0.8), (3, 0.79), (4, 0.9))]
+    assert metrics.first_reaching(curve, 0.8) is curve[1]
+    assert metrics.first_reaching(curve, 0.9)["seconds"] == 6.0
+    assert metrics.first_reaching(curve, 0.95) is None
+
+
+def test_evaluation_epochs_every_k_and_always_the_last():
+    from harness import train
+    assert train.evaluation_epochs(10, 1) == list(range(1, 11))
+    assert train.evaluation_epochs(10, 3) == [3, 6, 9, 10]
+    assert train.evaluation_epochs(10, 5) == [5, 10]
+    assert train.evaluation_epochs(10, 0) == [10] == train.evaluation_epochs(10, 12)
 
 
 def test_with_staging_the_olympic_order_is_time_to_solution():

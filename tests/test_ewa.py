@@ -588,7 +588,7 @@ def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
     (M = 1, P = 2: replicas must stay equal) on 2 ranks, a few epochs on tiny synthetic
     data: the ensemble's mAP must beat the prior detector's on the same data."""
     p = run_dat(2, l7="ewa", l8="synthetic:96:64", l9=2, l10="2 1", l11="1 2", l14=2, l15=8,
-                l19=0.02, l30=0, timeout=400)
+                l19=0.02, l30=0, l31=0, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "PASSED" in p.stdout and "FAILED" not in p.stdout
     assert ("ewa: backbone small (automatic for 64 px images), R = 64 ROIs; FLOPs count the backbone, RPN and"

@@ -13,18 +13,20 @@ def _allreduced(timeline):
     return [(d, json.loads(shape)) for d, shape in re.findall(r'"dtype": "(\w+)", "shape": "(\[[^\]]*\])"', text)]
 
 
-@pytest.mark.parametrize("prec,comm,allreduce,opt,lr,reps,data,batch,epochs,sampler", [
+@pytest.mark.parametrize("prec,comm,allreduce,opt,lr,reps,data,batch,epochs,sampler,target,every", [
     # FP16 arithmetic is emulated, slowly, on a CPU: a small synthetic set keeps the test short
-    ("fp16", "fp16", "hierarchical", "lamb", 0.01, 1, "synthetic:400:8", 8, 2, "bootstrap"),
+    ("fp16", "fp16", "hierarchical", "lamb", 0.01, 1, "synthetic:400:8", 8, 2, "bootstrap", -1, 1),
     # three repetitions (the olympic summary) where a test is short: 2 epochs
-    ("bf16", "fp32", "ring", "lars", 1.0, 3, "embedded", 32, 2, "bootstrap"),
-    ("fp32", "fp16", "ring", "adam", 0.002, 1, "embedded", 32, 2, "poisson"),
-    ("fp32", "fp32", "ring", "adagrad", 0.1, 1, "embedded", 32, 6, "none"),  # BN statistics settle
+    ("bf16", "fp32", "ring", "lars", 1.0, 3, "embedded", 32, 2, "bootstrap", -1, 1),
+    ("fp32", "fp16", "ring", "adam", 0.002, 1, "embedded", 32, 2, "poisson", -1, 1),
+    # BN statistics settle; a target never reached (100 % of 359 digits), evaluated every 2 epochs
+    ("fp32", "fp32", "ring", "adagrad", 0.1, 1, "embedded", 32, 6, "none", 1.0, 2),
 ])
 def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, allreduce, opt, lr, reps, data, batch,
-                                                epochs, sampler):
-    p = run_dat(2, timeout=600, env={"HOROVOD_TIMELINE": str(tmp_path / "timeline.json")}, l23=sampler, l8=data, l9=1, l10=1, l11=2, l14=batch, l15=epochs, l17=prec, l18=opt, l19=lr, l21=comm,
-                l22=allreduce, l27=reps, l30=0)
+                                                epochs, sampler, target, every):
+    p = run_dat(2, timeout=600, env={"HOROVOD_TIMELINE": str(tmp_path / "timeline.json")}, l23=sampler, l8=data,
+                l9=1, l10=1, l11=2, l14=batch, l15=epochs, l17=prec, l18=opt, l19=lr, l21=comm,
+                l22=allreduce, l25=target, l27=reps, l30=0, l31=every)
     assert p.returncode == 0, p.stderr[-3000:]
     res = results(tmp_path / "runs")
     assert len(res["tests"]) == reps
@@ -38,12 +40,22 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
         if opt != "lars":  # LARS moves BN/bias at the full LR: 2 epochs leave the BN moving statistics far behind
             assert t["quality"] > 0.5, t["quality"]
     assert [t["seed"] for t in res["tests"]] == [42 + r for r in range(reps)]
+    for t in res["tests"]:
+        assert [e["epoch"] for e in t["evaluations"]] == list(range(every, epochs + 1, every))
+    if target == 1.0:   # never reached: said so, with the best evaluation
+        (t,) = res["tests"]
+        assert (t["time_to_quality"], t["epochs_to_quality"], t["epochs_trained"]) == (None, None, epochs)
+        best = max(t["evaluations"], key=lambda e: e["quality"])
+        assert f"Time to Q   : not reached (best {best['quality']:.4f} after epoch {best['epoch']} of {epochs})" \
+            in p.stdout
     if reps >= 3:
         s = res["repeats"][0]
         assert (s["runs"], s["kept"]) == (3, 1) and s["cv_flops"] >= 0
         kept = sorted(res["tests"], key=lambda t: t["train_seconds"])[1]   # the middle run
         assert s["flops"] == pytest.approx(kept["total_flops"] / kept["train_seconds"])
         assert "olympic: fastest and slowest by train_seconds dropped" in p.stdout
+        reached = sum(t["time_to_quality"] is not None for t in res["tests"])
+        assert s["reached"] == reached and (s["time_to_quality"] is None) == (reached < 3)
     # gradients cross the wire in the communication precision, whatever the training precision
     dtypes = {d for d, _ in _allreduced(tmp_path / "timeline.json")}
     assert dtypes == {"float16" if comm == "fp16" else "float32"}

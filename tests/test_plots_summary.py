@@ -13,7 +13,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _test(index, M, P, flops, wl="digits", B=32):
     return {"index": index, "tv": "B32C32SR", "workload": wl, "M": M, "P": P, "B": B, "precision": "fp32",
             "flops": flops, "vflops": flops * 0.9, "intensity": 10.0 * index, "train_seconds": 1.5,
-            "quality": 0.95, "consistency": {"passed": index != 2}}
+            "quality": 0.95, "consistency": {"passed": index != 2}, "time_to_solution": 2.0,
+            "time_to_quality": None if index == 2 else 1.25}
 
 
 def test_scaling_chart(tmp_path):
@@ -43,6 +44,7 @@ def test_summarize_prints_runs_side_by_side(tmp_path):
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith("run-")]
     assert len(rows) == 3 and rows[0].endswith("PASSED") and rows[1].endswith("FAILED")
     assert "2.0000e-02" in rows[1] and "no finished test; status interrupted" in rows[2]
+    assert rows[0].split()[7:9] == ["2.00", "1.25"] and rows[1].split()[7:9] == ["2.00", "-"]   # TTS, TTQ
     p = subprocess.run(cmd[:3] + [str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "nowhere: not a folder" in p.stderr
 
