@@ -175,6 +175,7 @@ def _run(args, world, watchdog) -> int:
         if output:
             output.finish(interrupted=f"error: {e}")
         raise
+    watchdog.beat("the summary and charts")
     if output:
         output.finish()
     return 0

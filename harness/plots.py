@@ -1,9 +1,15 @@
-"""Charts users look at: scaling.png and roofline.png in runs/<id>/ (matplotlib, Agg).
+"""Charts users look at, in runs/<id>/ (matplotlib, Agg): scaling (bagging and data
+parallelism), roofline, the quality/speed trade-off at a fixed scale, one test's quality
+curve.
 
-Both are drawn from the results dictionaries alone, so `--summarize` or a user can
-redraw them from results.json.
+All are drawn from the results dictionaries alone, so `--summarize` or a user can
+redraw them from results.json. Which tests belong together is `harness/experiments.py`'s
+decision, shared with the report's lines. Each function returns what it drew and writes
+no file when there is nothing to draw.
 """
 from __future__ import annotations
+
+import math
 
 import matplotlib
 
@@ -11,40 +17,42 @@ matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from harness import experiments  # noqa: E402
+
 
 def scaling(tests: list[dict], path: str) -> int:
-    """FLOPS and VFLOPS against Sys_scale, one series per (workload, B, precision, P):
-    bagging scales M at a fixed P. The ideal line goes through the smallest scale.
-    Returns the number of points drawn; draws nothing (returns 0) when no series spans
-    two scales."""
-    groups: dict[tuple, list[dict]] = {}
-    for t in tests:
-        groups.setdefault((t["workload"], t["B"], t["precision"], t["P"]), []).append(t)
-    groups = {k: sorted(v, key=lambda t: t["M"] * t["P"]) for k, v in groups.items()
-              if len({t["M"] * t["P"] for t in v}) > 1}
-    if not groups:
+    """FLOPS and VFLOPS against Sys_scale. Bagging series, one per (workload, B,
+    precision, P), scale M at a fixed P; a data-parallel series, one per (workload, B,
+    precision), scales P at M = 1 (the paper's Fig. 9 puts the two side by side). The
+    ideal line goes through each series' smallest scale (drawn once when two series
+    share it). Returns the number of points drawn, a test with M = 1 counting once per
+    series it starts; draws nothing (returns 0) when no series spans two scales."""
+    series = experiments.scaling_series(tests)
+    if not series:
         return 0
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    points = 0
-    for (wl, b, prec, p), ts in groups.items():
-        scale = [t["M"] * t["P"] for t in ts]
-        label = f"{wl} B={b} {prec} P={p}"
-        ax.plot(scale, [t["flops"] / 1e12 for t in ts], "o-", label=f"FLOPS {label}")
-        ax.plot(scale, [t["vflops"] / 1e12 for t in ts], "s--", label=f"VFLOPS {label}")
-        base = ts[0]["flops"] / 1e12 / scale[0]
-        ax.plot(scale, [base * s for s in scale], ":", color="grey", label=f"ideal {label}")
-        points += len(ts)
+    points, ideals = 0, {}
+    for s in series:
+        scale = [t["M"] * t["P"] for t in s.tests]
+        dp = s.kind == "data parallelism"
+        label = f"{s.workload} B={s.B} {s.precision} " + ("data parallelism (M=1)" if dp else f"P={s.P}")
+        ax.plot(scale, [t["flops"] / 1e12 for t in s.tests], "^-" if dp else "o-", label=f"FLOPS {label}")
+        ax.plot(scale, [t["vflops"] / 1e12 for t in s.tests], "v--" if dp else "s--", label=f"VFLOPS {label}")
+        base = s.tests[0]["flops"] / 1e12 / scale[0]   # Tflops per rank at the smallest scale
+        ideals.setdefault((s.workload, s.B, s.precision, scale[0], base), (label, set()))[1].update(scale)
+        points += len(s.tests)
+    for (*_, base), (label, scales) in ideals.items():   # bagging P=1 and DP share M=1, P=1: one line
+        xs = sorted(scales)
+        ax.plot(xs, [base * x for x in xs], ":", color="grey", label=f"ideal {label}")
     ax.set_xlabel("Sys_scale = M x P (ranks)")
     ax.set_ylabel("Tflops")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({t["M"] * t["P"] for ts in groups.values() for t in ts}))
+    ax.set_xticks(sorted({t["M"] * t["P"] for s in series for t in s.tests}))
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_title("HPC AI500 V3.0 bagging scaling")
+    ax.set_title("HPC AI500 V3.0 scaling: bagging and data parallelism")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return points
 
 
@@ -69,7 +77,73 @@ def roofline(tests: list[dict], ceilings: dict, path: str) -> int:
     ax.set_title(f"Roofline per rank ({ceilings['precision']})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    _save(fig, path)
+    return len(tests)
+
+
+def tradeoff(tests: list[dict], path: str) -> int:
+    """Quality against speed at a fixed Sys_scale (the paper's Fig. 7): one panel per
+    group of `experiments.fixed_scale_groups` (same workload, B, precision and M x P,
+    two or more layouts), ensemble quality against FLOPS, each point labelled "M x P",
+    the target as a dotted line. FLOPS, not VFLOPS, on x: VFLOPS already folds the
+    quality in, and the trade-off is between the two. `tests`: one dict per test index
+    (repetitions folded). Returns the points drawn (one per test); 0 and no file when
+    no group holds two layouts."""
+    groups = experiments.fixed_scale_groups(tests)
+    if not groups:
+        return 0
+    cols = min(3, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.8 * rows), squeeze=False)
+    points = 0
+    for ax, g in zip(axes.flat, groups):
+        xs, ys = [t["flops"] / 1e12 for t in g.tests], [t["quality"] for t in g.tests]
+        ax.plot(xs, ys, "o", color="tab:blue")
+        for t, x, y in zip(g.tests, xs, ys):
+            ax.annotate(f"{t['M']} x {t['P']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.axhline(g.tests[0]["target_quality"], linestyle=":", color="grey", label="target")
+        ax.margins(0.15)   # room for the "M x P" labels at the edges
+        ax.set_xlabel("Tflops")
+        ax.set_ylabel(f"ensemble {g.tests[0]['quality_name']}")
+        ax.set_title(f"Sys_scale {g.scale}: {g.name}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        points += len(g.tests)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    fig.suptitle("Quality vs speed at a fixed scale (M x P)")
+    _save(fig, path)
+    return points
+
+
+def quality_curve(test: dict, path: str) -> int:
+    """One test's quality along training: the ensemble's and each base model's quality
+    at each evaluation against the wall seconds since the start of training, and the
+    target. Where the ensemble line rises above the base models' is what bagging buys.
+    Returns the points drawn, evaluations x (1 + base models); 0 and no file without
+    an evaluation."""
+    ev = test.get("evaluations") or []
+    if not ev:
+        return 0
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    secs = [e["seconds"] for e in ev]
+    models = len(ev[0]["base_quality"])
+    for j in range(models):   # one colour, one legend entry: M may be large
+        ax.plot(secs, [e["base_quality"][j] for e in ev], ".--", color="tab:grey", alpha=0.6, linewidth=0.8,
+                label=f"base models ({models})" if j == 0 else None)
+    ax.plot(secs, [e["quality"] for e in ev], "o-", color="tab:blue", label="ensemble")
+    ax.axhline(test["target_quality"], linestyle=":", color="tab:red", label=f"target {test['target_quality']:g}")
+    ax.set_xlabel("seconds since the start of training (evaluations included)")
+    ax.set_ylabel(test.get("quality_name", "quality"))
+    ax.set_title(f"Test {test.get('index', '?')}: {test.get('workload', '')} M={test.get('M', models)}"
+                 f" P={test.get('P', '?')} B={test.get('B', '?')} {test.get('precision', '')}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    return len(ev) * (1 + models)
+
+
+def _save(fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return len(tests)

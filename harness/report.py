@@ -137,7 +137,8 @@ def skipped_line(index: int, reason: str) -> str:
     return f"Test {index} skipped: {reason}"
 
 
-def footer(tests: list[dict], skipped: int, scaling_lines: list[str], interrupted: bool = False) -> str:
+def footer(tests: list[dict], skipped: int, summary: list[str], interrupted: bool = False) -> str:
+    """The counts, then `summary` (summary_lines: scaling and the paper's experiments)."""
     passed = sum(t["consistency"]["passed"] for t in tests)
     closed = sum(t["division"] == "closed" for t in tests)
     lines = ["", f"Finished {len(tests):6d} tests with the following results:",
@@ -146,7 +147,7 @@ def footer(tests: list[dict], skipped: int, scaling_lines: list[str], interrupte
              f"         {skipped:6d} tests skipped because they need more ranks than the run has.",
              f"         {closed:6d} tests closed (ranking results), {len(tests) - closed} open (see their Division"
              " lines).", THIN,
-             *scaling_lines, "End of Tests." if not interrupted else "Tests interrupted.", RULE]
+             *summary, "End of Tests." if not interrupted else "Tests interrupted.", RULE]
     return "\n".join(lines) + "\n"
 
 
@@ -163,6 +164,34 @@ def scaling_lines(tests: list[dict], weak_scaling) -> list[str]:
             out.append(f"Scaling ({wl}, B {b}, {prec}, P {p}): Sys_scale {s.scale_from} -> {s.scale_to} :"
                        f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}")
     return out
+
+
+def fold(tests: list[dict], summaries: list[dict]) -> list[dict]:
+    """One dict per test index for the sweep-wide comparisons: a repeated test's first run
+    with the figures of its repetition summary (FLOPS, VFLOPS, quality, time to quality)
+    and the base models of all its runs."""
+    by_index = {s["index"]: s for s in summaries}
+    out = []
+    for t in tests:
+        if any(f["index"] == t["index"] for f in out):
+            continue
+        s = by_index.get(t["index"])
+        if s:
+            runs = [r for r in tests if r["index"] == t["index"]]
+            t = {**t, "flops": s["flops"], "vflops": s["vflops"], "quality": s["quality"],
+                 "time_to_quality": s["time_to_quality"], "base_quality": [q for r in runs for q in r["base_quality"]]}
+        out.append(t)
+    return out
+
+
+def summary_lines(tests: list[dict], summaries: list[dict]) -> list[str]:
+    """The lines after the footer's counts: bagging weak scaling, then the paper's two
+    experiments (harness/experiments.py: bagging against data parallelism, quality
+    against speed at a fixed scale), on the tests folded over repetitions."""
+    from harness import experiments, metrics
+    folded = fold(tests, summaries)
+    return (scaling_lines(tests, metrics.weak_scaling) + experiments.comparison_lines(folded)
+            + experiments.tradeoff_lines(folded))
 
 
 def summarize(run_dirs: list[str]) -> str:
@@ -312,7 +341,6 @@ class Output:
     def finish(self, interrupted: str | None = None) -> None:
         """The summary, the charts, the final results. `interrupted` says why the tests
         stopped early (a signal, an agreed error); the finished tests stand as they are."""
-        from harness import metrics
         rec = self.record
         with self.lock:
             if rec.status != "running":  # a signal after the normal end
@@ -326,8 +354,7 @@ class Output:
                 self._emit(f"\nInterrupted: {interrupted}" +
                            (f" during test {test}; its result is lost, the finished tests' stand.\n"
                             if test else ".\n"))
-            self._emit(footer(rec.tests, len(rec.skipped), scaling_lines(rec.tests, metrics.weak_scaling),
-                              bool(interrupted)))
+            self._emit(footer(rec.tests, len(rec.skipped), summary_lines(rec.tests, rec.repeats), bool(interrupted)))
             self._save()     # the figures first: on a signal, the launcher may kill us any moment
             self._charts()
             self._save()
@@ -363,6 +390,12 @@ class Output:
         rec.charts = []
         if rec.tests and plots.scaling(rec.tests, os.path.join(rec.run_dir, "scaling.png")):
             rec.charts.append("scaling.png")
+        if rec.tests and plots.tradeoff(fold(rec.tests, rec.repeats), os.path.join(rec.run_dir, "tradeoff.png")):
+            rec.charts.append("tradeoff.png")
+        for t in rec.tests:   # the ensemble's and the base models' quality against time, each test
+            name = f"quality-test{t['index']:03d}" + (f"-rep{t['repetition']:02d}" if self.cfg.repetitions > 1 else "")
+            if plots.quality_curve(t, os.path.join(rec.run_dir, name + ".png")):
+                rec.charts.append(name + ".png")
         for prec, ceil in rec.roofline.items():
             tests = [t for t in rec.tests if t["precision"] == prec]
             name = "roofline.png" if len(rec.roofline) == 1 else f"roofline-{prec}.png"

@@ -461,7 +461,7 @@ def report_segments(res: dict, cfg) -> list[tuple[str, str, bool]]:
                      False))
     if status in ("complete", "interrupted"):
         segs.append(("footer", report.footer(tests, len(res.get("skipped", [])),
-                                             report.scaling_lines(tests, metrics.weak_scaling),
+                                             report.summary_lines(tests, res.get("repeats", [])),
                                              status == "interrupted"), False))
     return segs
 

@@ -114,3 +114,16 @@ def test_readme_lists_every_setting_of_the_table():
         assert (test_only.strip() == "yes") == s.test_only, name
         assert default.strip() == ("-" if s.default is None else f"{s.default:g}" if isinstance(s.default, float)
                                    else str(s.default)), name
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.dat")), ids=lambda p: p.name)
+def test_example_sweeps_parse_and_hold_what_their_experiment_needs(path):
+    """examples/: each sweep parses, and holds two or more layouts of one Sys_scale (so
+    the report prints its comparison or trade-off) that fit the ranks the README gives."""
+    cfg = dat.parse(str(path))
+    scales = [m * p for m, p in cfg.layouts]
+    assert any(scales.count(s) >= 2 for s in scales), cfg.layouts
+    command = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if f"examples/{path.name}" in ln)
+    ranks = int(command.split("-np ")[1].split()[0])
+    assert max(scales) <= ranks and cfg.eval_every >= 1     # time to quality needs evaluations along the way
+

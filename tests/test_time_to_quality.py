@@ -1,6 +1,8 @@
 """Quality along the way (lines 31-32): evaluations every K epochs, time to quality,
-stop at target, under a real mpirun; the pure parts (metrics.first_reaching,
-train.evaluation_epochs, the repetition summary) are tests/test_ensemble_metrics.py's."""
+stop at target, and the paper's two experiments in the report (bagging against data
+parallelism, quality against speed at a fixed scale), under a real mpirun; the pure
+parts (metrics.first_reaching, train.evaluation_epochs, the repetition summary) are
+tests/test_ensemble_metrics.py's, the experiments' lines tests/test_experiments.py's."""
 import json
 
 import pytest
@@ -51,6 +53,29 @@ def test_training_stops_at_the_first_evaluation_that_reaches_the_target(stop_run
             acc = [e for e in evs if e["key"] == "eval_accuracy"]
             assert [e["metadata"]["epoch_num"] for e in acc] == list(range(1, t["epochs_trained"] + 1))
             assert evs[-1]["key"] == "run_stop" and evs[-1]["metadata"]["status"] == "success"
+
+
+@pytest.mark.mpi
+def test_the_report_compares_bagging_with_data_parallelism_and_lays_out_the_trade_off(stop_run):
+    """M=2, P=1 and M=1, P=2 share Sys_scale 2: one Fig. 9 comparison, one Fig. 7 table,
+    their figures the tests' own; the charts in the run folder."""
+    folder, p = stop_run
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = results(folder / "runs")
+    bagged, dp = res["tests"]
+    out = p.stdout.splitlines()
+    i = out.index("Bagging vs data parallelism (digits, B 32, fp32, Sys_scale 2):")
+    dp_row, bag_row = out[i + 2].split(), out[i + 3].split()
+    assert dp_row[:4] == ["DP", "2", "1", "2"] and bag_row[:4] == ["bagging", "1", "2", "1"]
+    assert bag_row[7] == f"x{bagged['flops'] / dp['flops']:.2f}" and bag_row[8] == f"x{bagged['vflops'] / dp['vflops']:.2f}"
+    assert bag_row[9] == f"x{bagged['time_to_quality'] / dp['time_to_quality']:.2f}"
+    j = out.index("Quality vs speed at Sys_scale 2 (digits, B 32, fp32):")
+    rows = [out[j + 2].split(), out[j + 3].split()]
+    assert [r[:3] for r in rows] == [["1", "2", "1"], ["2", "1", "2"]]          # M descending
+    assert [float(r[3]) for r in rows] == [round(bagged["quality"], 4), round(dp["quality"], 4)]
+    run = next(d for d in (folder / "runs").iterdir() if not d.name.startswith("."))
+    assert res["charts"] == ["tradeoff.png", "quality-test001.png", "quality-test002.png"]   # one scale: no scaling.png
+    assert all((run / c).read_bytes()[:4] == b"\x89PNG" for c in res["charts"])
 
 
 @pytest.mark.mpi

@@ -1,0 +1,176 @@
+"""The paper's two experiments (harness/experiments.py) and their charts, from hand-made
+test dictionaries: bagging against data parallelism (Fig. 9), quality against speed at
+a fixed scale (Fig. 7). No MPI, no TensorFlow."""
+from harness import experiments, plots
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _t(index, M, P, flops, vflops=None, ttq=None, quality=0.95, base=None, wl="digits", B=32, prec="fp32"):
+    """One folded test, as the report's caller gives it."""
+    return {"index": index, "workload": wl, "B": B, "precision": prec, "M": M, "P": P, "flops": flops,
+            "vflops": flops if vflops is None else vflops, "quality": quality, "quality_name": "Top-1",
+            "base_quality": base or [quality] * M, "time_to_quality": ttq, "target_quality": 0.95}
+
+
+# -- experiment 1: bagging against data parallelism -------------------------------------
+def test_bagging_against_data_parallelism_ratios():
+    # Sys_scale 4: DP (1 x 4) 1 Tflops, VTflops 0.9, 12.5 s; bagging (4 x 1) 2 Tflops, VTflops 1.9, 7.75 s:
+    # FLOPS 2/1 = x2.00, VFLOPS 1.9/0.9 = 2.111 -> x2.11, TTQ bagging/DP 7.75/12.5 = x0.62
+    tests = [_t(1, 1, 4, 1e12, 0.9e12, ttq=12.5), _t(2, 4, 1, 2e12, 1.9e12, ttq=7.75)]
+    lines = experiments.comparison_lines(tests)
+    assert lines[0] == "Bagging vs data parallelism (digits, B 32, fp32, Sys_scale 4):"
+    assert "TTQ bagging/DP" in lines[1]
+    assert lines[2].split() == ["DP", "1", "1", "4", "1.0000e+00", "9.000e-01", "12.50"]
+    assert lines[3].split() == ["bagging", "2", "4", "1", "2.0000e+00", "1.900e+00", "7.75", "x2.00", "x2.11",
+                                "x0.62"]
+    assert lines[4].startswith("  Ratios x = bagging / DP") and len(lines) == 5
+
+
+def test_time_to_quality_not_reached_gives_no_ratio():
+    # bagging (2 x 2) never reached: its TTQ cell says so and the ratio is n/a; DP not reached: n/a too
+    tests = [_t(1, 1, 4, 1e12, ttq=10.0), _t(3, 2, 2, 1.5e12, ttq=None), _t(4, 1, 2, 1e12, ttq=None),
+             _t(5, 2, 1, 3e12, ttq=2.0)]
+    lines = experiments.comparison_lines(tests)
+    scale2, scale4 = lines[:5], lines[5:]
+    assert scale2[2].split()[-2:] == ["not", "reached"]                    # DP row at scale 2
+    assert scale2[3].split()[-3:] == ["x3.00", "x3.00", "n/a"]
+    assert scale4[3].split()[-5:] == ["not", "reached", "x1.50", "x1.50", "n/a"]
+
+
+def test_several_bagging_layouts_one_line_each_most_models_first():
+    tests = [_t(3, 2, 2, 1.5e12), _t(1, 1, 4, 1e12), _t(2, 4, 1, 2e12)]
+    rows = experiments.comparison_lines(tests)[2:5]
+    assert [r.split()[:4] for r in rows] == [["DP", "1", "1", "4"], ["bagging", "2", "4", "1"],
+                                             ["bagging", "3", "2", "2"]]
+
+
+def test_no_pair_no_comparison():
+    assert experiments.comparison_lines([]) == []
+    # bagging at Sys_scale 2, DP at Sys_scale 4: different scales
+    assert experiments.comparison_lines([_t(1, 2, 1, 1e12), _t(2, 1, 4, 1e12)]) == []
+    # same scale, different batch or precision: not comparable
+    assert experiments.comparison_lines([_t(1, 2, 1, 1e12), _t(2, 1, 2, 1e12, B=64)]) == []
+    assert experiments.comparison_lines([_t(1, 2, 1, 1e12), _t(2, 1, 2, 1e12, prec="fp16")]) == []
+    # two bagging layouts at one scale, no DP: a trade-off, not a comparison
+    assert experiments.comparison_lines([_t(1, 4, 1, 1e12), _t(2, 2, 2, 1e12)]) == []
+
+
+# -- experiment 2: quality against speed at a fixed scale -------------------------------
+def test_tradeoff_marks_best_vflops_and_shortest_reached_time():
+    tests = [_t(1, 1, 4, 1.0e12, 0.90e12, ttq=12.5, quality=0.94, base=[0.94]),
+             _t(2, 4, 1, 2.0e12, 1.90e12, ttq=None, quality=0.97, base=[0.93, 0.92, 0.94, 0.93]),
+             _t(3, 2, 2, 1.5e12, 1.20e12, ttq=7.75, quality=0.955, base=[0.94, 0.93])]
+    lines = experiments.tradeoff_lines(tests)
+    assert lines[0] == "Quality vs speed at Sys_scale 4 (digits, B 32, fp32):"
+    assert "Ens Top-1" in lines[1] and "Base mean" in lines[1]
+    # M descending; base mean 0.93 = (0.93 + 0.92 + 0.94 + 0.93) / 4, 0.935 = (0.94 + 0.93) / 2
+    assert lines[2].split() == ["2", "4", "1", "0.9700", "0.9300", "2.0000e+00", "1.900e+00*",
+                                "not", "reached"]
+    assert lines[3].split() == ["3", "2", "2", "0.9550", "0.9350", "1.5000e+00", "1.200e+00", "7.75*"]
+    assert lines[4].split() == ["1", "1", "4", "0.9400", "0.9400", "1.0000e+00", "9.000e-01", "12.50"]
+    assert lines[5].startswith("  * best VTflops and shortest time to quality (target 0.9500)")
+    assert len(lines) == 6
+
+
+def test_tradeoff_ties_all_marked_and_nothing_reached():
+    tests = [_t(1, 2, 1, 1e12, ttq=None), _t(2, 1, 2, 1e12, ttq=None)]
+    lines = experiments.tradeoff_lines(tests)
+    assert [r.split()[-3] for r in lines[2:4]] == ["1.000e+00*", "1.000e+00*"]   # equal VFLOPS: both best
+    assert all(r.endswith("not reached") for r in lines[2:4])                       # no time marked
+    assert lines[4] == "  * best VTflops (time to quality: no layout reached the target 0.9500)"
+
+
+def test_tradeoff_needs_two_layouts_at_one_scale():
+    assert experiments.tradeoff_lines([]) == []
+    assert experiments.tradeoff_lines([_t(1, 2, 1, 1e12), _t(2, 4, 1, 2e12)]) == []          # scales 2 and 4
+    assert experiments.tradeoff_lines([_t(1, 2, 1, 1e12), _t(2, 2, 1, 1.1e12)]) == []        # one layout twice
+    assert experiments.tradeoff_lines([_t(1, 2, 1, 1e12), _t(2, 1, 2, 1e12, wl="ic")]) == []  # two workloads
+
+
+def test_blocks_ordered_by_workload_batch_precision_scale():
+    tests = [_t(i + 1, M, P, 1e12, wl=wl, B=B, prec=prec, ttq=1.0)
+             for i, (wl, B, prec, M, P) in enumerate([
+                 ("ic", 32, "fp32", 2, 1), ("ic", 32, "fp32", 1, 2),
+                 ("digits", 64, "fp32", 2, 1), ("digits", 64, "fp32", 1, 2),
+                 ("digits", 32, "fp32", 4, 1), ("digits", 32, "fp32", 1, 4),
+                 ("digits", 32, "fp16", 2, 1), ("digits", 32, "fp16", 1, 2),
+                 ("digits", 32, "fp32", 2, 1), ("digits", 32, "fp32", 1, 2)])]
+    expected = ["(digits, B 32, fp16, Sys_scale 2)", "(digits, B 32, fp32, Sys_scale 2)",
+                "(digits, B 32, fp32, Sys_scale 4)", "(digits, B 64, fp32, Sys_scale 2)",
+                "(ic, B 32, fp32, Sys_scale 2)"]
+    titles = [ln for ln in experiments.comparison_lines(tests) if ln.startswith("Bagging")]
+    assert [t[t.index("("):-1] for t in titles] == expected
+    titles = [ln for ln in experiments.tradeoff_lines(tests) if ln.startswith("Quality")]
+    assert [t[len("Quality vs speed at "):] for t in titles] == [
+        "Sys_scale 2 (digits, B 32, fp16):", "Sys_scale 2 (digits, B 32, fp32):", "Sys_scale 4 (digits, B 32, fp32):",
+        "Sys_scale 2 (digits, B 64, fp32):", "Sys_scale 2 (ic, B 32, fp32):"]
+
+
+def test_lines_fit_in_100_characters():
+    big = [_t(101, 1, 1024, 1.23456e18, 9.87e17, ttq=None, quality=0.5), _t(102, 1024, 1, 1e20, 1e20, ttq=99999.99),
+           _t(103, 512, 2, 1e12, 1e12, ttq=123456.78, quality=1.0)]
+    big = [dict(t, quality_name="mAP@0.5", workload="ewa") for t in big]
+    for ln in experiments.comparison_lines(big) + experiments.tradeoff_lines(big):
+        assert len(ln) <= 100, ln
+        assert ln == ln.rstrip()
+
+
+def test_grouping_helpers():
+    tests = [_t(1, 1, 1, 1e12), _t(2, 2, 1, 2e12), _t(3, 1, 2, 1.5e12), _t(4, 4, 1, 4e12), _t(5, 1, 4, 2e12)]
+    assert [(g.scale, [t["index"] for t in g.tests]) for g in experiments.groups(tests)] == [
+        (1, [1]), (2, [2, 3]), (4, [4, 5])]
+    assert [g.layouts for g in experiments.fixed_scale_groups(tests)] == [[(2, 1), (1, 2)], [(4, 1), (1, 4)]]
+    assert [(c.dp["index"], [t["index"] for t in c.bagging]) for c in experiments.comparisons(tests)] == [
+        (3, [2]), (5, [4])]
+    # bagging P=1 over scales 1, 2, 4; data parallelism M=1 over 1, 2, 4; P=2 and P=4 hold one scale each
+    assert [(s.kind, s.P, [t["index"] for t in s.tests]) for s in experiments.scaling_series(tests)] == [
+        ("bagging", 1, [1, 2, 4]), ("data parallelism", None, [1, 3, 5])]
+
+
+# -- charts ------------------------------------------------------------------------------
+def test_scaling_chart_draws_data_parallelism_beside_bagging(tmp_path):
+    tests = [_t(1, 1, 1, 1e12), _t(2, 2, 1, 2e12), _t(3, 1, 2, 1.5e12), _t(4, 4, 1, 4e12), _t(5, 1, 4, 2e12)]
+    out = tmp_path / "scaling.png"
+    assert plots.scaling(tests, str(out)) == 6          # 3 bagging (P=1) + 3 data parallelism, test 1 in both
+    assert out.read_bytes()[:8] == PNG
+    assert plots.scaling(tests[2:3] + tests[1:2], str(tmp_path / "none.png")) == 0   # one scale per series
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_tradeoff_chart(tmp_path):
+    tests = [_t(1, 1, 4, 1e12, ttq=3.0), _t(2, 4, 1, 2e12), _t(3, 2, 2, 1.5e12),   # scale 4: three layouts
+             _t(4, 2, 1, 1e12), _t(5, 1, 2, 1e12, wl="ic"),                         # no group of two
+             _t(6, 2, 1, 1e12, B=64), _t(7, 1, 2, 1.1e12, B=64)]                    # scale 2, B 64: two
+    out = tmp_path / "tradeoff.png"
+    assert plots.tradeoff(tests, str(out)) == 5
+    assert out.read_bytes()[:8] == PNG
+    assert plots.tradeoff(tests[3:5], str(tmp_path / "none.png")) == 0
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_quality_curve_chart(tmp_path):
+    test = dict(_t(1, 2, 1, 1e12), evaluations=[
+        {"epoch": 1, "seconds": 1.5, "quality": 0.90, "base_quality": [0.85, 0.86]},
+        {"epoch": 2, "seconds": 3.0, "quality": 0.96, "base_quality": [0.93, 0.94]}])
+    out = tmp_path / "quality.png"
+    assert plots.quality_curve(test, str(out)) == 6      # 2 evaluations x (ensemble + 2 base models)
+    assert out.read_bytes()[:8] == PNG
+    assert plots.quality_curve(dict(test, evaluations=[]), str(tmp_path / "none.png")) == 0
+    assert not (tmp_path / "none.png").exists()
+
+
+# ---- the report's use: repetitions folded, the footer's lines ----------------------
+
+def test_fold_gives_a_repeated_test_its_summary_figures():
+    from harness import report
+    runs = [dict(index=1, repetition=r, M=2, P=1, flops=f, vflops=f, quality=q, time_to_quality=s,
+                 base_quality=[q - 0.01, q - 0.02]) for r, f, q, s in ((0, 1e12, 0.9, 3.0), (1, 2e12, 0.8, None))]
+    other = dict(index=2, repetition=0, M=1, P=2, flops=5e11, vflops=4e11, quality=0.7, time_to_quality=None,
+                 base_quality=[0.7])
+    summary = {"index": 1, "flops": 1.5e12, "vflops": 1.2e12, "quality": 0.85, "time_to_quality": None}
+    folded = report.fold(runs + [other], [summary])
+    assert [t["index"] for t in folded] == [1, 2] and folded[1] is other
+    assert (folded[0]["flops"], folded[0]["vflops"], folded[0]["quality"], folded[0]["time_to_quality"]) == \
+        (1.5e12, 1.2e12, 0.85, None)
+    assert folded[0]["base_quality"] == [0.89, 0.88, 0.79, 0.78]     # every run's base models
