@@ -153,10 +153,19 @@ def _starts_mpirun(item) -> bool:
     return False
 
 
+# The real runs several tests read: under pytest-xdist (`make test` runs two workers) the
+# tests of one run go to one worker (--dist loadgroup), so that each run happens once.
+SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run")
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_mpirun(item):
             item.add_marker(pytest.mark.mpi)
+        shared = [name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
 
 
 @pytest.fixture(autouse=True)
