@@ -81,7 +81,7 @@ def ttq_line(t: dict) -> str:
     """Time to quality: when the ensemble first reached the target (line 25), or not."""
     ev, every = t["evaluations"], t["eval_every"]
     how = (f"{len(ev)} evaluation{'s' if len(ev) > 1 else ''}, "
-           + (f"every {every} epoch{'s' if every > 1 else ''}" if every else "at the end only")
+           + (_every(every) if every else "at the end only")
            + (", stop at target" if t["stop_at_target"] else ""))
     if t["time_to_quality"] is None:
         best = max(ev, key=lambda p: p["quality"])
@@ -89,6 +89,10 @@ def ttq_line(t: dict) -> str:
                 f" {t['epochs_trained']}) ; {how}")
     return (f"Time to Q   : {t['time_to_quality']:.2f} s, epoch {t['epochs_to_quality']} of {t['epochs']}"
             f" (training and evaluations, staging apart) ; {how}")
+
+
+def _every(k: int) -> str:
+    return "every epoch" if k == 1 else f"every {k} epochs"
 
 
 def repeats_block(t: dict, s: dict) -> str:
@@ -235,7 +239,7 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
         " evaluations (and the waits for other jobs in them) and resampling timed apart",
         "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
         "Evaluation: "
-        + (f"after every {cfg.eval_every} epoch{'s' if cfg.eval_every > 1 else ''} (line 31) and the last" if cfg.eval_every else
+        + (f"after {_every(cfg.eval_every)} (line 31) and the last" if cfg.eval_every else
            "after the last epoch only (line 31)")
         + ": every job predicts the validation set with its root's model, the ensemble is reduced and scored"
         + ("; training stops at the first evaluation that reaches the target (line 32)" if cfg.stop_at_target
@@ -247,8 +251,9 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
         f" base model; PASSED at <= {TOLERANCE:.0e}",
         f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
-        "VFLOPS per watt: valid FLOPs of the timed window (VFLOPS x Time) / the energy the GPU boards used in"
-        " that window (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
+        "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"
+        " from the start barrier to the end of training, the evaluations along the way (line 31) included"
+        " (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
         *option_lines(cfg, nccl), *notes]
     if oversubscribed:
         lines.append(oversubscribed)
