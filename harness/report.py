@@ -202,8 +202,8 @@ def summarize(run_dirs: list[str]) -> str:
     """The result rows of earlier runs side by side, one table, read from results.json."""
     head = (f"{'run':<24} {'T/V':<10} {'WL':<7} {'M':>4} {'P':>4} {'B':>5} {'Time':>9} {'TTS':>9} {'TTQ':>9}"
             f" {'Tflops':>11} {'VTflops':>10} {'Quality':>8} Check")
-    lines = [RULE, head, "TTS = time to solution: staging + training + evaluations; TTQ = time to quality:"
-             " training and evaluations until the target (- = not reached)", THIN]
+    lines = [RULE, head, "TTS = time to solution: staging + training + evaluations",
+             "TTQ = time to quality: training and evaluations until the target (- = not reached)", THIN]
     for d in run_dirs:
         if not os.path.isdir(d):
             raise ValueError(f"{d}: not a folder; give runs/<id> folders, e.g. runs/2*")
