@@ -131,11 +131,13 @@ def seconds(value: float | None) -> str:
 
 
 def ratio(numerator: float | None, denominator: float | None) -> str:
-    """`x2.00`; n/a when either side is missing (a target not reached) or the
-    denominator is not positive (a VFLOPS of 0 at quality 0)."""
+    """`x2.00` (`x5.18e+04` from 1000 on: a VFLOPS far below the target's penalty makes
+    such ratios, and they must fit the column); n/a when either side is missing (a
+    target not reached) or the denominator is not positive (a VFLOPS of 0 at quality 0)."""
     if numerator is None or denominator is None or denominator <= 0:
         return "n/a"
-    return f"x{numerator / denominator:.2f}"
+    r = numerator / denominator
+    return f"x{r:.2f}" if r < 1000 else f"x{r:.2e}"
 
 
 def mean_base(t: dict) -> float:
@@ -150,14 +152,14 @@ def comparison_lines(tests: list[dict]) -> list[str]:
     sooner. One direction for all three keeps the block readable without a key per
     column. Empty when no scale holds both."""
     head = (f"  {'Layout':<7} {'Test':>4} {'M':>5} {'P':>5} {'Tflops':>11} {'VTflops':>10} {'TTQ s':>11}"
-            f"  {'FLOPS':>7} {'VFLOPS':>7} {'TTQ bagging/DP':>14}")
+            f"  {'FLOPS':>9} {'VFLOPS':>9} {'TTQ bagging/DP':>14}")
     out = []
     for c in comparisons(tests):
         dp = c.dp
         out += [f"Bagging vs data parallelism ({c.group.name}, Sys_scale {c.group.scale}):", head,
                 _figures("DP", dp)]
-        out += [_figures("bagging", t) + f"  {ratio(t['flops'], dp['flops']):>7}"
-                f" {ratio(t['vflops'], dp['vflops']):>7}"
+        out += [_figures("bagging", t) + f"  {ratio(t['flops'], dp['flops']):>9}"
+                f" {ratio(t['vflops'], dp['vflops']):>9}"
                 f" {ratio(t['time_to_quality'], dp['time_to_quality']):>14}" for t in c.bagging]
         out.append("  Ratios x = bagging / DP; a TTQ ratio below 1: bagging reached the target sooner")
     return out

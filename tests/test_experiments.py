@@ -174,3 +174,13 @@ def test_fold_gives_a_repeated_test_its_summary_figures():
     assert (folded[0]["flops"], folded[0]["vflops"], folded[0]["quality"], folded[0]["time_to_quality"]) == \
         (1.5e12, 1.2e12, 0.85, None)
     assert folded[0]["base_quality"] == [0.89, 0.88, 0.79, 0.78]     # every run's base models
+
+
+def test_a_huge_ratio_keeps_its_column():
+    """A DP layout far below the target (quality 0.11 of 0.5 at n = 5 scores ~5e-4 of its
+    FLOPS) makes VFLOPS ratios of ~5e4: they print in e-notation and the rows align."""
+    assert experiments.ratio(999.994, 1.0) == "x999.99" and experiments.ratio(51804.02, 1.0) == "x5.18e+04"
+    tests = [_t(1, 1, 8, 1e12, 2.254e7, ttq=None), _t(2, 8, 1, 1.15e12, 1.168e12, ttq=2.49)]
+    lines = experiments.comparison_lines(tests)
+    assert lines[3].split()[-3:] == ["x1.15", "x5.18e+04", "n/a"]
+    assert len(lines[3]) == len(lines[1])          # the bagging row as wide as the header

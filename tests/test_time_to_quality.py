@@ -89,7 +89,8 @@ def test_the_report_compares_bagging_with_data_parallelism_and_lays_out_the_trad
     for row, t in zip(out[i + 3:i + 6], tests[:3]):       # bagging rows, M descending
         cells = row.split()
         assert cells[:4] == ["bagging", str(t["index"]), str(t["M"]), str(t["P"])]
-        assert cells[-3:-1] == [f"x{t['flops'] / dp['flops']:.2f}", f"x{t['vflops'] / dp['vflops']:.2f}"]
+        vr = t["vflops"] / dp["vflops"]                    # 1x8 far below the target: a ratio of ~5e4 measured
+        assert cells[-3:-1] == [f"x{t['flops'] / dp['flops']:.2f}", f"x{vr:.2f}" if vr < 1000 else f"x{vr:.2e}"]
         ttq = (t["time_to_quality"], dp["time_to_quality"])
         assert cells[-1] == ("n/a" if None in ttq else f"x{ttq[0] / ttq[1]:.2f}")
     j = out.index("Quality vs speed at Sys_scale 8 (digits, B 32, fp32):")
