@@ -54,9 +54,8 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "roofline micro-kernels (0=skip, 1=run)",
     "evaluate every K epochs (0 = only at the end)",
     "stop at target (0=no, 1=at the first evaluation that reaches it)")
-# What to add to a file that predates lines 31-32 (the shipped file's values).
-NEW_LINES = ("1             evaluate every K epochs (0 = only at the end)",
-             "0             stop at target (0=no, 1=at the first evaluation that reaches it)")
+# What to add to a file that predates lines 31-32: the shipped file's lines (value, then LINES' text).
+NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}")
 # The T/V code's fields, in order (Test.tv); the report prints "T/V : Encoded variant ({TV_LEGEND})"
 TV_FIELDS = (("sampler", "sampler"), ("precision", "prec"), ("comm_precision", "comm"), ("optimizer", "opt"),
              ("allreduce", "AR"))

@@ -174,17 +174,16 @@ def fold(tests: list[dict], summaries: list[dict]) -> list[dict]:
     """One dict per test index for the sweep-wide comparisons: a repeated test's first run
     with the figures of its repetition summary (FLOPS, VFLOPS, quality, time to quality)
     and the base models of all its runs."""
+    runs: dict[int, list[dict]] = {}
+    for t in tests:
+        runs.setdefault(t["index"], []).append(t)
     by_index = {s["index"]: s for s in summaries}
     out = []
-    for t in tests:
-        if any(f["index"] == t["index"] for f in out):
-            continue
-        s = by_index.get(t["index"])
-        if s:
-            runs = [r for r in tests if r["index"] == t["index"]]
-            t = {**t, "flops": s["flops"], "vflops": s["vflops"], "quality": s["quality"],
-                 "time_to_quality": s["time_to_quality"], "base_quality": [q for r in runs for q in r["base_quality"]]}
-        out.append(t)
+    for index, rs in runs.items():
+        s = by_index.get(index)
+        out.append(rs[0] if not s else {
+            **rs[0], "flops": s["flops"], "vflops": s["vflops"], "quality": s["quality"],
+            "time_to_quality": s["time_to_quality"], "base_quality": [q for r in rs for q in r["base_quality"]]})
     return out
 
 

@@ -179,11 +179,10 @@ class Evaluation:
     curve is world rank 0's, from the start barrier of training."""
 
     def __init__(self, ctx, t, M: int, wl, data, watchdog):
-        from harness import ensemble
+        from harness import ensemble, workloads
         self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = ctx, t, M, wl, data, watchdog
         self.shape = ensemble.reduced_shape(data.n_val, wl.score_width(data), M, ensemble.stacks(wl))
-        cfg = ctx.cfg
-        self.target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
+        self.target, self.n = workloads.target_and_n(wl, ctx.cfg)
         self.start = 0.0      # perf_counter() at the start barrier (rank 0)
         self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"}
 
@@ -225,10 +224,9 @@ def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_sec
     total_flops = metrics.total_flops([r["samples"] for r in roots], fc.training)
     curve = evaluation.curve
     quality = curve[-1]["quality"]
-    target = evaluation.target
+    target, n = evaluation.target, evaluation.n
     reached = metrics.first_reaching(curve, target)
     staging_seconds = _staging_seconds(workers)
-    n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n)
     eval_seconds = max(r["eval_seconds"] for r in records)

@@ -182,7 +182,8 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     seconds = stop - start - paused
 
     diff, digest = _consistency(model, hvd)
-    hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)   # the model as the root has it
+    if evaluate is None:   # else the last evaluation has broadcast them: the model is the root's already
+        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
     return TrainResult(seconds, steps, steps * trained * batch * size, mean_loss, diff, digest, (start, stop),
                        trained)
 

@@ -296,8 +296,7 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     total = metrics.total_flops(per_job, training)
     fl = metrics.flops(total, t["train_seconds"])
     wl = workloads.get(t["workload"])
-    target = wl.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality
-    n = wl.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n
+    target, n = workloads.target_and_n(wl, cfg)
     penalty = metrics.penalty(t["quality"], target, n)
     vfl = metrics.vflops(fl, t["quality"], target, n)
     staging = (t["staging"] or {}).get("seconds", 0.0)
@@ -307,6 +306,7 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     due = train.evaluation_epochs(t["epochs"], t["eval_every"])
     stopped = bool(t["stop_at_target"] and reached)
     epochs_trained = reached["epoch"] if stopped else t["epochs"]
+    evaluated = [e for e in due if e <= epochs_trained]
     ranks = [r for job in t["jobs"] for r in job]
     util = _utilisation(fl, res["roofline"].get(t["precision"]), ranks)
     per_watt = telemetry.per_joule(vfl, t["train_seconds"], t.get("telemetry") or {})
@@ -314,8 +314,7 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     out = [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t["steps_per_epoch"] == steps,
                  t["steps_per_epoch"], steps),
            Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
-                 " (line 32)", [p["epoch"] for p in curve] == [e for e in due if e <= epochs_trained],
-                 [p["epoch"] for p in curve], [e for e in due if e <= epochs_trained]),
+                 " (line 32)", [p["epoch"] for p in curve] == evaluated, [p["epoch"] for p in curve], evaluated),
            Check(f"{name}: epochs trained (line 15, or the epoch the target stopped training)",
                  t["epochs_trained"] == epochs_trained, t["epochs_trained"], epochs_trained),
            _num(f"{name}: ensemble quality = the last evaluation's", t["quality"], curve[-1]["quality"]),

@@ -121,6 +121,13 @@ REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)
 
 
+def target_and_n(workload, cfg) -> tuple[float, float]:
+    """The target quality and penalty exponent n of a test (lines 25-26; -1 = the
+    workload's default): what the run measures against and --verify re-derives."""
+    return (workload.TARGET_QUALITY if cfg.target_quality < 0 else cfg.target_quality,
+            workload.PENALTY_N if cfg.penalty_n < 0 else cfg.penalty_n)
+
+
 def get(name: str) -> Workload:
     """The workload module for a name from HPCAI500.dat's workloads line, checked
     against the interface, with the optional constants' defaults filled in."""
