@@ -13,6 +13,10 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 if __name__ == "__main__":
+    # Before MPI starts: where PyPI Open MPI's PMIx finds its files, and the security
+    # mode it has, when srun (not mpirun) started this rank; see harness/launcher.py.
+    from harness import launcher
+    launcher.prepare()
     from harness import signals
     signals.block()  # before MPI and TensorFlow start threads: see harness/signals.py
     from harness.driver import main

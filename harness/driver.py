@@ -170,7 +170,10 @@ def _run(args, world, watchdog) -> int:
                 output.begin(t.index, rep)
             done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
             if output:
+                t0 = time.perf_counter()
                 output.add(*done)
+                # in results.json from the next rewrite on (the next test's, or the finish's)
+                output.record.write_seconds.append(time.perf_counter() - t0)
     except RunError as e:  # agreed by all ranks mid-sweep (staging): the finished tests stand
         if output:
             output.finish(interrupted=f"error: {e}")

@@ -116,22 +116,36 @@ def tradeoff(tests: list[dict], path: str) -> int:
     return points
 
 
+BAND_ABOVE = 8   # base models: up to this many, a line each; above, a min/mean/max band
+
+
 def quality_curve(test: dict, path: str) -> int:
-    """One test's quality along training: the ensemble's and each base model's quality
-    at each evaluation against the wall seconds since the start of training, and the
-    target. Where the ensemble line rises above the base models' is what bagging buys.
-    Returns the points drawn, evaluations x (1 + base models); 0 and no file without
-    an evaluation."""
+    """One test's quality along training: the ensemble's and the base models' quality at
+    each evaluation against the wall seconds since the start of training, and the target.
+    Where the ensemble line rises above the base models' is what bagging buys. Up to
+    BAND_ABOVE base models, a line each; more (M is in the thousands on a large machine),
+    their min-max band and mean line, so the chart's artists do not grow with M. The
+    ensemble is drawn on top. Returns the points drawn, evaluations x (1 + base-model
+    series: M, or 3 for min, mean, max); 0 and no file without an evaluation."""
     ev = test.get("evaluations") or []
     if not ev:
         return 0
     fig, ax = plt.subplots(figsize=(7, 4.5))
     secs = [e["seconds"] for e in ev]
     models = len(ev[0]["base_quality"])
-    for j in range(models):   # one colour, one legend entry: M may be large
-        ax.plot(secs, [e["base_quality"][j] for e in ev], ".--", color="tab:grey", alpha=0.6, linewidth=0.8,
-                label=f"base models ({models})" if j == 0 else None)
-    ax.plot(secs, [e["quality"] for e in ev], "o-", color="tab:blue", label="ensemble")
+    if models <= BAND_ABOVE:
+        for j in range(models):   # one colour, one legend entry
+            ax.plot(secs, [e["base_quality"][j] for e in ev], ".--", color="tab:grey", alpha=0.6, linewidth=0.8,
+                    label=f"base models ({models})" if j == 0 else None)
+        series = models
+    else:
+        lo, hi = [min(e["base_quality"]) for e in ev], [max(e["base_quality"]) for e in ev]
+        mean = [sum(e["base_quality"]) / len(e["base_quality"]) for e in ev]
+        ax.fill_between(secs, lo, hi, color="tab:grey", alpha=0.25, linewidth=0,
+                        label=f"base models ({models}): min-max")
+        ax.plot(secs, mean, ".--", color="tab:grey", linewidth=0.8, label="base models: mean")
+        series = 3
+    ax.plot(secs, [e["quality"] for e in ev], "o-", color="tab:blue", label="ensemble", zorder=3)
     ax.axhline(test["target_quality"], linestyle=":", color="tab:red", label=f"target {test['target_quality']:g}")
     ax.set_xlabel("seconds since the start of training (evaluations included)")
     ax.set_ylabel(test.get("quality_name", "quality"))
@@ -140,7 +154,7 @@ def quality_curve(test: dict, path: str) -> int:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     _save(fig, path)
-    return len(ev) * (1 + models)
+    return len(ev) * (1 + series)
 
 
 def _save(fig, path: str) -> None:

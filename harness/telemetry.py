@@ -336,10 +336,26 @@ def software() -> dict:
 
 
 def environment(world, nodes, devices: dict) -> dict:
-    """COLLECTIVE over `world`: every rank must call it. Versions, the world's shape and
-    each node's host and GPU inventory (from the node's first rank) on rank 0."""
+    """COLLECTIVE over `world`: every rank must call it. Versions, the world's shape,
+    each node's host and GPU inventory (from the node's first rank) and the ranks'
+    start-up seconds (called just before the first test) on rank 0."""
     mine = ({**host_inventory(), "ranks": nodes.local_size, "gpus": gpu_inventory()}
             if nodes.local_rank == 0 else None)
     inventory = world.gather(mine, root=0)
+    started = world.gather(startup_seconds(), root=0)
     return {**software(), "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
-            "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n]}
+            "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n],
+            "startup_seconds": startup_summary(started) if started else None}
+
+
+def startup_seconds() -> float:
+    """Seconds since this process was created (the launcher's exec of python): MPI start-up,
+    imports, reading the input, loading the data, device set-up, the micro-kernels if on.
+    The creation time has the kernel clock's resolution (10 ms)."""
+    return time.time() - psutil.Process().create_time()
+
+
+def startup_summary(per_rank: list[float]) -> dict:
+    """Start-up over ranks (s): the slowest rank is the one the first test waits for."""
+    return {"min": min(per_rank), "mean": statistics.fmean(per_rank), "max": max(per_rank),
+            "rank0": per_rank[0], "ranks": len(per_rank)}

@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from harness import plots
 from harness.results import SCHEMA
 from tests.conftest import ROOT
@@ -54,3 +56,42 @@ def test_scaling_line_keeps_bagging_apart_from_data_parallelism():
     tests = [_test(1, 1, 1, 1e10), _test(2, 2, 1, 2e10), _test(3, 1, 2, 1.2e10)]
     lines = report.scaling_lines(tests, metrics.weak_scaling)
     assert lines == ["Scaling (digits, B 32, fp32, P 1): Sys_scale 1 -> 2 : FLOPS x2.00, efficiency 1.00"]
+
+
+def _drawn(monkeypatch):
+    """Keep the figure a chart function saves, to count what it drew."""
+    figs = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figs.append(fig), save(fig, path)))
+    return figs
+
+
+def test_quality_curve_of_thousands_of_models_is_a_band(tmp_path, monkeypatch):
+    """M = 4,096: the base models are one min-max band and one mean line, not 4,096 lines.
+    At evaluation e (1..3) half the models score 0.5 + 0.1 e - 0.05, half + 0.05: the band
+    spans 0.55-0.85 over the run, the mean is 0.6, 0.7, 0.8."""
+    M = 4096
+    ev = [{"epoch": e, "seconds": 2.0 * e, "quality": 0.6 + 0.1 * e,
+           "base_quality": [0.5 + 0.1 * e + (0.05 if j % 2 else -0.05) for j in range(M)]} for e in (1, 2, 3)]
+    test = {"index": 1, "workload": "ic", "M": M, "P": 1, "B": 32, "precision": "fp32",
+            "target_quality": 0.763, "quality_name": "Top-1", "evaluations": ev}
+    figs = _drawn(monkeypatch)
+    assert plots.quality_curve(test, str(tmp_path / "q.png")) == 3 * (1 + 3)   # ensemble + min, mean, max
+    assert (tmp_path / "q.png").read_bytes()[:8] == PNG
+    (ax,) = figs[0].axes
+    assert len(ax.lines) == 3 and len(ax.collections) == 1      # mean, ensemble, target; the band
+    mean, ensemble = ax.lines[0], ax.lines[1]
+    assert list(mean.get_ydata()) == pytest.approx([0.6, 0.7, 0.8])
+    assert ensemble.get_zorder() > mean.get_zorder()            # the ensemble on top
+    ys = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert (ys.min(), ys.max()) == pytest.approx((0.55, 0.85))
+    assert len(ax.get_legend().get_texts()) == 4                # band, mean, ensemble, target
+
+
+def test_quality_curve_of_a_few_models_keeps_a_line_each(tmp_path, monkeypatch):
+    ev = [{"epoch": 1, "seconds": 1.0, "quality": 0.9, "base_quality": [0.8 + 0.01 * j for j in range(plots.BAND_ABOVE)]}]
+    figs = _drawn(monkeypatch)
+    test = {"target_quality": 0.95, "evaluations": ev}
+    assert plots.quality_curve(test, str(tmp_path / "q.png")) == 1 + plots.BAND_ABOVE
+    (ax,) = figs[0].axes
+    assert len(ax.lines) == plots.BAND_ABOVE + 2 and not ax.collections   # a line a model, ensemble, target
