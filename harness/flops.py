@@ -11,6 +11,11 @@ forward pass, H x W the output's spatial size:
                                       which is also what TensorFlow's profiler does)
     element-wise  1 per output element: bias add, activations, Add/Multiply/...
     pooling       Cin * H * W (output elements); global pooling: input elements
+
+In 3D (Conv3D, MaxPooling3D: cosmoflow) the same rules with D x H x W: convolution
+2 * K^3 * Cin * D * H * W * Cout at the output's size, pooling one FLOP per output
+element. TensorFlow's profiler counts Conv3D by the same formula and has no count for
+MaxPool3D, LeakyRelu or Tanh (tests/test_cosmoflow.py compares what it counts exactly).
     normalization Cin * H * W (output elements)
 
 Everything else (reshapes, padding, dropout, concatenation, softmax, raw TF ops

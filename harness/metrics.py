@@ -1,4 +1,10 @@
-"""FLOPS, VFLOPS and summaries: the paper's Eq. 4-8 as pure functions."""
+"""FLOPS, VFLOPS and summaries: the paper's Eq. 4-8 as pure functions.
+
+Every comparison of qualities lives here, aware of its direction: a workload's quality
+is higher-is-better (Top-1, mAP) or, HIGHER_IS_BETTER = False, an error (cosmoflow's
+MAE). `reaches`, `best`, `gain`, `penalty`, `first_reaching` and `repeats` take the
+direction; the report, the run's stop decision and --verify call these, never `>=`.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,16 +23,39 @@ def flops(total: float, seconds: float) -> float:
     return total / seconds
 
 
-def penalty(achieved: float, target: float, n: float) -> float:
-    """Eq. 8: (achieved / target)^n. Not capped: the paper penalises *or awards*."""
+def penalty(achieved: float, target: float, n: float, higher_is_better: bool = True) -> float:
+    """Eq. 8: (achieved / target)^n; for an error (lower is better) (target / achieved)^n,
+    the same ratio turned round, so that in both directions a quality r times better
+    than the target earns r^n and one r times worse costs r^-n. Not capped: the paper
+    penalises *or awards*. An error of 0 has no finite penalty: refused."""
     if target <= 0:
         raise ValueError(f"target quality must be positive, got {target}")
-    return (max(achieved, 0.0) / target) ** n
+    if higher_is_better:
+        return (max(achieved, 0.0) / target) ** n
+    if achieved <= 0:
+        raise ValueError(f"an error (lower is better) of {achieved} has no finite penalty (target / error)^n")
+    return (target / achieved) ** n
 
 
-def vflops(flops_value: float, achieved: float, target: float, n: float) -> float:
+def vflops(flops_value: float, achieved: float, target: float, n: float, higher_is_better: bool = True) -> float:
     """Eq. 7: Valid FLOPS."""
-    return flops_value * penalty(achieved, target, n)
+    return flops_value * penalty(achieved, target, n, higher_is_better)
+
+
+def reaches(achieved: float, target: float, higher_is_better: bool = True) -> bool:
+    """The quality meets the target: at or above it, or for an error at or below it."""
+    return achieved >= target if higher_is_better else achieved <= target
+
+
+def best(values, higher_is_better: bool = True):
+    """The best of some qualities: the highest, or for an error the lowest."""
+    return max(values) if higher_is_better else min(values)
+
+
+def gain(ensemble: float, base: float, higher_is_better: bool = True) -> float:
+    """How much better the ensemble's quality is than `base` (e.g. the base models'
+    mean): positive = better, in the quality's own units, whatever the direction."""
+    return ensemble - base if higher_is_better else base - ensemble
 
 
 def intensity(forward_flops: float, activations: float, weights: float, batch: int,
@@ -64,11 +93,11 @@ def weak_scaling(points: list[tuple[int, float]]) -> Scaling | None:
     return Scaling(s0, s1, speedup, speedup / (s1 / s0))
 
 
-def first_reaching(curve: list[dict], target: float) -> dict | None:
+def first_reaching(curve: list[dict], target: float, higher_is_better: bool = True) -> dict | None:
     """The first evaluation (curve point: epoch, seconds, quality) whose ensemble quality
-    reaches the target: its seconds are the time to quality, its epoch the epochs to
-    quality (HPC AI500 V2.0, MLPerf's time to train). None: never reached."""
-    return next((p for p in curve if p["quality"] >= target), None)
+    reaches the target (`reaches`): its seconds are the time to quality, its epoch the
+    epochs to quality (HPC AI500 V2.0, MLPerf's time to train). None: never reached."""
+    return next((p for p in curve if reaches(p["quality"], target, higher_is_better)), None)
 
 
 @dataclass(frozen=True)
@@ -86,10 +115,12 @@ class Repeats:
     cv_epochs_to_quality: float | None  # V2.0's repeatability measure; None unless every run reached
 
 
-def repeats(runs: list[dict], target: float, n: float, staged: bool = False) -> Repeats:
+def repeats(runs: list[dict], target: float, n: float, staged: bool = False,
+            higher_is_better: bool = True) -> Repeats:
     """MLPerf HPC's olympic summary of repeated runs: with 3 or more, drop the fastest and
     the slowest and summarise the rest; with fewer, all. Fastest by training time, or by
-    time to solution when staging is on (staging is part of MLPerf's time to train).
+    time to solution when staging is on (times, so the quality's direction plays no
+    part in the order; it prices the mean quality in VFLOPS) (staging is part of MLPerf's time to train).
     The kept runs' FLOPS is their total work over their total time (a mean of rates would
     weigh a short run as much as a long one), and their VFLOPS follows from that FLOPS
     and their mean quality by Eq. 7-8, so the summary row is consistent with itself.
@@ -115,5 +146,5 @@ def repeats(runs: list[dict], target: float, n: float, staged: bool = False) -> 
         by_ttq = sorted(runs, key=lambda r: r["time_to_quality"])
         ttq = mean("time_to_quality", by_ttq[1:-1] if len(by_ttq) >= 3 else by_ttq)
         cv_epochs = cv("epochs_to_quality")
-    return Repeats(len(runs), len(kept), key, fl, vflops(fl, quality, target, n), quality,
+    return Repeats(len(runs), len(kept), key, fl, vflops(fl, quality, target, n, higher_is_better), quality,
                    cv("flops"), cv("quality"), reached, ttq, cv_epochs)

@@ -297,12 +297,13 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     fl = metrics.flops(total, t["train_seconds"])
     wl = workloads.get(t["workload"])
     target, n = workloads.target_and_n(wl, cfg)
-    penalty = metrics.penalty(t["quality"], target, n)
-    vfl = metrics.vflops(fl, t["quality"], target, n)
+    higher = wl.HIGHER_IS_BETTER   # the workload's rule; the recorded direction is checked against it
+    penalty = metrics.penalty(t["quality"], target, n, higher)
+    vfl = metrics.vflops(fl, t["quality"], target, n, higher)
     staging = (t["staging"] or {}).get("seconds", 0.0)
     curve = t["evaluations"]
     tts = staging + curve[-1]["seconds"]
-    reached = metrics.first_reaching(curve, target)
+    reached = metrics.first_reaching(curve, target, higher)
     due = train.evaluation_epochs(t["epochs"], t["eval_every"])
     stopped = bool(t["stop_at_target"] and reached)
     epochs_trained = reached["epoch"] if stopped else t["epochs"]
@@ -330,7 +331,9 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
            _num(f"{name}: FLOPS (total FLOPs / train_seconds)", t["flops"], fl),
            _num(f"{name}: target quality (line 25)", t["target_quality"], target),
            _num(f"{name}: penalty exponent n (line 26)", t["penalty_n"], n),
-           _num(f"{name}: penalty (quality / target)^n", t["penalty"], penalty),
+           Check(f"{name}: quality direction ({wl.QUALITY}: {'higher' if higher else 'lower'} is better)",
+                 t.get("higher_is_better", True) == higher, t.get("higher_is_better", True), higher),
+           _num(f"{name}: penalty ({'quality / target' if higher else 'target / quality'})^n", t["penalty"], penalty),
            _num(f"{name}: VFLOPS (FLOPS x penalty)", t["vflops"], vfl),
            _num(f"{name}: time to solution (staging + wall to the end of the last evaluation)",
                 t["time_to_solution"], tts)]
@@ -402,7 +405,8 @@ def repeats_checks(res: dict, cfg) -> list[Check]:
             out.append(Check(what, False, note="a summary of a test with no finished repetition"))
             continue
         d = vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
-                                 staged=bool(runs[0]["staging"])))
+                                 staged=bool(runs[0]["staging"]),
+                                 higher_is_better=runs[0].get("higher_is_better", True)))
         for key, value in d.items():
             out.append(_num(f"{what}: {key}", s.get(key), value) if isinstance(value, float) else
                        Check(f"{what}: {key}", s.get(key) == value, s.get(key), value))
@@ -519,16 +523,23 @@ def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
 def _mllog_figures(what: str, t: dict, job: int, lines: list[str]) -> Check:
     events = [json.loads(ln.split(MLLOG_TOKEN, 1)[1]) for ln in lines if MLLOG_TOKEN in ln]
     last = {e["key"]: e["value"] for e in events}   # the last value of each key
+    from harness.mllog import eval_key
     want = {"seed": t["seed"], "global_batch_size": t["P"] * t["B"],
             "train_samples": t["resample"][job]["size"], "eval_samples": t["val_samples"],
-            "eval_accuracy": t["base_quality"][job], "hpcai500_ensemble_quality": t["quality"],
+            eval_key(t.get("higher_is_better", True)): t["base_quality"][job],
+            "hpcai500_ensemble_quality": t["quality"],
             "submission_division": t["division"]}
     want = {k: v for k, v in want.items() if k in last}
     stops = [e.get("metadata", {}).get("status") for e in events if e["key"] == "run_stop"]
     if stops:   # MLPerf's success: the target reached (by the ensemble, harness/run.py)
         last["run_stop status"] = stops[-1]
-        want["run_stop status"] = "success" if t["quality"] >= t["target_quality"] else "aborted"
+        # success: the target reached at some evaluation (harness/run.py), as the time to quality says
+        want["run_stop status"] = "success" if t["time_to_quality"] is not None else "aborted"
     diff = {k: last[k] for k, v in want.items() if not _close(last[k], v)}
+    wrong = eval_key(not t.get("higher_is_better", True))   # an error logged as an accuracy, or the reverse
+    if wrong in last:
+        diff[wrong] = last[wrong]
+        want[wrong] = f"no {wrong}: the quality is {'an accuracy' if t.get('higher_is_better', True) else 'an error'}"
     return Check(f"{what}: figures = results.json's", bool(events) and not diff,
                  diff or None, {k: want[k] for k in diff} or None,
                  note=("no MLLOG events" if not events else "" if diff else ", ".join(want)))

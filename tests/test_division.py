@@ -15,6 +15,8 @@ def test_a_ranking_workload_on_real_data_with_the_reference_model_is_closed():
 
 @pytest.mark.parametrize("change,reason", [
     ({"workload": "digits"}, "digits is a demonstration workload (ranking: ic, ewa)"),
+    ({"workload": "cosmoflow"}, "cosmoflow is MLPerf HPC's workload, bagged here, not an HPC AI500 V2.0 ranking"
+                                " workload (ranking: ic, ewa)"),
     ({"dataset_kind": "synthetic"}, "synthetic data (a ranking result reads the real data set from a path)"),
     ({"deviations": ["a reduced ResNet"]}, "not the reference model: a reduced ResNet"),
     ({"test_only": ["HPCAI500_IC_WIDTH=8"]}, "test-only setting HPCAI500_IC_WIDTH=8"),

@@ -144,3 +144,44 @@ def test_summed_contributions_average_to_the_mean():
     assert ensemble.reduced_shape(4, 3, 2, stack=False) == (4, 3)
     total = sum(ensemble.contribution(p, "mean", j, 2, stack=False) for j, p in enumerate(preds))
     np.testing.assert_allclose(ensemble.ensemble_scores(total, 2, stack=False), (preds[0] + preds[1]) / 2)
+
+
+# ---- lower is better (an error: cosmoflow's MAE) -------------------------------------
+def test_penalty_of_an_error_is_the_ratio_turned_round():
+    # MAE 0.248 against a target of 0.124: twice as bad, n = 5 -> 1/32; 0.062: twice as good -> 32
+    assert metrics.penalty(0.248, 0.124, 5, higher_is_better=False) == pytest.approx(1 / 32)
+    assert metrics.penalty(0.062, 0.124, 5, higher_is_better=False) == pytest.approx(32.0)
+    assert metrics.penalty(0.124, 0.124, 5, higher_is_better=False) == 1.0
+    # the same relative miss costs the same in both directions: Top-1 half the target, MAE twice it
+    assert metrics.penalty(0.38, 0.76, 5) == pytest.approx(metrics.penalty(0.248, 0.124, 5, False))
+    assert metrics.vflops(1e12, 0.248, 0.124, 5, False) == pytest.approx(1e12 / 32)
+    with pytest.raises(ValueError, match="no finite penalty"):
+        metrics.penalty(0.0, 0.124, 5, higher_is_better=False)
+
+
+def test_reaching_best_and_gain_follow_the_direction():
+    assert metrics.reaches(0.12, 0.124, False) and metrics.reaches(0.124, 0.124, False)
+    assert not metrics.reaches(0.13, 0.124, False)
+    assert metrics.reaches(0.8, 0.763) and not metrics.reaches(0.12, 0.124)   # higher-is-better reading
+    assert metrics.best([0.3, 0.2, 0.25], False) == 0.2 and metrics.best([0.3, 0.2, 0.25]) == 0.3
+    # ensemble MAE 0.20 against base models' mean 0.25: 0.05 better; Top-1 0.9 against 0.85: 0.05 better
+    assert metrics.gain(0.20, 0.25, False) == pytest.approx(0.05)
+    assert metrics.gain(0.9, 0.85) == pytest.approx(0.05)
+    assert metrics.gain(0.30, 0.25, False) == pytest.approx(-0.05)
+
+
+def test_first_reaching_an_error_target_is_the_first_at_or_below_it():
+    curve = [{"epoch": 1, "seconds": 1.0, "quality": 0.4}, {"epoch": 2, "seconds": 2.0, "quality": 0.124},
+             {"epoch": 3, "seconds": 3.0, "quality": 0.1}]
+    assert metrics.first_reaching(curve, 0.124, False)["epoch"] == 2
+    assert metrics.first_reaching(curve, 0.05, False) is None
+    assert metrics.first_reaching(curve, 0.124)["epoch"] == 1   # the same curve read as an accuracy
+
+
+def test_repeats_price_an_error_by_its_direction():
+    runs = [{"train_seconds": s, "time_to_solution": s, "total_flops": 1e12, "flops": 1e12 / s, "quality": q,
+             "time_to_quality": None, "epochs_to_quality": None} for s, q in ((1.0, 0.3), (2.0, 0.2), (4.0, 0.1))]
+    r = metrics.repeats(runs, 0.124, 5, higher_is_better=False)
+    # olympic by time: the 2 s run alone; FLOPS 1e12 / 2; VFLOPS x (0.124 / 0.2)^5
+    assert (r.kept, r.quality) == (1, 0.2)
+    assert r.vflops == pytest.approx(0.5e12 * (0.124 / 0.2) ** 5)

@@ -14,6 +14,11 @@ CRCs included) byte for byte, so a copy needs no CRC computation and no re-encod
 Length headers are checked against their CRC (vectorised in numpy, so the check costs
 little); payload CRCs are not checked here (that would read every byte): a damaged
 payload surfaces when the record is parsed.
+
+GZIP-compressed files (TFRecordWriter's "GZIP" option, as MLPerf HPC's CosmoFlow set is
+written) are told by their first bytes (`is_gzip`); a gzip stream has no random
+access, so their index's offsets are into the decompressed stream (`scan_stream`), and
+the Reader decompresses a file whole to read a record of it (keeping the last one).
 """
 from __future__ import annotations
 
@@ -60,8 +65,9 @@ class Index:
     byte offset[k], length[k] bytes (the data, without framing)."""
     files: tuple
     shard: np.ndarray   # uint32
-    offset: np.ndarray  # int64
+    offset: np.ndarray  # int64; in a GZIP file's decompressed stream
     length: np.ndarray  # uint32
+    gzip: tuple = ()    # per file: GZIP-compressed (empty: none is)
 
     def __len__(self) -> int:
         return len(self.offset)
@@ -74,37 +80,78 @@ class Index:
 def scan(file: str) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, lengths) of the records of one TFRecord file, from its headers only.
     Raises DataError naming the file on a truncated file or a corrupt length header."""
-    offsets, headers = [], bytearray()
     try:
         fd = os.open(file, os.O_RDONLY)
     except OSError as e:
         raise DataError(f"{file}: cannot open ({e.strerror})") from None
     try:
-        size, pos = os.fstat(fd).st_size, 0
-        while pos < size:
-            head = os.pread(fd, HEADER, pos)
-            if len(head) < HEADER:
-                raise DataError(f"{file}: truncated TFRecord: a {len(head)}-byte record header "
-                                f"at byte {pos} (record {len(offsets)}), 12 expected")
-            (length,) = struct.unpack_from("<Q", head)
-            end = pos + HEADER + length + FOOTER
-            if end > size or length >= 2**32:  # lengths are kept as uint32 (JPEGs are far smaller)
-                raise DataError(f"{file}: truncated or corrupt TFRecord: record {len(offsets)} at "
-                                f"byte {pos} claims {length} bytes, the file ends at byte {size}")
-            offsets.append(pos + HEADER)
-            headers += head
-            pos = end
+        return _walk(lambda pos: os.pread(fd, HEADER, pos), os.fstat(fd).st_size, file)
     finally:
         os.close(fd)
+
+
+def scan_stream(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """`scan` over a TFRecord stream held in memory (a decompressed GZIP file, `name`):
+    offsets into `data`."""
+    return _walk(lambda pos: data[pos:pos + HEADER], len(data), name)
+
+
+def _walk(head_at, size: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The header walk of `scan`: `head_at(pos)` gives the (up to) 12 bytes at pos of a
+    stream of `size` bytes; payloads are skipped, never read."""
+    offsets, headers, pos = [], bytearray(), 0
+    while pos < size:
+        head = head_at(pos)
+        if len(head) < HEADER:
+            raise DataError(f"{name}: truncated TFRecord: a {len(head)}-byte record header "
+                            f"at byte {pos} (record {len(offsets)}), 12 expected")
+        (length,) = struct.unpack_from("<Q", head)
+        end = pos + HEADER + length + FOOTER
+        if end > size or length >= 2**32:  # lengths are kept as uint32 (JPEGs are far smaller)
+            raise DataError(f"{name}: truncated or corrupt TFRecord: record {len(offsets)} at "
+                            f"byte {pos} claims {length} bytes, the file ends at byte {size}")
+        offsets.append(pos + HEADER)
+        headers += head
+        pos = end
     heads = np.frombuffer(bytes(headers), np.uint8).reshape(-1, HEADER)
     stored = heads[:, 8:12].copy().view("<u4").ravel()
     bad = np.flatnonzero(masked_crc32c(heads[:, :8]) != stored)
     if len(bad):
         k = int(bad[0])
-        raise DataError(f"{file}: corrupt TFRecord: the length header of record {k} at byte "
+        raise DataError(f"{name}: corrupt TFRecord: the length header of record {k} at byte "
                         f"{offsets[k] - HEADER} fails its CRC ({len(bad)} bad header(s))")
     lengths = heads[:, :8].copy().view("<u8").ravel()
     return np.asarray(offsets, np.int64), lengths.astype(np.uint32)
+
+
+# TensorFlow's TFRecordWriter with compression "GZIP" writes one gzip stream (RFC 1952),
+# which starts with these two bytes; an uncompressed TFRecord starts with a record
+# length whose CRC the walk checks. So a file's compression is read from the file.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(file: str) -> bool:
+    """Whether a TFRecord file is GZIP-compressed: its first two bytes, not its name."""
+    try:
+        with open(file, "rb") as f:
+            return f.read(2) == GZIP_MAGIC
+    except OSError as e:
+        raise DataError(f"{file}: cannot open ({e.strerror})") from None
+
+
+def read_gzip(file: str) -> bytes:
+    """The decompressed TFRecord stream of a GZIP file (a gzip stream has no random
+    access: a record is found by decompressing the file). DataError naming the file if
+    it is truncated or corrupt."""
+    import gzip
+    import zlib
+    try:
+        with gzip.open(file, "rb") as f:
+            return f.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{file}: truncated or corrupt GZIP TFRecord ({e})") from None
+    except OSError as e:
+        raise DataError(f"{file}: cannot read ({e.strerror or e})") from None
 
 
 def build_index(files) -> Index:
@@ -139,7 +186,8 @@ def load_npz(file: str):
 
 
 class Reader:
-    """Random access to an index's records: one pread each. Shards are opened on first
+    """Random access to an index's records: one pread each (a GZIP shard: decompressed
+    whole, the last one kept; Index.gzip). Shards are opened on first
     use and kept open, at most a quarter of the open-file limit at once (ImageNet has
     1024 training shards; a soft limit of 1024 is common), least recently used closed."""
 
@@ -149,6 +197,7 @@ class Reader:
         self.index = index
         self.open_max = max(8, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
         self._fds = OrderedDict()
+        self._stream = (None, b"")   # (shard, bytes): the last GZIP file decompressed
 
     def fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
@@ -165,9 +214,25 @@ class Reader:
         return fd
 
     def record(self, k: int) -> bytes:
+        return self._read(k, 0, 0)
+
+    def framed(self, k: int) -> bytes:
+        """Record k with its framing (length, CRCs), as stored: a copy needs no CRC."""
+        return self._read(k, HEADER, FOOTER)
+
+    def _read(self, k: int, before: int, after: int) -> bytes:
         i = self.index
-        n = int(i.length[k])
-        data = os.pread(self.fd(int(i.shard[k])), n, int(i.offset[k]))
+        start, n = int(i.offset[k]) - before, int(i.length[k]) + before + after
+        shard = int(i.shard[k])
+        if i.gzip and i.gzip[shard]:   # no random access into a gzip stream: the whole file, kept
+            if self._stream[0] != shard:
+                self._stream = (shard, read_gzip(i.files[shard]))
+            data = self._stream[1][start:start + n]
+            if len(data) != n:
+                raise DataError(f"{i.files[shard]}: record at byte {int(i.offset[k])} of the decompressed "
+                                f"stream is short ({len(data)} of {n} bytes): the file changed after indexing")
+            return data
+        data = os.pread(self.fd(shard), n, start)
         if len(data) != n:
             raise DataError(f"{i.files[i.shard[k]]}: record at byte {int(i.offset[k])} is short "
                             f"({len(data)} of {n} bytes): the file changed after indexing")
@@ -177,6 +242,7 @@ class Reader:
         return [self.record(k) for k in ks]
 
     def close(self) -> None:
+        self._stream = (None, b"")
         while self._fds:
             os.close(self._fds.popitem()[1])
 
