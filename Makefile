@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) bench/staging.py
 	$(PY) bench/ic.py
 	$(PY) bench/ewa.py
+	$(PY) bench/peers.py --no-scaling
 
 venv: $(STAMP)
 

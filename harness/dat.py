@@ -7,9 +7,10 @@ that many tokens are taken, and the token after them must not look like one more
 value. The parser is strict and stops at the first error, raising DatError.
 Pure parsing: no MPI here, rank 0 parses and the caller broadcasts the Config.
 
-T/V code (Test.tv), HPL-like, encodes the variant of a test in five fields (TV_FIELDS):
-sampler, precision, communication, optimizer, all-reduce, each with the code its
-choice has in CHOICES; e.g. B32C32SR = bootstrap, fp32, fp32 communication, SGD, ring.
+T/V code (Test.tv), HPL-like, encodes the variant of a test in six fields (TV_FIELDS):
+sampler, precision, communication, optimizer, all-reduce, compiler, each with the code
+its choice has in CHOICES; e.g. B32C32SR = bootstrap, fp32, fp32 communication, SGD,
+ring, no XLA (B32C32SRX with XLA).
 The keyword choices live beside what implements them (sampler, train, ensemble,
 workloads); this module only reads them.
 """
@@ -31,12 +32,16 @@ CHOICES = {
     "allreduce": train.ALLREDUCE,
     "sampler": sampler.METHODS,
     "aggregation": ensemble.AGGREGATIONS,
+    "compiler": train.COMPILERS,
 }
 KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
-NLINES = 32
-FIRST_NEW = 31   # lines 31-32 came with time to quality: a 30-line file predates them
+NLINES = 33
+# Lines added since the first release: first line -> what brought it. A file that ends
+# before one of them predates it (and everything after it).
+ADDED = {31: "time to quality", 33: "the compiler line"}
+FIRST_NEW = min(ADDED)
 _ONE_OF = {kind: ", ".join(names) for kind, names in KNOWN.items()}
 LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "a title line", "a title line", "output file name", "device out (6=stdout,7=stderr,file)",
@@ -53,13 +58,16 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "staging directory (none, or a node-local path [keep])", "seed",
     "roofline micro-kernels (0=skip, 1=run)",
     "evaluate every K epochs (0 = only at the end)",
-    "stop at target (0=no, 1=at the first evaluation that reaches it)")
-# What to add to a file that predates lines 31-32: the shipped file's lines (value, then LINES' text).
-NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}")
+    "stop at target (0=no, 1=at the first evaluation that reaches it)",
+    f"compiler ({_ONE_OF['compiler']})")
+# What to add to a file that predates lines 31-33: the shipped file's lines (value, then LINES' text).
+NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}", f"{'none':<13} {LINES[33]}")
 # The T/V code's fields, in order (Test.tv); the report prints "T/V : Encoded variant ({TV_LEGEND})"
+# (XLA's code is empty for none: codes from before line 33 read as they did)
 TV_FIELDS = (("sampler", "sampler"), ("precision", "prec"), ("comm_precision", "comm"), ("optimizer", "opt"),
-             ("allreduce", "AR"))
-TV_LEGEND = ", ".join(f"{short} {'|'.join(code for code, _ in CHOICES[kind].values())}" for kind, short in TV_FIELDS)
+             ("allreduce", "AR"), ("compiler", "XLA"))
+TV_LEGEND = ", ".join(f"{short} {'|'.join(code or '(none)' for code, _ in CHOICES[kind].values())}"
+                      for kind, short in TV_FIELDS)
 SEED_MAX = 2**32 - 1
 _INT = re.compile(r"[+-]?\d+\Z")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
@@ -108,6 +116,7 @@ class Config:
     roofline: int                         # line 30
     eval_every: int = 0                   # line 31: evaluate every K epochs (epochs); 0 = at the end only
     stop_at_target: bool = False          # line 32: stop at the first evaluation that reaches the target
+    compiler: str = "none"                # line 33: xla = the training step's forward and backward by XLA
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 
 
@@ -240,6 +249,18 @@ def dataset_spec(dataset: str) -> tuple[str, int | None, int | None]:
     return "synthetic", nums[0], nums[1]
 
 
+def _added_lines(r: _Reader) -> None:
+    """A file that ends before a line of ADDED (the lines after it empty or absent)
+    predates that line: say so and what to add, rather than 'end of file' at one line."""
+    last = max((n for n, ln in enumerate(r.lines, 1) if ln.strip()), default=0)
+    for first, what in sorted(ADDED.items()):
+        if last == first - 1:
+            add = NEW_LINES[first - FIRST_NEW:]
+            span = f"line {first}" if first == NLINES else f"lines {first}-{NLINES}"
+            raise r.err(first, _Bare("end of file"), f"{span} (an input file from before {what} has {last} lines); "
+                        f"add {'it' if len(add) == 1 else 'them'}, e.g. " + " and ".join(map(repr, add)))
+
+
 def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     """Validate the text of an input file; raises DatError at the first error."""
     r = _Reader(text, path)
@@ -279,12 +300,11 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     staging_keep = staging != "none" and len(r.tokens(28)) > 1 and r.tokens(28)[1].lower() == "keep"
     seed = r.number(29, f"a seed: an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
     roofline = r.number(30, "roofline micro-kernels: 0 (skip) or 1 (run)", lambda v: v in (0, 1))
-    if not any(ln.strip() for ln in r.lines[FIRST_NEW - 1:]):
-        raise r.err(FIRST_NEW, _Bare("end of file"), f"lines {FIRST_NEW}-{NLINES} (an input file from before "
-                    "time to quality has 30 lines); add them, e.g. " + " and ".join(map(repr, NEW_LINES)))
+    _added_lines(r)
     eval_every = r.number(31, "evaluate every K epochs: an integer >= 0 (0 = only at the end)", lambda v: v >= 0)
     stop_at_target = bool(r.number(32, "stop at target: 0 (no) or 1 (at the first evaluation that reaches it)",
                                    lambda v: v in (0, 1)))
+    compiler = r.keyword(33, "compiler", "compiler")
     for n in range(NLINES + 1, len(r.lines) + 1):
         if r.lines[n - 1].strip():
             raise r.err(n, r.lines[n - 1].split()[0], f"end of file (unexpected line {n}: "
@@ -297,7 +317,7 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
         comm_precision=comm_precision, allreduce=allreduce, sampler=sampler,
         aggregation=aggregation, target_quality=target, penalty_n=penalty_n,
         repetitions=repetitions, staging=staging, seed=seed, roofline=roofline,
-        eval_every=eval_every, stop_at_target=stop_at_target, staging_keep=staging_keep)
+        eval_every=eval_every, stop_at_target=stop_at_target, staging_keep=staging_keep, compiler=compiler)
 
 
 def parse(path: str) -> Config:
@@ -353,6 +373,7 @@ def describe(cfg: Config) -> list[str]:
             ("EVAL", "at the end only" if not cfg.eval_every else f"every {_n(cfg.eval_every, 'epoch')} and at the end"),
             ("STOP", "at the first evaluation that reaches the target" if cfg.stop_at_target
                      else f"after epoch {cfg.epochs} (line 15)"),
+            ("COMPILER", "XLA (forward and backward pass)" if cfg.compiler == "xla" else "none (TensorFlow graph)"),
             ("OUTPUT", dev),
             ("RESULTS", cfg.results_dir)]
     return [f"{k:<8}: {v}" for k, v in rows]

@@ -28,7 +28,7 @@ P       : Ranks per base model (P_degree)
 B       : Per-rank batch size
 Time    : Training seconds, max over all ranks of all jobs (barrier to last step, evaluations excluded)
 Tflops  : FLOPS, analytic, forward + backward, all base models (Eq. 6)
-VTflops : Valid FLOPS = FLOPS * (achieved/target)^n (Eq. 7-8)
+VTflops : Valid FLOPS = FLOPS * (achieved/target)^n, for an error (MAE) * (target/achieved)^n (Eq. 7-8)
 Quality : Ensemble quality on the validation set, at the last evaluation"""
 
 HEADER = f"{'T/V':<15} {'WL':<8} {'M':>4} {'P':>4} {'B':>5} {'Time':>12} {'Tflops':>12} {'VTflops':>11} {'Quality':>9}"
@@ -44,16 +44,20 @@ def header(version: str, tv_legend: str, params: list[str], conventions: list[st
 
 def row(t: dict) -> str:
     """One test's result block, like HPL's result line and residual check."""
+    from harness import metrics
     q = t["quality"]
     base = t["base_quality"]
     mean_base = sum(base) / len(base)
+    higher = t.get("higher_is_better", True)   # results schema 2.1 has no direction: all higher
+    # "+x pts" of a percentage; an error (lower is better) in its own units, signed so + is better too
+    gain = (f"ensemble {100 * (q - mean_base):+.1f} pts" if higher else
+            f"ensemble {metrics.gain(q, mean_base, False):+.4f} better (lower is better)")
     verdict = "PASSED" if t["consistency"]["passed"] else "FAILED"
     lines = [
         HEADER, THIN,
         f"{t['tv']:<15} {t['workload']:<8} {t['M']:>4} {t['P']:>4} {t['B']:>5} "
         f"{t['train_seconds']:>12.2f} {t['flops'] / 1e12:>12.4e} {t['vflops'] / 1e12:>11.3e} {q:>9.4f}",
-        f"Base models : {t['quality_name']} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ;"
-        f" ensemble {100 * (q - mean_base):+.1f} pts",
+        f"Base models : {t['quality_name']} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ; {gain}",
         f"Quality     : target {t['target_quality']:.4f}, n {t['penalty_n']:g}, penalty {t['penalty']:.4f} ;"
         f" {t['aggregation']} of {t['M']} model(s) on {t['val_samples']} samples",
         f"Work        : {t['samples_trained']} samples trained, {t['total_flops']:.4e} FLOPs ;"
@@ -84,7 +88,9 @@ def ttq_line(t: dict) -> str:
            + (_every(every) if every else "at the end only")
            + (", stop at target" if t["stop_at_target"] else ""))
     if t["time_to_quality"] is None:
-        best = max(ev, key=lambda p: p["quality"])
+        from harness import metrics
+        higher = t.get("higher_is_better", True)
+        best = next(p for p in ev if p["quality"] == metrics.best([p["quality"] for p in ev], higher))
         return (f"Time to Q   : not reached (best {best['quality']:.4f} after epoch {best['epoch']} of"
                 f" {t['epochs_trained']}) ; {how}")
     return (f"Time to Q   : {t['time_to_quality']:.2f} s, epoch {t['epochs_to_quality']} of {t['epochs']}"
@@ -231,11 +237,14 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
                 nccl: bool) -> list[str]:
     """The conventions block: every rule behind a figure of this run. `notes`: the
     workloads' FLOP notes; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
-    from harness import flops
+    from harness import flops, train
     lines = [
         flops.CONVENTION,
         "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
         " evaluations (and the waits for other jobs in them) and resampling timed apart",
+        f"Warm-up: before that barrier each job runs {train.WARMUP_STEPS} training step(s) and undoes them (every"
+        " variable the step writes is restored): graph optimisation, XLA compilation and Horovod's first"
+        " negotiation are set-up, as MLPerf's init; the timed epochs train exactly the samples counted",
         "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
         "Evaluation: "
         + (f"after {_every(cfg.eval_every)} (line 31) and the last" if cfg.eval_every else
@@ -249,7 +258,11 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
         " evaluation, MLPerf HPC's time to train",
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
         f" base model; PASSED at <= {TOLERANCE:.0e}",
-        f"Devices (rank 0): {devices['device']}, {devices['threads']} TensorFlow thread(s) per rank",
+        f"Devices (rank 0): {devices['device']}; threads per rank: {devices['threads']} intra-op and"
+        f" {devices['inter_op']} inter-op for the step (cores / ranks on the node); the input pipeline (tf.data:"
+        " read, decode, augment, prefetch 2 batches) runs on tf.data's threads"
+        + (" on the same cores, none set aside: on a CPU-only node it shares them with the step"
+           if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"),
         "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"
         " from the start barrier to the end of training, the evaluations along the way (line 31) included"
         " (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
@@ -281,6 +294,10 @@ def option_lines(cfg, nccl: bool) -> list[str]:
                      " samples and the validation set, in the workload's format; the job trains from the copy."
                      " Staging time = job barrier to the end of the read-back, max over ranks, counted in the time"
                      " to solution; Tflops use Time only")
+    if cfg.compiler == "xla":
+        lines.append("Compiler xla: each step's forward and backward pass is one XLA cluster"
+                     " (tf.function(jit_compile=True)); Horovod's all-reduce (no XLA kernel) and the update run"
+                     " outside it; its compilation happens in the warm-up, before the clock")
     if cfg.repetitions > 1:
         lines.append(f"Repetitions: {cfg.repetitions} runs of each test with seeds {cfg.seed}..{cfg.seed + cfg.repetitions - 1};"
                      " summary = mean without the fastest and slowest run (3 or more), CV over all runs")
@@ -384,7 +401,8 @@ class Output:
         from harness import metrics
         runs = [r for r in self.record.tests if r["index"] == index]
         summary = {"index": index, **vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
-                                                         staged=bool(runs[0]["staging"])))}
+                                                         staged=bool(runs[0]["staging"]),
+                                                         higher_is_better=runs[0].get("higher_is_better", True)))}
         self.record.repeats.append(summary)
         self._emit(repeats_block(runs[0], summary))
 

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.1"
+SCHEMA = "2.2"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+                 #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
 
 
 def sha256(text: str) -> str:
@@ -63,7 +64,7 @@ class TestResult:
     staging: dict | None              # the Data Duplicator's copies, or None
     time_to_solution: float           # s, staging + rank 0's wall from the start of training to the end of the
                                       #   last evaluation (training, evaluations, waits for other jobs)
-    eval_seconds: float               # s, all evaluations (prediction, waiting for the other jobs, reduction), max over ranks
+    eval_seconds: float               # s, all evaluations (prediction, waiting for the other jobs, reduction), max over the jobs' ranks (idle ranks: 0)
     evaluations: list                 # per evaluation: epoch, seconds (rank 0, since the start of training),
                                       #   quality (ensemble), base_quality (per job)
     time_to_quality: float | None     # s, the first evaluation reaching the target (staging apart); None: never
@@ -86,6 +87,11 @@ class TestResult:
     weights_digest: list              # per job, per rank: digest of the trained weights
     model_layers: list = field(default_factory=list)      # harness/flops.walk's records (harness/verify.py)
     model_deviations: list = field(default_factory=list)  # from the reference model (describe_model)
+    higher_is_better: bool = True     # the quality's direction (False: an error, e.g. MAE); a 2.1 file lacks it: True
+    reduce_seconds: float = 0.0       # s, rank 0: the world's reductions of the ensemble (scores, base qualities),
+                                      #   all evaluations; the wait for the other jobs apart
+    gather_seconds: float = 0.0       # s, rank 0: gathering every rank's record and measuring the test from them
+    rank0_peak_rss_bytes: int = 0     # bytes, world rank 0's peak resident memory so far (ru_maxrss)
 
 
 @dataclass
@@ -107,6 +113,8 @@ class Record:
     charts: list = field(default_factory=list)
     resumed: list = field(default_factory=list)   # times of each --resume
     interrupted: dict | None = None   # reason, test, repetition
+    write_seconds: list = field(default_factory=list)  # s, rank 0: each finished test's writing (MLLOG files,
+                                      #   report.txt, results.json), in finishing order (harness/driver.py)
 
     def json(self) -> dict:
         return asdict(self)

@@ -11,9 +11,10 @@ other failure ends the job through the driver's MPI_Abort, so no rank is left wa
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness import mllog
 from harness.errors import RunError, first_failure
@@ -54,19 +55,23 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     if job is None:
         world.Barrier()  # the start barrier the jobs' ranks enter inside train()
         evaluation.begin()
-        for epoch in train.evaluation_epochs(cfg.epochs, cfg.eval_every):  # the jobs' evaluations
-            t2 = time.perf_counter()
-            stop = evaluation.reduce(epoch, None, None, None)
-            rec["eval_seconds"] += time.perf_counter() - t2
-            if stop:
+        # the jobs' evaluations; an idle rank's eval_seconds stay 0, as its Time does: its
+        # wait in them is the jobs' training, not evaluating
+        for epoch in train.evaluation_epochs(cfg.epochs, cfg.eval_every):
+            if evaluation.reduce(epoch, None, None, None):
                 break
     else:
         _base_model(ctx, t, layout.M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed, evaluation)
     staging.cleanup(copy, cfg.staging_keep)
+    t3 = time.perf_counter()
     records = world.gather(rec, root=0)
     if world.rank != 0:
         return None
     result = measure(ctx, planned, wl, data, records, evaluation, sampler_seconds, rep, seed)
+    # The control plane's cost at scale (bench/scale.py): rank 0's gather of every rank's
+    # record and its measure, and its peak memory so far (Linux: ru_maxrss in KiB).
+    result = replace(result, gather_seconds=time.perf_counter() - t3,
+                     rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     # Each log ends on rank 0, where the ensemble's quality is known: MLPerf's success
     # is the target reached (by the ensemble: the benchmark's result), not a clean exit.
     reached = result.time_to_quality is not None
@@ -78,8 +83,10 @@ def _log(ctx, planned, data, job, job_comm, indices, seed):
     """The MLLOG of base model `job`, kept by the job's root (None elsewhere)."""
     if job is None or job_comm.rank != 0:
         return None
+    from harness import workloads
     t, layout, nodes = planned.test, planned.layout, ctx.nodes
-    log = mllog.BaseModelLog(t.index, job)
+    # an error is logged as MLPerf logs CosmoFlow's MAE, eval_error (harness/mllog.py)
+    log = mllog.BaseModelLog(t.index, job, higher_is_better=workloads.get(t.workload).HIGHER_IS_BETTER)
     log.init(seed=seed, global_batch=t.P * t.batch, train_samples=len(indices),
              eval_samples=data.n_val, nodes=len({nodes.node_of_rank[r] for r in layout.jobs[job]}),
              per_node=nodes.local_size, workload=t.workload, division=planned.division, **ctx.submission)
@@ -132,7 +139,7 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
     probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
     probe.start()
     recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
-                          t.precision, cfg.comm_precision)
+                          t.precision, cfg.comm_precision, cfg.compiler)
 
     def evaluate(epoch: int) -> bool:
         """The job's predictions, its root's quality and term of the ensemble, the world's
@@ -183,8 +190,10 @@ class Evaluation:
         self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = ctx, t, M, wl, data, watchdog
         self.shape = ensemble.reduced_shape(data.n_val, wl.score_width(data), M, ensemble.stacks(wl))
         self.target, self.n = workloads.target_and_n(wl, ctx.cfg)
+        self.higher = wl.HIGHER_IS_BETTER
         self.start = 0.0      # perf_counter() at the start barrier (rank 0)
         self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"}
+        self.reduce_seconds = 0.0   # rank 0: the world's reductions (scores, base qualities), all evaluations
 
     def begin(self) -> None:
         self.start = time.perf_counter()
@@ -192,19 +201,21 @@ class Evaluation:
     def reduce(self, epoch: int, scores, quality: float | None, job: int | None) -> bool:
         """This rank's part of the evaluation after `epoch`: `scores` and `quality` from
         a job's root, None elsewhere. Returns the stop decision, the same on every rank."""
-        from harness import ensemble
+        from harness import ensemble, metrics
         world = self.ctx.world
         # Jobs reach an evaluation at different times (resamples differ in size; idle
         # ranks have no job): wait for all of them politely, so the reduction is quick.
         self.watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {self.t.index}")
+        t0 = time.perf_counter()
         total = ensemble.reduce_scores(world, scores, self.shape)
         bases = world.gather(None if quality is None else (job, quality), root=0)
+        self.reduce_seconds += time.perf_counter() - t0
         stop = False
         if world.rank == 0:
             q = self.wl.quality(ensemble.ensemble_scores(total, self.M, ensemble.stacks(self.wl)), self.data)
             self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
                                "base_quality": [b for _, b in sorted(x for x in bases if x is not None)]})
-            stop = self.ctx.cfg.stop_at_target and q >= self.target
+            stop = self.ctx.cfg.stop_at_target and metrics.reaches(q, self.target, self.higher)
             t = self.t
             print(f"hpcai500: test {t.index}/{self.ctx.n_tests} M={t.M} P={t.P} B={t.batch} : evaluation after"
                   f" epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
@@ -224,11 +235,11 @@ def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_sec
     total_flops = metrics.total_flops([r["samples"] for r in roots], fc.training)
     curve = evaluation.curve
     quality = curve[-1]["quality"]
-    target, n = evaluation.target, evaluation.n
-    reached = metrics.first_reaching(curve, target)
+    target, n, higher = evaluation.target, evaluation.n, evaluation.higher
+    reached = metrics.first_reaching(curve, target, higher)
     staging_seconds = _staging_seconds(workers)
     fl = metrics.flops(total_flops, seconds)
-    vfl = metrics.vflops(fl, quality, target, n)
+    vfl = metrics.vflops(fl, quality, target, n, higher)
     eval_seconds = max(r["eval_seconds"] for r in records)
     tele = telemetry.reduce([r["telemetry"] for r in workers])
     max_diff = max(r["diff"] for r in workers)
@@ -251,15 +262,23 @@ def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_sec
         time_to_quality=reached and reached["seconds"], epochs_to_quality=reached and reached["epoch"],
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
         base_quality=[r["quality"] for r in roots], target_quality=target, penalty_n=n,
-        penalty=metrics.penalty(quality, target, n), final_loss=[r["loss"] for r in roots],
+        penalty=metrics.penalty(quality, target, n, higher), final_loss=[r["loss"] for r in roots],
         utilisation=_utilisation(fl, ctx.ceilings.get(t.precision), [r["rank"] for r in workers]),
         telemetry=tele, vflops_per_watt=telemetry.per_joule(vfl, seconds, tele),
         consistency={"max_diff": max_diff, "tolerance": TOLERANCE, "passed": bool(max_diff <= TOLERANCE)},
         resample=[{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
                    "digest": r["index_digest"]} for r in roots],
-        weights_digest=[[r["weights"] for r in sorted(workers, key=lambda r: r["rank"]) if r["job"] == j]
-                        for j in range(layout.M)],
-        model_layers=list(fc.layers), model_deviations=list(planned.model_deviations))
+        weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
+        model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher)
+
+
+def digests_by_job(workers: list[dict], M: int) -> list[list[str]]:
+    """Each job's ranks' weight digests, in rank order: one pass over the records, not
+    one per job (M x W grows to 16.8 M steps, and M sorts, at M = W = 4,096)."""
+    out = [[] for _ in range(M)]
+    for r in sorted(workers, key=lambda r: r["rank"]):
+        out[r["job"]].append(r["weights"])
+    return out
 
 
 def _staging_seconds(workers) -> float:

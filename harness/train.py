@@ -1,7 +1,11 @@
 """Base-model training: Horovod data parallelism on one job's sub-communicator.
 
 Each job is its own Horovod world (`hvd.init(comm=job_comm)`): its all-reduces never
-leave the job, so the M base models train independently, as bagging requires.
+leave the job, so the M base models train independently, as bagging requires. The
+training step runs WARMUP_STEPS times before the clock and is undone (train), keeps its
+step number and LR in the graph, and with line 33's `xla` compiles its forward and
+backward pass. The math (learning_rate, evaluation_epochs) is pure; MPI and Horovod
+are at the edges (train, _consistency).
 """
 from __future__ import annotations
 
@@ -22,8 +26,9 @@ def setup_devices(local_rank: int, local_size: int) -> dict:
     tf.get_logger().setLevel("ERROR")  # Horovod's per-test broadcasts retrace; TF warns each time
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = max(1, min(cores, (os.cpu_count() or 1) // local_size))
+    inter_op = 1 if threads == 1 else 2
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1 if threads == 1 else 2)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     gpus = tf.config.list_physical_devices("GPU")
     device = "CPU"
     if gpus:
@@ -31,7 +36,7 @@ def setup_devices(local_rank: int, local_size: int) -> dict:
         tf.config.set_visible_devices([gpu], "GPU")
         tf.config.experimental.set_memory_growth(gpu, True)
         device = f"GPU {local_rank % len(gpus)} of {len(gpus)}"
-    return {"threads": threads, "device": device, "gpus_on_node": len(gpus)}
+    return {"threads": threads, "inter_op": inter_op, "device": device, "gpus_on_node": len(gpus)}
 
 
 def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
@@ -51,6 +56,8 @@ PRECISIONS = {"fp32": ("32", "float32"), "fp16": ("16", "mixed_float16"), "bf16"
 COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16", "Horovod Compression.fp16")}
 ALLREDUCE = {"ring": ("R", "Horovod's ring all-reduce"),
              "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)")}
+COMPILERS = {"none": ("", "TensorFlow graph (tf.function), no XLA"),
+             "xla": ("X", "XLA: forward and backward pass jit_compiled; all-reduce and update outside")}
 OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Keras Adam"), "adagrad": ("G", "Keras AdaGrad"),
               "lars": ("L", "LARS, harness/optimizers.py"), "lamb": ("M", "LAMB, harness/optimizers.py")}
 
@@ -65,6 +72,19 @@ class Recipe:
     optimizer: str = "sgd"
     precision: str = "fp32"     # fp16/bf16: Keras mixed precision, FP32 master weights
     comm_precision: str = "fp32"  # fp16: gradients cast to FP16 for the all-reduce
+    compiler: str = "none"      # xla: the forward and backward pass compiled by XLA (line 33)
+
+
+# Steps run before the clock and undone (train.train): enough for graph optimisation,
+# XLA compilation and Horovod's negotiation, which all happen at the first call.
+WARMUP_STEPS = 1
+# Random ops that keep their state inside the kernel, where no variable holds it: a
+# warm-up step would move their draws, so the restored run would no longer be the run
+# without warm-up. Random draws in a training step must come from tf.random.Generator
+# (a variable) or stateless ops with an explicit seed.
+HIDDEN_STATE_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
+    "RandomGamma", "RandomPoisson", "RandomPoissonV2", "Multinomial", "RandomCrop"})
 
 
 @dataclass
@@ -75,7 +95,8 @@ class TrainResult:
     final_loss: float         # last epoch's mean loss on this rank
     weights_diff: float       # max |w - w_root| over this rank's trainable weights
     weights_digest: str       # hash of this rank's trainable weights
-    clock: tuple[float, float]  # time.perf_counter() at the start and the end of training (evaluations inside)
+    clock: tuple[float, float]  # time.perf_counter() at the start and the end of training (evaluations inside;
+    #                             the warm-up before it)
     epochs: int = 0           # epochs trained (fewer than the recipe's when the target stopped it)
 
 
@@ -86,6 +107,9 @@ def build(workload, data, seed: int, job: int, precision: str = "fp32"):
     import tensorflow as tf
     tf.keras.mixed_precision.set_global_policy(PRECISIONS[precision][1])
     tf.keras.utils.set_random_seed((seed * 1_000_003 + job) % 2**31)
+    # Keras' random layers (dropout) draw from a tf.random.Generator whose state is a
+    # variable, not from kernels with hidden state: train.train's warm-up can undo them.
+    tf.keras.backend.experimental.enable_tf_random_generator()
     return workload.build_model(data)
 
 
@@ -97,7 +121,8 @@ def evaluation_epochs(epochs: int, every: int) -> list[int]:
 
 
 def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
-          world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0) -> TrainResult:
+          world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
+          warmup_steps: int = WARMUP_STEPS) -> TrainResult:
     """Train one base model. `hooks` (optional) gets run_start(), epoch_start(epoch) and
     epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted from 1; `on_step(step)`
     (optional) runs before every step (watchdog heartbeat, fault injection).
@@ -122,28 +147,60 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
     compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
     hvd.broadcast_variables(model.variables, root_rank=0)
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hpcai500_step")  # steps taken: in the graph
 
-    @tf.function(autograph=False)  # plain Python control flow: tracing skips ~2 s of AST conversion per rank
-    def step(x, y, i):
-        opt.learning_rate.assign(schedule(i))
+    def loss_and_grads(x, y, tape_wrapper):
         with tf.GradientTape() as tape:
             out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))  # loss in FP32
             loss = tf.reduce_mean(workload.loss(y, out))
             if model.losses:  # weight decay written as the workload's kernel regularizers
                 loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
             scaled = opt.get_scaled_loss(loss) if fp16 else loss
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        grads = tape.gradient(scaled, model.trainable_variables)
+        return loss, tape_wrapper(tape).gradient(scaled, model.trainable_variables)
+
+    if recipe.compiler == "xla":
+        # XLA compiles the forward and backward pass; Horovod's all-reduce has no XLA
+        # kernel, so it runs outside the cluster, as a grouped all-reduce (the average
+        # DistributedGradientTape computes), then the update.
+        local = tf.function(lambda x, y: loss_and_grads(x, y, lambda t: t), jit_compile=True, autograph=False)
+
+        def reduced(x, y):
+            loss, grads = local(x, y)
+            return loss, (hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression)
+                          if size > 1 else grads)
+    else:
+        def reduced(x, y):
+            return loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression))
+
+    @tf.function(autograph=False)  # plain Python control flow: tracing skips ~2 s of AST conversion per rank
+    def step(x, y):
+        i = counter.read_value()   # the step number and the LR live in the graph: no host constant per step
+        with tf.control_dependencies([i]):
+            counter.assign_add(1)
+        opt.learning_rate.assign(schedule(i))
+        loss, grads = reduced(x, y)
         if fp16:
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    # Trace the step (and create the optimizer's slots) before the clock starts: graph
-    # building is set-up, like MLPerf's init phase, not training. The first real call
-    # still pays TF's graph optimisation and Horovod's first negotiation (0.2-0.5 s on
-    # the CPU here) inside the clock: counted as training, which understates FLOPS.
-    step.get_concrete_function(*workload.input_signature(data, batch), tf.TensorSpec((), tf.int32))
+    # Set-up before the clock, like MLPerf's init phase: trace the step, then run
+    # WARMUP_STEPS real steps so that TensorFlow's graph optimisation (and XLA's
+    # compilation), the allocator's first growth and Horovod's first negotiation of
+    # every gradient all happen here, and put back every variable the step writes
+    # (weights, optimizer slots, step counters, loss scale, batch-norm statistics,
+    # random generators' states): the timed epochs then train exactly the samples they
+    # count, from exactly the state a run without warm-up would start from.
+    concrete = step.get_concrete_function(*workload.input_signature(data, batch))
+    _refuse_hidden_random_state(concrete.graph, workload.NAME)
+    if warmup_steps:  # on the first batches of epoch 1, read again by the timed epoch
+        state = [(v, v.numpy()) for v in concrete.variables]
+        warm = sampler.epoch_shard(indices, seed, job, 0, rank, size, batch)[:warmup_steps * batch]
+        for x, y in workload.batches(data, warm, batch, training=True, seed=seed * 1_000_003 + job * 1009):
+            step(x, y).numpy()
+        for v, value in state:
+            v.assign(value)
+        del state    # a host copy of the weights and slots: free it before training
     world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
     start = time.perf_counter()
     if hooks:
@@ -161,7 +218,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
         for s, (x, y) in enumerate(feed):
             if on_step is not None:
                 on_step(epoch * steps + s)
-            losses.append(step(x, y, tf.constant(epoch * steps + s)))
+            losses.append(step(x, y))
         if len(losses) != steps:  # a short epoch on one rank would hang the others' all-reduce
             raise RuntimeError(f"job {job}: the workload fed {len(losses)} batches in epoch {epoch + 1}, "
                                f"expected {steps}")
@@ -186,6 +243,17 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
         hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
     return TrainResult(seconds, steps, steps * trained * batch * size, mean_loss, diff, digest, (start, stop),
                        trained)
+
+
+def _refuse_hidden_random_state(graph, workload: str) -> None:
+    """Raise if the traced step (or a function it calls) holds a random op with hidden
+    state (HIDDEN_STATE_RANDOM_OPS): the warm-up could not be undone. A workload bug."""
+    found = {op.type for op in graph.get_operations()} | {
+        node.op for fn in graph.as_graph_def().library.function for node in fn.node_def}
+    hidden = sorted(found & HIDDEN_STATE_RANDOM_OPS)
+    if hidden:
+        raise RuntimeError(f"workload {workload}: the training step uses random op(s) {', '.join(hidden)}, whose "
+                           "state no variable holds; draw from a tf.random.Generator or a stateless op instead")
 
 
 def _consistency(model, hvd) -> tuple[float, str]:

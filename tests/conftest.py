@@ -155,7 +155,7 @@ def _starts_mpirun(item) -> bool:
 
 # The real runs several tests read: under pytest-xdist (`make test` runs two workers) the
 # tests of one run go to one worker (--dist loadgroup), so that each run happens once.
-SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run")
+SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run")
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups

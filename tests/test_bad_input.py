@@ -21,7 +21,7 @@ LINES = {  # line -> (bad value, what the message must show)
     19: ("0", ":19: found '0'"), 20: ("11", ":20: found '11'"), 21: ("fp8", ":21: found 'fp8'"),
     22: ("tree", ":22: found 'tree'"), 23: ("jackknife", ":23: found 'jackknife'"),
     24: ("median", ":24: found 'median'"), 25: ("1.5", ":25: found '1.5'"), 26: ("-2", ":26: found '-2'"),
-    27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"),
+    27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"), 33: ("jit", ":33: found 'jit', expected a compiler (none, xla)"),
     31: ("-1", ":31: found '-1'"), 32: ("yes", ":32: found 'yes'"),
 }
 
@@ -42,11 +42,16 @@ def _cases():
     for n in (3, 14, 29):
         yield f"line{n}-empty", lambda p, n=n: p.write_text(_blank(n)), f":{n}: found an empty line"
     yield "short-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:19]) + "\n"), ":20: found end of file"
-    yield "extra-line", lambda p: p.write_text(_lines() + "surplus\n"), ":33: found 'surplus'"
-    # a file from before lines 31-32: the message names them and what to add
+    yield "extra-line", lambda p: p.write_text(_lines() + "surplus\n"), ":34: found 'surplus'"
+    # files from before lines 31-33 and line 33: the message names the lines and what to add
     yield "30-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:30]) + "\n"), \
-        ":31: found end of file, expected lines 31-32 (an input file from before time to quality has 30 lines);" \
+        ":31: found end of file, expected lines 31-33 (an input file from before time to quality has 30 lines);" \
         " add them, e.g. '1             evaluate every K epochs"
+    yield "32-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:32]) + "\n\n"), \
+        ":33: found end of file, expected line 33 (an input file from before the compiler line has 32 lines);" \
+        " add it, e.g. 'none          compiler (none, xla)'"
+    yield "31-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:31]) + "\n"), \
+        ":32: found end of file, expected line 32: stop at target"
     yield "directory", lambda p: p.mkdir(), ":0: found a directory"
     yield "non-utf8", lambda p: p.write_bytes(_lines().encode().replace(b"sgd", b"sg\xe9")), ":0: found a non-UTF-8"
     yield "ten-megabytes", lambda p: p.write_text(_lines() + "#" * (10 << 20)), ":0: found a file over 1 MiB"

@@ -46,7 +46,7 @@ def fails(text, line, token=None, path="HPCAI500.dat"):
 
 def test_shipped_file_parses_and_expands_to_three_tests():
     cfg = parse(str(DAT))
-    assert len(SHIPPED.splitlines()) == dat.NLINES == 32
+    assert len(SHIPPED.splitlines()) == dat.NLINES == 33
     assert cfg.text == SHIPPED and cfg.path == str(DAT)
     assert (cfg.output_file, cfg.device_out, cfg.results_dir) == ("HPCAI500.out", 6, "runs")
     assert cfg.workloads == ("digits",) and cfg.dataset == "embedded"
@@ -58,7 +58,8 @@ def test_shipped_file_parses_and_expands_to_three_tests():
     assert (cfg.target_quality, cfg.penalty_n, cfg.repetitions) == (-1.0, -1.0, 1)
     assert (cfg.staging, cfg.seed, cfg.roofline) == ("none", 42, 1)
     assert (cfg.eval_every, cfg.stop_at_target) == (1, False)      # a new user sees the quality curve
-    assert SHIPPED.splitlines()[30:] == list(dat.NEW_LINES)        # what a 30-line file is told to add
+    assert cfg.compiler == "none"                                   # XLA is an accelerator's option
+    assert SHIPPED.splitlines()[30:] == list(dat.NEW_LINES)        # what an older file is told to add
     tests = expand(cfg)
     assert [(t.index, t.M, t.P) for t in tests] == [(1, 1, 1), (2, 2, 1), (3, 4, 1)]
     assert all((t.workload, t.batch, t.precision) == ("digits", 32, "fp32") for t in tests)
@@ -146,7 +147,7 @@ def test_keywords_are_the_tables_of_what_implements_them():
     assert dat.KNOWN == {"workload": tuple(workloads.CHOICES), "precision": tuple(train.PRECISIONS),
                          "optimizer": tuple(train.OPTIMIZERS), "comm_precision": tuple(train.COMMUNICATION),
                          "allreduce": tuple(train.ALLREDUCE), "sampler": tuple(sampler.METHODS),
-                         "aggregation": tuple(ensemble.AGGREGATIONS)}
+                         "aggregation": tuple(ensemble.AGGREGATIONS), "compiler": tuple(train.COMPILERS)}
     cfg = parse_text(edit({18: "adam", 22: "hierarchical", 27: "100", 30: "0"}))
     assert (cfg.optimizer, cfg.allreduce, cfg.repetitions, cfg.roofline) == ("adam", "hierarchical", 100, 0)
     fails(edit({27: "101"}), 27, "101")
@@ -224,7 +225,7 @@ def test_deleted_line_is_an_error(n):
 
 
 @pytest.mark.parametrize("extra,line,token", [
-    ("junk\n", 33, "junk"), ("\n\n  \n7 more\n", 36, "7"), ("\t-1\n", 33, "-1")])
+    ("junk\n", 34, "junk"), ("\n\n  \n7 more\n", 37, "7"), ("\t-1\n", 34, "-1")])
 def test_extra_lines_are_an_error(extra, line, token):
     err = fails(SHIPPED + extra, line, token)
     assert f"unexpected line {line}" in str(err)
@@ -354,6 +355,7 @@ def test_expand_nesting_order_workload_layout_batch_precision():
     ({"optimizer": "adam"}, "fp32", "B32C32AR"),
     ({"optimizer": "adagrad"}, "fp32", "B32C32GR"),
     ({"optimizer": "lars"}, "fp32", "B32C32LR"),
+    ({"compiler": "xla"}, "fp32", "B32C32SRX"),       # XLA adds X; none adds nothing (codes as before)
 ])
 def test_tv_codes(fields, precision, code):
     cfg = dataclasses.replace(parse_text(SHIPPED), **fields)
@@ -362,7 +364,7 @@ def test_tv_codes(fields, precision, code):
 
 def test_tv_legend_is_one_line():
     assert dat.TV_LEGEND.startswith("sampler B|P|N") and "\n" not in dat.TV_LEGEND
-    assert all(code in dat.TV_LEGEND for code in ("32|16|BF", "C32|C16", "S|A|G|L|M", "R|H"))
+    assert all(code in dat.TV_LEGEND for code in ("32|16|BF", "C32|C16", "S|A|G|L|M", "R|H", "XLA (none)|X"))
 
 
 def test_describe():

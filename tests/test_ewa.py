@@ -203,7 +203,8 @@ def test_only_node_rank_zero_writes(tmp_path):
         ewa.load("synthetic:20:16", str(tmp_path))
 
 
-def test_batches_flip_images_and_boxes_together(data):
+def test_batches_flip_images_and_boxes_together(data, monkeypatch):
+    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "0")   # the generator's numpy arrays (prefetch: below)
     rows = np.array([3, 1, 3, 0, 2])  # bootstrap rows repeat and come in any order
     plain = list(ewa.batches(data, rows, 2, training=False, seed=0))
     assert len(plain) == 2
@@ -229,6 +230,7 @@ def test_batches_flip_images_and_boxes_together(data):
 
 def test_prefetch_feeds_the_same_batches(data, monkeypatch):
     rows = np.array([3, 1, 3, 0, 2, 7])
+    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "0")
     plain = list(ewa.batches(data, rows, 2, training=True, seed=4))
     monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "2")
     fed = list(ewa.batches(data, rows, 2, training=True, seed=4))
@@ -424,13 +426,16 @@ def model(data):
 
 def test_training_steps_overfit_two_images(data, model):
     import tensorflow as tf
-    (x, gt), y = next(ewa.batches(data, np.arange(2), 2, training=False))
+    (x, gt), y = tf.nest.map_structure(np.asarray, next(ewa.batches(data, np.arange(2), 2, training=False)))
     out = model((x, gt), training=True)
     cfg = ewa.config(data)
     a = len(cfg.anchors())
     shapes = {k: tuple(v.shape) for k, v in out.items()}
     assert shapes == {"rpn_logits": (2, a), "rpn_deltas": (2, a, 4), "anchors": (2, a, 4),
-                      "rois": (2, cfg.rois, 4), "cls_logits": (2, cfg.rois, 5), "box_deltas": (2, cfg.rois, 4)}
+                      "rois": (2, cfg.rois, 4), "cls_logits": (2, cfg.rois, 5), "box_deltas": (2, cfg.rois, 4),
+                      "rpn_noise": (2, a), "roi_noise": (2, cfg.rois)}    # the loss's sampling draws
+    assert 0 < float(tf.reduce_min(out["rpn_noise"])) and float(tf.reduce_max(out["roi_noise"])) < 1
+    assert not np.any(model((x, gt), training=False)["rpn_noise"])     # evaluation draws nothing
     # training puts the ground truth among the ROIs
     assert np.allclose(out["rois"][0, -3:][y[0, :, 0] >= 0], y[0, y[0, :, 0] >= 0, 1:])
     opt = tf.keras.optimizers.SGD(0.02, momentum=0.9)

@@ -35,6 +35,7 @@ is Dense layers on (batch, R, features) tensors, so the analytic FLOP count
 from __future__ import annotations
 
 import math
+import random
 import os
 from dataclasses import dataclass
 
@@ -158,10 +159,28 @@ def build(cfg: Config):
     h = L.Dense(cfg.fc, activation="relu", name="fc7")(h)
     cls_logits = L.Dense(cfg.classes + 1, name="cls_logits", dtype="float32")(h)
     box_deltas = L.Dense(4, name="box_deltas", dtype="float32")(h)
+    rpn_noise, roi_noise = SamplingNoise(name="sampling_noise")([rpn_logits, cls_logits[..., 0]])
     outputs = {"rpn_logits": rpn_logits, "rpn_deltas": rpn_deltas,
                "anchors": Anchors(anchors, name="anchors")(rpn_logits),
-               "rois": rois, "cls_logits": cls_logits, "box_deltas": box_deltas}
+               "rois": rois, "cls_logits": cls_logits, "box_deltas": box_deltas,
+               "rpn_noise": rpn_noise, "roi_noise": roi_noise}
     return tf.keras.Model([images, gt], outputs, name="faster_rcnn")
+
+
+class SamplingNoise(tf.keras.layers.Layer):
+    """Uniform draws shaped like its inputs, for the loss's random minibatches of
+    anchors and ROIs (`_sample`). They come from the layer's own tf.random.Generator,
+    seeded with the model (train.build): its state is a variable, so the harness's
+    warm-up can undo it, and evaluation (training=False: zeros) draws nothing."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.generator = tf.random.Generator.from_seed(random.getrandbits(63))
+
+    def call(self, inputs, training=None):
+        if not training:
+            return [tf.zeros_like(t, tf.float32) for t in inputs]
+        return [self.generator.uniform(tf.shape(t)) for t in inputs]
 
 
 class Proposals(tf.keras.layers.Layer):
@@ -232,10 +251,10 @@ def _random_subset(mask, k, noise):
     return mask & (rank < tf.cast(k, rank.dtype))
 
 
-def _sample(pos, neg, total, pos_fraction):
+def _sample(pos, neg, total, pos_fraction, noise):
     """Faster-RCNN's minibatch: up to total x pos_fraction random positives, the rest
-    random negatives. Returns (positives, negatives) masks."""
-    noise = tf.random.uniform(tf.shape(pos))
+    random negatives, chosen by `noise` (uniform, shaped like the masks). Returns
+    (positives, negatives) masks."""
     pos = _random_subset(pos, int(total * pos_fraction), noise)
     n_pos = tf.reduce_sum(tf.cast(pos, tf.int32), axis=1, keepdims=True)
     return pos, _random_subset(neg, total - n_pos, noise)
@@ -274,7 +293,7 @@ def loss_terms(gt, outputs) -> dict:
     per_box_best = tf.reduce_max(overlaps, axis=1, keepdims=True)
     is_best = tf.reduce_any((overlaps == per_box_best) & (per_box_best > 0), axis=2)
     pos = (best >= RPN_POS_IOU) | is_best
-    pos, neg = _sample(pos, (best < RPN_NEG_IOU) & ~pos, RPN_BATCH, RPN_POS_FRACTION)
+    pos, neg = _sample(pos, (best < RPN_NEG_IOU) & ~pos, RPN_BATCH, RPN_POS_FRACTION, outputs["rpn_noise"])
     chosen = tf.cast(pos | neg, tf.float32)
     bce = tf.nn.sigmoid_cross_entropy_with_logits(tf.cast(pos, tf.float32), outputs["rpn_logits"])
     rpn_cls = tf.reduce_sum(bce * chosen, 1) / tf.maximum(tf.reduce_sum(chosen, 1), 1.0)
@@ -289,7 +308,7 @@ def loss_terms(gt, outputs) -> dict:
     best, matched, _ = _match(rois, gt)
     valid = det.area(rois, det.TF) > 0
     fg, bg = _sample(valid & (best >= ROI_POS_IOU), valid & (best < ROI_POS_IOU),
-                     min(ROI_BATCH, rois.shape[1]), ROI_POS_FRACTION)
+                     min(ROI_BATCH, rois.shape[1]), ROI_POS_FRACTION, outputs["roi_noise"])
     chosen = tf.cast(fg | bg, tf.float32)
     labels = tf.where(fg, tf.cast(matched[..., 0], tf.int32) + 1, 0)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, outputs["cls_logits"])

@@ -1,0 +1,169 @@
+"""The harness against its peers: a bare Horovod loop, measured the way Horovod's own
+TensorFlow 2 synthetic benchmark measures (batches held in memory, warm-up batches,
+then timed iterations), for ic at 224 and 64 px and for ewa, on 1 and 2 ranks; then
+bagging's weak scaling and bagging against data parallelism (bench/scaling.py).
+
+    .venv/bin/python bench/peers.py [--runs 3] [--cases ic224,ic64,ewa] [--ranks 1,2] [--no-scaling]
+
+Per case and rank count R (layout M = 1, P = R; every figure samples/s, so a ratio is
+also the ratio of the two Tflops, the model and its FLOP count being the same):
+* harness: hpcai500.py on a copy of HPCAI500.dat. Whole run = samples_trained /
+  train_seconds from results.json: the report's FLOPS basis (max over ranks, reading,
+  decoding and augmenting inside the clock, warm-up outside). Steady state = the
+  samples of epochs 2..E / the time between the end of epoch 1 and the end of epoch E,
+  from job 0's MLLOG epoch_stop stamps (its root's clock).
+* bare (this script with --bare, under mpirun): the workload's own model
+  (build_model), loss and weight decay, SGD with its momentum at a constant LR,
+  DistributedGradientTape, the same batch, ranks and threads per rank
+  (train.setup_devices); 4 batches from the workload's feed held in memory as
+  tensors, cycled; WARMUP batches untimed, then E iterations of the harness's steps
+  per epoch. Whole run = all timed iterations; steady state = iterations 2..E. Max
+  over ranks of each iteration's time.
+Runs alternate harness / bare, RUNS times; medians with min-max. Goals (issue 14):
+harness / bare >= 0.98 steady state, >= 0.95 whole run. See bench/README.md on noise.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+import common
+
+RUNS, EPOCHS, WARMUP = 2, 3, 3
+# case -> (workload, dataset line, per-rank batch): sized for a few minutes on 2 cores
+CASES = {"ic224": ("ic", "synthetic:80:224", 8),        # 64 training JPEGs of 224 px
+         "ic64": ("ic", "synthetic:640:64", 32),        # 512 of 64 px
+         "ewa": ("ewa", "synthetic:400:96", 4)}         # 320 images of 96 x 144, small backbone
+GOALS = {"steady": 0.98, "whole": 0.95}
+
+
+def harness_run(case: str, ranks: int) -> tuple[dict, float]:
+    wl, dataset, batch = CASES[case]
+    dat = common.make_dat(f"peers-{case}-{ranks}", l7=wl, l8=dataset, l9=1, l10=1, l11=ranks, l13=1, l14=batch,
+                          l15=EPOCHS, l30=0, l31=0)
+    before = set(glob.glob(os.path.join(common.WORK, "*", "results.json")))
+    _, load = common.mpirun("hpcai500.py", dat, np=ranks)
+    (new,) = set(glob.glob(os.path.join(common.WORK, "*", "results.json"))) - before
+    with open(new) as f:
+        (t,) = json.load(f)["tests"]
+    stops = {}
+    for path in glob.glob(os.path.join(os.path.dirname(new), "mllog", "*model0000.log")):
+        for line in open(path):
+            if '"key": "epoch_stop"' in line:
+                rec = json.loads(line.split(":::MLLOG", 1)[1])
+                stops[rec["metadata"]["epoch_num"]] = rec["time_ms"] / 1000.0
+    per_epoch = t["samples_trained"] / EPOCHS
+    return {"steps": t["steps_per_epoch"][0], "whole": t["samples_trained"] / t["train_seconds"],
+            "steady": per_epoch * (EPOCHS - 1) / (stops[EPOCHS] - stops[1])}, load
+
+
+def bare_run(case: str, ranks: int, steps: int) -> tuple[dict, float]:
+    out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), np=ranks)
+    return json.loads(out.strip().splitlines()[-1]), load
+
+
+def bare_loop(case: str, steps: int) -> None:
+    """Horovod's synthetic-benchmark way: in-memory batches, warm-up, timed iterations."""
+    import numpy as np
+    from mpi4py import MPI
+    import horovod.tensorflow as hvd
+    from harness import train
+    from harness.workloads import get
+    wl_name, dataset, batch = CASES[case]
+    hvd.init()
+    wl = get(wl_name)
+    data = wl.load(dataset, os.path.join(common.WORK, ".data"), hvd.local_rank(), MPI.COMM_WORLD.Barrier)
+    train.setup_devices(hvd.local_rank(), hvd.local_size())   # the harness's threads per rank
+    import tensorflow as tf
+    rows = np.random.default_rng(hvd.rank()).integers(0, data.n_train, 4 * batch)
+    batches = [tf.nest.map_structure(tf.convert_to_tensor, b)
+               for b in wl.batches(data, rows, batch, training=True, seed=1)]
+    tf.keras.utils.set_random_seed(7)
+    model = wl.build_model(data)
+    opt = tf.keras.optimizers.SGD(learning_rate=0.01 * hvd.size(), momentum=wl.MOMENTUM)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))
+            loss = tf.reduce_mean(wl.loss(y, out))
+            if model.losses:
+                loss += tf.add_n(model.losses)
+        tape = hvd.DistributedGradientTape(tape)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    for s in range(WARMUP):
+        step(*batches[s % len(batches)]).numpy()
+    seconds = []
+    for _ in range(EPOCHS):
+        MPI.COMM_WORLD.Barrier()
+        start = time.perf_counter()
+        for s in range(steps):
+            loss = step(*batches[s % len(batches)])
+        loss.numpy()
+        seconds.append(MPI.COMM_WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    if hvd.rank() == 0:
+        per_iter = steps * batch * hvd.size()
+        print(json.dumps({"seconds": seconds, "whole": per_iter * EPOCHS / sum(seconds),
+                          "steady": per_iter * (EPOCHS - 1) / sum(seconds[1:])}), flush=True)
+
+
+def spread(xs) -> str:
+    return f"{common.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def main(runs: int, cases: list[str], ranks: list[int], scaling: bool) -> None:
+    print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}")
+    rows, summary, loads = [], [], []
+    for case in cases:
+        for r in ranks:
+            got = {"harness": [], "bare": []}
+            for i in range(runs):
+                h, load = common.quietest(lambda: harness_run(case, r))
+                got["harness"].append(h)
+                loads.append(load)
+                rows.append([case, r, i + 1, "harness", f"{h['whole']:.2f}", f"{h['steady']:.2f}", f"{load:.2f}"])
+                b, load = common.quietest(lambda: bare_run(case, r, h["steps"]))
+                got["bare"].append(b)
+                loads.append(load)
+                rows.append([case, r, i + 1, "bare", f"{b['whole']:.2f}", f"{b['steady']:.2f}", f"{load:.2f}"])
+            ratio = {k: [h[k] / b[k] for h, b in zip(got["harness"], got["bare"])] for k in GOALS}
+            summary.append([case, r, spread([h["steady"] for h in got["harness"]]),
+                            spread([b["steady"] for b in got["bare"]]), spread(ratio["steady"]),
+                            spread(ratio["whole"]),
+                            " ".join("met" if common.median(ratio[k]) >= g else "NOT met" for k, g in GOALS.items())])
+    print(f"\nper run (samples/s; M=1, P=ranks; {EPOCHS} epochs; bare: {WARMUP} warm-up batches, then {EPOCHS}"
+          " iterations of the harness's steps per epoch; other load = cores used by other processes):")
+    print(common.table(["case", "ranks", "run", "what", "whole run", "steady state", "other load"], rows))
+    print(f"\nharness / bare, medians (min-max) of {runs} alternated pairs; goals: steady >= {GOALS['steady']},"
+          f" whole run >= {GOALS['whole']}")
+    print(common.table(["case", "ranks", "harness steady", "bare steady", "ratio steady", "ratio whole",
+                        "goals (steady, whole)"], summary))
+    if max(loads) > common.QUIET:
+        print(f"warning: other processes used up to {max(loads):.2f} cores during a run: noisy figures")
+    if scaling:
+        import scaling as bagging
+        print("\nbagging on 2 ranks (bench/scaling.py):")
+        bagging.main()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, common.ROOT)
+    p = argparse.ArgumentParser()
+    p.add_argument("--bare", choices=sorted(CASES))
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--runs", type=int, default=RUNS, help=f"harness/bare pairs per case (default {RUNS})")
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--ranks", default="1,2")
+    p.add_argument("--no-scaling", action="store_true")
+    a = p.parse_args()
+    if a.bare:
+        bare_loop(a.bare, a.steps)
+    else:
+        main(a.runs, a.cases.split(","), [int(r) for r in a.ranks.split(",")], not a.no_scaling)
