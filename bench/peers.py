@@ -4,6 +4,7 @@ then timed iterations), for ic at 224 and 64 px and for ewa, on 1 and 2 ranks; t
 bagging's weak scaling and bagging against data parallelism (bench/scaling.py).
 
     .venv/bin/python bench/peers.py [--runs 3] [--cases ic224,ic64,ewa] [--ranks 1,2] [--no-scaling]
+    mpirun -np 2 .venv/bin/python bench/peers.py --bare ic64 --steps 8 [--feed]   # the bare loop alone
 
 Per case and rank count R (layout M = 1, P = R; every figure samples/s, so a ratio is
 also the ratio of the two Tflops, the model and its FLOP count being the same):
@@ -64,8 +65,9 @@ def bare_run(case: str, ranks: int, steps: int) -> tuple[dict, float]:
     return json.loads(out.strip().splitlines()[-1]), load
 
 
-def bare_loop(case: str, steps: int) -> None:
-    """Horovod's synthetic-benchmark way: in-memory batches, warm-up, timed iterations."""
+def bare_loop(case: str, steps: int, fed: bool = False) -> None:
+    """Horovod's synthetic-benchmark way: in-memory batches, warm-up, timed iterations.
+    fed: the batches come from the workload's feed instead (what the harness adds)."""
     import numpy as np
     from mpi4py import MPI
     import horovod.tensorflow as hvd
@@ -99,11 +101,14 @@ def bare_loop(case: str, steps: int) -> None:
     for s in range(WARMUP):
         step(*batches[s % len(batches)]).numpy()
     seconds = []
-    for _ in range(EPOCHS):
+    for epoch in range(EPOCHS):
         MPI.COMM_WORLD.Barrier()
         start = time.perf_counter()
-        for s in range(steps):
-            loss = step(*batches[s % len(batches)])
+        # --feed (diagnosis): a new resample each epoch through the workload's own pipeline
+        feed = (wl.batches(data, np.random.default_rng(epoch).integers(0, data.n_train, steps * batch), batch,
+                           training=True, seed=epoch) if fed else (batches[s % len(batches)] for s in range(steps)))
+        for x, y in feed:
+            loss = step(x, y)
         loss.numpy()
         seconds.append(MPI.COMM_WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX))
     if hvd.rank() == 0:
@@ -158,12 +163,13 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--bare", choices=sorted(CASES))
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--feed", action="store_true", help="bare loop fed by the workload's pipeline (diagnosis)")
     p.add_argument("--runs", type=int, default=RUNS, help=f"harness/bare pairs per case (default {RUNS})")
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--no-scaling", action="store_true")
     a = p.parse_args()
     if a.bare:
-        bare_loop(a.bare, a.steps)
+        bare_loop(a.bare, a.steps, a.feed)
     else:
         main(a.runs, a.cases.split(","), [int(r) for r in a.ranks.split(",")], not a.no_scaling)

@@ -259,8 +259,8 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
         f" base model; PASSED at <= {TOLERANCE:.0e}",
         f"Devices (rank 0): {devices['device']}; threads per rank: {devices['threads']} intra-op and"
-        f" {devices['inter_op']} inter-op for the step (cores / ranks on the node); the input pipeline (tf.data:"
-        " read, decode, augment, prefetch 2 batches) runs on tf.data's threads"
+        f" {devices['inter_op']} inter-op for the step (cores / ranks on the node); input (read, decode, augment:"
+        " the workload's feed) runs on tf.data's threads where the feed is a tf.data pipeline"
         + (" on the same cores, none set aside: on a CPU-only node it shares them with the step"
            if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"),
         "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"

@@ -111,7 +111,7 @@ TABLE = {s.name: s for s in (
     Setting("HPCAI500_EWA_BOX_ORDER", _box_order, None,
             "ewa: column order of the published box rows (unset: detected from the data)"),
     Setting("HPCAI500_EWA_VAL", _names, None, "ewa: validation year files (unset: the last file by name)"),
-    Setting("HPCAI500_EWA_PREFETCH", _int(0), 2, "ewa: tf.data prefetch depth of the feed (0: none)"),
+    Setting("HPCAI500_EWA_PREFETCH", _int(0), 0, "ewa: tf.data prefetch depth of the feed (0: none)"),
     Setting("HPCAI500_ROOFLINE_QUICK", _one_of("0", "1"), "0", "micro-kernels at test sizes (1)", test_only=True),
     Setting("HPCAI500_PEAK_TFLOPS", _peak, None, "theoretical peak per rank, Tflops (unset: NVML table)"),
     Setting("HPCAI500_FAULT", _fault, None, "fault injection for the reliability tests", test_only=True),

@@ -38,7 +38,7 @@ def test_a_bad_value_names_the_setting_and_what_it_expects(name, text, expected)
 def test_value_parses_by_the_table_and_defaults_when_unset():
     env = {"HPCAI500_IC_STAGES": "1,1,1,1", "HPCAI500_EWA_PREFETCH": ""}
     assert settings.value("HPCAI500_IC_STAGES", env) == (1, 1, 1, 1)
-    assert settings.value("HPCAI500_EWA_PREFETCH", env) == 2          # empty = unset: the default
+    assert settings.value("HPCAI500_EWA_PREFETCH", env) == 0          # empty = unset: the default
     assert settings.value("HPCAI500_EWA_BOX_ORDER", env) is None             # detected from the data
     assert settings.value("HPCAI500_IC_WIDTH", env) is None            # the workload's own default
 

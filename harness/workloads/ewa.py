@@ -20,12 +20,13 @@ Feed: a rank reads only its job's resample share and holds a batch, not the data
 images are read per batch by h5py, one image per read, transposed to channels last and
 normalised in numpy. At 768 x 1152 an image is 57 MB in float32: a per-rank batch of 2
 is ~0.11 GB of input before activations and takes ~0.15 s to read and normalise here.
-`batches` feeds the numpy generator through tf.data.Dataset.from_generator +
-prefetch(HPCAI500_EWA_PREFETCH, default 2), so that reading the next batches overlaps
-the step on a tf.data thread, as on GPU nodes, where the CPU idles during a step; 0
-yields the numpy arrays directly. Measured by bench/ewa.py at 96 x 144, B = 4, P = 2 on
-2 cores, the feed is ~13 ms of a ~53 ms step, and the prefetching loop ran at 0.99x the
-plain one: with one rank per core there is no idle core to read on (bench/README.md).
+`batches` yields numpy arrays by default. HPCAI500_EWA_PREFETCH=N (> 0) feeds the same
+generator through tf.data.Dataset.from_generator + prefetch(N), so that reading
+overlaps the step on a tf.data thread. Off by default: measured by bench/ewa.py at
+96 x 144, B = 4, P = 2 on 2 cores, the feed is ~13 ms of a ~53 ms step, yet the
+prefetching loop ran at 0.99x the plain one: with one rank per core there is no idle
+core to read on (bench/README.md). On GPU nodes, where the CPU idles during a step,
+set it to 2.
 
 The model (faster_rcnn.py): a ResNet-50 trunk (conv1 to conv4, stride 16) by default,
 a narrow two-stage backbone for images below 384 pixels or with
@@ -162,9 +163,9 @@ def batches(data: Data, rows, batch: int, *, training: bool = True, seed: int = 
     """Normalised images and boxes of training rows `rows`, in order. Training
     batches are flipped left-right at random (seeded): weather has no preferred
     east-west orientation in a box detector's eyes, and it doubles the data.
-    Tensors through tf.data.Dataset.from_generator + prefetch(HPCAI500_EWA_PREFETCH,
-    default 2), which reads the next batches on a tf.data thread while the step runs;
-    with 0, the generator's numpy arrays (see the module docstring)."""
+    Numpy arrays by default; with HPCAI500_EWA_PREFETCH=N > 0, tensors from the same
+    generator through tf.data.Dataset.from_generator + prefetch(N), which reads the
+    next batches on a tf.data thread while the step runs (see the module docstring)."""
     def generate():
         rng = np.random.default_rng(seed)
         order = np.asarray(rows)
