@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
+import common  # noqa: E402  (bench/, the script's own folder, is on the path)
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -76,16 +78,7 @@ def main() -> None:
     opt = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
     hvd.broadcast_variables(model.variables, root_rank=0)
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))
-            loss = tf.reduce_mean(faster_rcnn.loss(y, out))
-        if not a.no_allreduce:
-            tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = common.bare_step(model, opt, faster_rcnn.loss, distributed=not a.no_allreduce)
 
     batches = feed()
     first = time.perf_counter()

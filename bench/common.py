@@ -151,6 +151,28 @@ def machine() -> str:
             f"({model.group(1) if model else 'unknown CPU'}{vm}), {gpu}, {NP} MPI ranks")
 
 
+def bare_step(model, opt, loss, distributed: bool = True):
+    """The bare loops' training step (bench/ic.py, bare_ewa.py, peers.py), written as
+    Horovod's own examples write it: forward (outputs cast to FP32), the mean of
+    `loss(y, outputs)` plus the model's weight decay, gradients through Horovod's
+    DistributedGradientTape (or local ones: distributed=False), the optimizer's update."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))
+            value = tf.reduce_mean(loss(y, out))
+            if model.losses:
+                value += tf.add_n(model.losses)
+        if distributed:
+            tape = hvd.DistributedGradientTape(tape)
+        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+        return value
+    return step
+
+
 def table(header: list[str], rows: list[list]) -> str:
     """A markdown table."""
     cells = [header] + [[str(c) for c in r] for r in rows]

@@ -85,14 +85,7 @@ def bare_loop(steps: int) -> None:
     opt = tf.keras.optimizers.SGD(learning_rate=0.01 * hvd.size(), momentum=ic.MOMENTUM)
     hvd.broadcast_variables(model.variables, root_rank=0)
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(ic.loss(y, model(x, training=True))) + tf.add_n(model.losses)
-        tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = common.bare_step(model, opt, ic.loss)
 
     step(*batches[0]).numpy()
     MPI.COMM_WORLD.Barrier()

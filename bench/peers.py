@@ -87,16 +87,7 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
     opt = tf.keras.optimizers.SGD(learning_rate=0.01 * hvd.size(), momentum=wl.MOMENTUM)
     hvd.broadcast_variables(model.variables, root_rank=0)
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))
-            loss = tf.reduce_mean(wl.loss(y, out))
-            if model.losses:
-                loss += tf.add_n(model.losses)
-        tape = hvd.DistributedGradientTape(tape)
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+    step = common.bare_step(model, opt, wl.loss)
 
     for s in range(WARMUP):
         step(*batches[s % len(batches)]).numpy()

@@ -78,7 +78,7 @@ X_KEY, Y_KEY = "x", "y"
 
 
 @dataclass(frozen=True)
-class CosmoData:
+class CosmoData(tfrecord.Splits):
     path: str
     source: str                # what was read, for the report and results.json
     train: tfrecord.Index
@@ -86,14 +86,6 @@ class CosmoData:
     y_val: np.ndarray          # (n_val, 4) float32: the validation targets
     side: int                  # voxels a side
     compression: str           # what the files' first bytes said, for the report
-
-    @property
-    def n_train(self) -> int:
-        return len(self.train)
-
-    @property
-    def n_val(self) -> int:
-        return len(self.val)
 
 
 # ---- reading --------------------------------------------------------------------------

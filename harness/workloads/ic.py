@@ -85,7 +85,7 @@ META = "hpcai500-ic.json"
 
 
 @dataclass(frozen=True)
-class ICData:
+class ICData(tfrecord.Splits):
     path: str
     source: str
     train: tfrecord.Index
@@ -96,14 +96,6 @@ class ICData:
     label_offset: int
     label_how: str = ""        # how the label base was decided, for the report
     labels_read: str = ""      # which labels it was decided from
-
-    @property
-    def n_train(self) -> int:
-        return len(self.train)
-
-    @property
-    def n_val(self) -> int:
-        return len(self.val)
 
 
 # ---- reading --------------------------------------------------------------------------

@@ -185,6 +185,21 @@ def load_npz(file: str):
         return None
 
 
+class Splits:
+    """A data set whose training and validation splits are Indexes `train` and `val`
+    (ic, cosmoflow): the sizes the harness reads."""
+    train: Index
+    val: Index
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train)
+
+    @property
+    def n_val(self) -> int:
+        return len(self.val)
+
+
 class Reader:
     """Random access to an index's records: one pread each (a GZIP shard: decompressed
     whole, the last one kept; Index.gzip). Shards are opened on first
