@@ -48,10 +48,10 @@ def row(t: dict) -> str:
     q = t["quality"]
     base = t["base_quality"]
     mean_base = sum(base) / len(base)
-    higher = t.get("higher_is_better", True)   # results schema 2.1 has no direction: all higher
+    higher = results.higher_is_better(t)
     # "+x pts" of a percentage; an error (lower is better) in its own units, signed so + is better too
-    gain = (f"ensemble {100 * (q - mean_base):+.1f} pts" if higher else
-            f"ensemble {metrics.gain(q, mean_base, False):+.4f} better (lower is better)")
+    gain = metrics.gain(q, mean_base, higher)
+    gain = f"ensemble {100 * gain:+.1f} pts" if higher else f"ensemble {gain:+.4f} better (lower is better)"
     verdict = "PASSED" if t["consistency"]["passed"] else "FAILED"
     lines = [
         HEADER, THIN,
@@ -89,8 +89,8 @@ def ttq_line(t: dict) -> str:
            + (", stop at target" if t["stop_at_target"] else ""))
     if t["time_to_quality"] is None:
         from harness import metrics
-        higher = t.get("higher_is_better", True)
-        best = next(p for p in ev if p["quality"] == metrics.best([p["quality"] for p in ev], higher))
+        best = next(p for p in ev if p["quality"] == metrics.best([p["quality"] for p in ev],
+                                                                  results.higher_is_better(t)))
         return (f"Time to Q   : not reached (best {best['quality']:.4f} after epoch {best['epoch']} of"
                 f" {t['epochs_trained']}) ; {how}")
     return (f"Time to Q   : {t['time_to_quality']:.2f} s, epoch {t['epochs_to_quality']} of {t['epochs']}"
@@ -402,7 +402,7 @@ class Output:
         runs = [r for r in self.record.tests if r["index"] == index]
         summary = {"index": index, **vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
                                                          staged=bool(runs[0]["staging"]),
-                                                         higher_is_better=runs[0].get("higher_is_better", True)))}
+                                                         higher_is_better=results.higher_is_better(runs[0])))}
         self.record.repeats.append(summary)
         self._emit(repeats_block(runs[0], summary))
 

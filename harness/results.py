@@ -20,6 +20,12 @@ SCHEMA = "2.2"   # 2.2: TestResult.higher_is_better; the control plane's timings
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
 
 
+def higher_is_better(test: dict) -> bool:
+    """A test result's quality direction; a 2.1 file predates the key, and every
+    workload it could hold was higher-is-better."""
+    return test.get("higher_is_better", True)
+
+
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

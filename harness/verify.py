@@ -332,7 +332,7 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
            _num(f"{name}: target quality (line 25)", t["target_quality"], target),
            _num(f"{name}: penalty exponent n (line 26)", t["penalty_n"], n),
            Check(f"{name}: quality direction ({wl.QUALITY}: {'higher' if higher else 'lower'} is better)",
-                 t.get("higher_is_better", True) == higher, t.get("higher_is_better", True), higher),
+                 results.higher_is_better(t) == higher, results.higher_is_better(t), higher),
            _num(f"{name}: penalty ({'quality / target' if higher else 'target / quality'})^n", t["penalty"], penalty),
            _num(f"{name}: VFLOPS (FLOPS x penalty)", t["vflops"], vfl),
            _num(f"{name}: time to solution (staging + wall to the end of the last evaluation)",
@@ -406,7 +406,7 @@ def repeats_checks(res: dict, cfg) -> list[Check]:
             continue
         d = vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
                                  staged=bool(runs[0]["staging"]),
-                                 higher_is_better=runs[0].get("higher_is_better", True)))
+                                 higher_is_better=results.higher_is_better(runs[0])))
         for key, value in d.items():
             out.append(_num(f"{what}: {key}", s.get(key), value) if isinstance(value, float) else
                        Check(f"{what}: {key}", s.get(key) == value, s.get(key), value))
@@ -526,7 +526,7 @@ def _mllog_figures(what: str, t: dict, job: int, lines: list[str]) -> Check:
     from harness.mllog import eval_key
     want = {"seed": t["seed"], "global_batch_size": t["P"] * t["B"],
             "train_samples": t["resample"][job]["size"], "eval_samples": t["val_samples"],
-            eval_key(t.get("higher_is_better", True)): t["base_quality"][job],
+            eval_key(results.higher_is_better(t)): t["base_quality"][job],
             "hpcai500_ensemble_quality": t["quality"],
             "submission_division": t["division"]}
     want = {k: v for k, v in want.items() if k in last}
@@ -536,10 +536,10 @@ def _mllog_figures(what: str, t: dict, job: int, lines: list[str]) -> Check:
         # success: the target reached at some evaluation (harness/run.py), as the time to quality says
         want["run_stop status"] = "success" if t["time_to_quality"] is not None else "aborted"
     diff = {k: last[k] for k, v in want.items() if not _close(last[k], v)}
-    wrong = eval_key(not t.get("higher_is_better", True))   # an error logged as an accuracy, or the reverse
+    wrong = eval_key(not results.higher_is_better(t))   # an error logged as an accuracy, or the reverse
     if wrong in last:
         diff[wrong] = last[wrong]
-        want[wrong] = f"no {wrong}: the quality is {'an accuracy' if t.get('higher_is_better', True) else 'an error'}"
+        want[wrong] = f"no {wrong}: the quality is {'an accuracy' if results.higher_is_better(t) else 'an error'}"
     return Check(f"{what}: figures = results.json's", bool(events) and not diff,
                  diff or None, {k: want[k] for k in diff} or None,
                  note=("no MLLOG events" if not events else "" if diff else ", ".join(want)))

@@ -239,18 +239,17 @@ class Reader:
         i = self.index
         start, n = int(i.offset[k]) - before, int(i.length[k]) + before + after
         shard = int(i.shard[k])
-        if i.gzip and i.gzip[shard]:   # no random access into a gzip stream: the whole file, kept
+        gz = bool(i.gzip and i.gzip[shard])
+        if gz:   # no random access into a gzip stream: the whole file, kept
             if self._stream[0] != shard:
                 self._stream = (shard, read_gzip(i.files[shard]))
             data = self._stream[1][start:start + n]
-            if len(data) != n:
-                raise DataError(f"{i.files[shard]}: record at byte {int(i.offset[k])} of the decompressed "
-                                f"stream is short ({len(data)} of {n} bytes): the file changed after indexing")
-            return data
-        data = os.pread(self.fd(shard), n, start)
+        else:
+            data = os.pread(self.fd(shard), n, start)
         if len(data) != n:
-            raise DataError(f"{i.files[i.shard[k]]}: record at byte {int(i.offset[k])} is short "
-                            f"({len(data)} of {n} bytes): the file changed after indexing")
+            raise DataError(f"{i.files[shard]}: record at byte {int(i.offset[k])}"
+                            f"{' of the decompressed stream' if gz else ''} is short ({len(data)} of {n} bytes):"
+                            " the file changed after indexing")
         return data
 
     def records(self, ks) -> list:
