@@ -47,7 +47,7 @@ def part1() -> list[list]:
         "digest (SHA-256)": lambda: sampler.digest(idx),
         "out-of-bag fraction": lambda: sampler.out_of_bag_fraction(idx, N),
         "epoch shard (P=64, B=128)": lambda: sampler.epoch_shard(idx, 42, 0, 0, 5, 64, 128),
-        "staging plan (unique + renumber)": lambda: staging.plan(idx),
+        "staging plan (unique + renumber)": lambda: staging.renumber(staging.union([idx]), idx),
     }
     for name, fn in steps.items():
         s = _time(fn)
@@ -59,7 +59,7 @@ def part2_rank() -> None:
     """Runs on every rank under mpirun: one base model per rank."""
     from mpi4py import MPI
 
-    from harness import sampler, staging
+    from harness import sampler, staging, topology
     from harness.workloads import Data, digits
     world = MPI.COMM_WORLD
     job = world.Split(world.rank, 0)
@@ -71,8 +71,9 @@ def part2_rank() -> None:
     t0 = time.perf_counter()
     idx = sampler.distribute(world, [[r] for r in range(world.size)], N, "bootstrap", 42, job, world.rank)
     dist = time.perf_counter() - t0
-    path = staging.folder(STAGE, "bench", 1, 0, world.rank, 0)
-    copy = staging.stage(digits, data, idx, job, STAGE, path)
+    node = topology.node_comm(world)   # one node here: one copy, the union of the ranks' resamples
+    copy = staging.stage(digits, data, idx, world.rank, node, STAGE, staging.folder(STAGE, "bench", 1, 0, 0))
+    node.Free()
     world.Barrier()
     t1 = time.perf_counter()                     # baseline: the same samples as raw .npz
     raw = os.path.join(STAGE, f"raw-{world.rank}.npz")

@@ -367,7 +367,7 @@ def describe(cfg: Config) -> list[str]:
             ("ALLRED", cfg.allreduce), ("SAMPLER", cfg.sampler), ("AGGR", cfg.aggregation),
             ("TARGET", dflt(cfg.target_quality)), ("N", dflt(cfg.penalty_n)),
             ("REPS", str(cfg.repetitions)), ("STAGING", cfg.staging if cfg.staging == "none" else
-                         f"{cfg.staging} (node-local copy of each job's resample, "
+                         f"{cfg.staging} (one node-local copy per node of the union of its jobs' resamples, "
                          f"{'kept' if cfg.staging_keep else 'removed'} after each test)"), ("SEED", str(cfg.seed)),
             ("ROOFLINE", ("skip", "run")[cfg.roofline]),
             ("EVAL", "at the end only" if not cfg.eval_every else f"every {_n(cfg.eval_every, 'epoch')} and at the end"),

@@ -124,7 +124,7 @@ def division_line(t: dict) -> str:
 
 def staging_line(t: dict) -> str:
     st = t["staging"]
-    return (f"Staging     : {st['copies']} {'copy' if st['copies'] == 1 else 'copies'} (one per job per node),"
+    return (f"Staging     : {st['copies']} {'copy' if st['copies'] == 1 else 'copies'} (one per node),"
             f" {st['samples']} samples, {st['bytes'] / 2**20:.1f} MiB, {st['seconds']:.2f} s")
 
 
@@ -290,10 +290,10 @@ def option_lines(cfg, nccl: bool) -> list[str]:
         lines.append(f"Optimizer {cfg.optimizer}: see harness/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
                      " i.e. biases and batch-norm, from trust ratio and weight decay)")
     if cfg.staging != "none":
-        lines.append(f"Staging to {cfg.staging}: one writer per job per node copies the job's distinct resampled"
-                     " samples and the validation set, in the workload's format; the job trains from the copy."
-                     " Staging time = job barrier to the end of the read-back, max over ranks, counted in the time"
-                     " to solution; Tflops use Time only")
+        lines.append(f"Staging to {cfg.staging}: one writer per node copies the union of the distinct resampled"
+                     " samples of the jobs the node serves and the validation set, in the workload's format; each"
+                     " job trains its own resample from the copy. Staging time = node barrier to the end of the"
+                     " read-back, max over ranks, counted in the time to solution; Tflops use Time only")
     if cfg.compiler == "xla":
         lines.append("Compiler xla: each step's forward and backward pass is one XLA cluster"
                      " (tf.function(jit_compile=True)); Horovod's all-reduce (no XLA kernel) and the update run"

@@ -50,10 +50,10 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     sampler_seconds = time.perf_counter() - t0
     rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
     log = _log(ctx, planned, data, job, job_comm, indices, seed)
-    copy = _stage(ctx, t, rep, wl, data, job, job_comm, indices, log, watchdog)
+    copy = _stage(ctx, t, rep, wl, data, job, job_comm, indices, rec, log, watchdog)
     evaluation = Evaluation(ctx, t, layout.M, wl, data, watchdog)
     if job is None:
-        world.Barrier()  # the start barrier the jobs' ranks enter inside train()
+        _start_barrier(world, watchdog, t)  # the one the jobs' ranks enter inside train()
         evaluation.begin()
         # the jobs' evaluations; an idle rank's eval_seconds stay 0, as its Time does: its
         # wait in them is the jobs' training, not evaluating
@@ -62,7 +62,12 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
                 break
     else:
         _base_model(ctx, t, layout.M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed, evaluation)
-    staging.cleanup(copy, cfg.staging_keep)
+    if cfg.staging != "none":
+        # The node's copy serves every job on the node, and a job's ranks leave the last
+        # evaluation's reduction before the others have read their validation samples:
+        # the writer removes the copy only once every rank is done.
+        watchdog.wait(world.Ibarrier(), f"test {t.index}: every job done, before the staged copies go")
+        staging.cleanup(copy, cfg.staging_keep)
     t3 = time.perf_counter()
     records = world.gather(rec, root=0)
     if world.rank != 0:
@@ -93,22 +98,31 @@ def _log(ctx, planned, data, job, job_comm, indices, seed):
     return log
 
 
-def _stage(ctx, t, rep, wl, data, job, job_comm, indices, log, watchdog):
-    """The Data Duplicator (line 28): this job's resample copied to node-local storage.
-    A failure anywhere ends the run on every rank before training (RunError)."""
+def _stage(ctx, t, rep, wl, data, job, job_comm, indices, rec, log, watchdog):
+    """The Data Duplicator (line 28): one node-local copy per node of the union of the
+    resamples of the jobs it serves, every rank of the node taking part (idle ranks too:
+    one of them may be the node's writer). Fills rec["staging"] on a rank that trains
+    from the copy or wrote it. A failure anywhere ends the run on every rank before
+    training (RunError)."""
     cfg, world = ctx.cfg, ctx.world
     if cfg.staging == "none":
         return None
-    from harness import staging
-    watchdog.beat(f"staging, test {t.index}")
+    from harness import staging, topology
+    # Idle ranks come straight from the sampler, the jobs' ranks once their resample has
+    # arrived (rank 0 sends them one after another): wait for all beating the watchdog,
+    # since the node communicator's split below is a blocking collective.
+    watchdog.wait(world.Ibarrier(), f"staging, test {t.index}: waiting for the resamples")
+    node = topology.node_comm(world)
+    path = staging.folder(cfg.staging, ctx.run_id, t.index, rep, ctx.nodes.node_of_rank[world.rank])
     copy, err = None, None
-    if job is not None:
-        node = ctx.nodes.node_of_rank[world.rank]
-        path = staging.folder(cfg.staging, ctx.run_id, t.index, rep, job, node)
-        try:
-            copy = staging.stage(wl, data, indices, job_comm, cfg.staging, path)
-        except (staging.StagingError, OSError, ValueError) as e:  # ValueError: a DataError reading the copy
-            err = str(e)
+    try:
+        copy = staging.stage(wl, data, indices, job, node, cfg.staging, path, beat=watchdog.beat, wait=watchdog.wait)
+    except (staging.StagingError, OSError, ValueError) as e:  # ValueError: a DataError reading the copy
+        err = str(e)
+    finally:
+        node.Free()
+    # the other nodes' copies may take longer: wait for them beating, not in the allgather
+    watchdog.wait(world.Ibarrier(), f"staging, test {t.index}: waiting for the other nodes' copies")
     try:
         first_failure(world, err and f"test {t.index}: {err}")
     except RunError:
@@ -116,9 +130,22 @@ def _stage(ctx, t, rep, wl, data, job, job_comm, indices, log, watchdog):
         if job_comm is not None:
             job_comm.Free()
         raise
+    if copy is not None:
+        rec["staging"] = {"seconds": copy.seconds, "writer": copy.writer, "samples": copy.samples,
+                          "bytes": copy.bytes, "path": copy.path}
     if log is not None:
-        log.staging(*copy.wall, copy.samples, copy.bytes)
+        log.staging(*copy.wall, copy.samples, copy.copy_bytes)
     return copy
+
+
+def _start_barrier(world, watchdog, t) -> None:
+    """The world barrier that starts training's clock: every job's ranks enter it inside
+    train() once set up and warmed up, idle ranks at once, so some wait long. Non-blocking,
+    waited beating the watchdog; MPI's blocking and non-blocking barriers do not match
+    each other, so both sides call this one."""
+    phase = watchdog.phase
+    watchdog.wait(world.Ibarrier(), f"waiting for every job to start, test {t.index}")
+    watchdog.beat(phase)   # back to this rank's phase: training's steps beat without naming one
 
 
 def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed, evaluation):
@@ -160,16 +187,14 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
         return stop
 
     res = train.train(wl, local, model, local_indices, recipe, seed=seed, job=job,
-                      world_barrier=world.Barrier, hooks=_Hooks(t, ctx.n_tests, log, world.rank == 0, evaluation),
+                      world_barrier=lambda: _start_barrier(world, watchdog, t),
+                      hooks=_Hooks(t, ctx.n_tests, log, world.rank == 0, evaluation),
                       on_step=_on_step(watchdog, fault.injector(world.rank)), evaluate=evaluate,
                       eval_every=cfg.eval_every)
     rec["telemetry"] = probe.stop(window=res.clock)
     if root:
         rec.update(index_digest=sampler.digest(indices), resample_size=int(len(indices)),
                    out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train), mllog=log.lines)
-    if copy:
-        rec["staging"] = {"seconds": copy.seconds, "writer": copy.writer, "samples": copy.samples,
-                          "bytes": copy.bytes, "path": copy.path}
     rec.update(seconds=res.seconds, samples=res.samples, steps_per_epoch=res.steps_per_epoch,
                epochs=res.epochs, loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
                flops=flops.count(model))
@@ -237,7 +262,7 @@ def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_sec
     quality = curve[-1]["quality"]
     target, n, higher = evaluation.target, evaluation.n, evaluation.higher
     reached = metrics.first_reaching(curve, target, higher)
-    staging_seconds = _staging_seconds(workers)
+    staging_seconds = _staging_seconds(records)
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n, higher)
     eval_seconds = max(r["eval_seconds"] for r in records)
@@ -257,7 +282,7 @@ def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_sec
         steps_per_epoch=[r["steps_per_epoch"] for r in roots],
         samples_trained=int(sum(r["samples"] for r in roots)), total_flops=total_flops,
         train_seconds=seconds, train_seconds_min=min(r["seconds"] for r in workers),
-        staging=_staging_summary(cfg, workers), time_to_solution=staging_seconds + curve[-1]["seconds"],
+        staging=_staging_summary(cfg, records), time_to_solution=staging_seconds + curve[-1]["seconds"],
         eval_seconds=eval_seconds, sampler_seconds=sampler_seconds, evaluations=curve,
         time_to_quality=reached and reached["seconds"], epochs_to_quality=reached and reached["epoch"],
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
@@ -281,17 +306,20 @@ def digests_by_job(workers: list[dict], M: int) -> list[list[str]]:
     return out
 
 
-def _staging_seconds(workers) -> float:
-    return max((r["staging"]["seconds"] for r in workers if "staging" in r), default=0.0)
+def _staging_seconds(records) -> float:
+    """Max over the ranks that trained from a copy or wrote one (staging.Staged.seconds)."""
+    return max((r["staging"]["seconds"] for r in records if "staging" in r), default=0.0)
 
 
-def _staging_summary(cfg, workers) -> dict | None:
-    """What the Data Duplicator did in a test: copies (one per job per node), bytes, time."""
-    staged = [r["staging"] for r in workers if "staging" in r]
+def _staging_summary(cfg, records) -> dict | None:
+    """What the Data Duplicator did in a test: copies written (one per node serving a job;
+    its writer may be an idle rank), their distinct samples and bytes, summed over nodes,
+    and the time."""
+    staged = [r["staging"] for r in records if "staging" in r]
     if not staged:
         return None
     writers = [s for s in staged if s["writer"]]
-    return {"dir": cfg.staging, "kept": cfg.staging_keep, "seconds": _staging_seconds(workers),
+    return {"dir": cfg.staging, "kept": cfg.staging_keep, "seconds": _staging_seconds(records),
             "copies": len(writers), "samples": int(sum(s["samples"] for s in writers)),
             "bytes": int(sum(s["bytes"] for s in writers)),
             "paths": sorted(s["path"] for s in writers)}

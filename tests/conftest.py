@@ -81,9 +81,9 @@ def run_dat(tmp_path):
 def bagging_run(tmp_path_factory):
     """One real run that several files' tests read (a 4-rank run costs ~15 s here):
     M = 2 jobs of P = 2 ranks on 4 ranks, 2 epochs on the embedded digits, poisson resamples, vote,
-    each job's resample staged to a node-local directory and kept (line 28), the report
+    the union of the jobs' resamples staged once to a node-local directory and kept (line 28), the report
     to a file (device 8). Returns (folder, CompletedProcess); results under folder/runs,
-    the report in folder/report.out, the copies in folder/stage."""
+    the report in folder/report.out, the node's copy in folder/stage."""
     folder = tmp_path_factory.mktemp("bagging")
     path = folder / "test.dat"
     path.write_text(dat_text(l3=folder / "report.out", l4=8, l5=folder / "runs", l9=1, l10=2, l11=2, l15=2,
@@ -96,8 +96,8 @@ def sweep_runs(tmp_path_factory):
     """Two real runs of ic on 2 ranks that tests/test_ic.py and tests/test_staging.py
     read, synthetic:320:32, B 16, 5 epochs, ic as a small ResNet (the documented test
     knobs: ResNet-50 itself trains at ~40 images/s here). Run A: layouts M=2, P=1 and
-    M=1, P=2. Run B: M=1, P=2 again, trained from node-local copies (line 28, removed
-    after each test). Returns (folder, A, B): results under folder/runs and
+    M=1, P=2. Run B: M=1, P=2 again, trained from a node-local copy (line 28, removed
+    after the test). Returns (folder, A, B): results under folder/runs and
     folder/staged, the copies under folder/stage."""
     folder = tmp_path_factory.mktemp("sweep")
     env = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1"}

@@ -55,6 +55,15 @@ class Data:
             yield self.x_train[idx], self.y_train[idx]
 
 
+def progress_or_nothing(progress):
+    """A stage() function's `progress` callback, or one that does nothing when none is given."""
+    return progress if progress is not None else _nothing
+
+
+def _nothing() -> None:
+    pass
+
+
 def class_probabilities(model, inputs, classes: int) -> np.ndarray:
     """Softmax of the model's logits, computed in FP32, over the batches `inputs` (an
     iterable of x): what a classifier's predict() returns. Averaging it across base
@@ -90,9 +99,12 @@ class Workload(Protocol):
     def load(self, dataset: str, cache_dir: str, node_rank: int, node_barrier): ...
     def read(self, path: str): ...    # the one reader of real, synthetic and staged data
 
-    def stage(self, data, rows, path: str) -> int:
+    def stage(self, data, rows, path: str, progress=None) -> int:
         """Bytes written: training samples `rows` (unique, sorted) and the validation set,
-        in the workload's own on-disk format, into directory `path` (the Data Duplicator)."""
+        in the workload's own on-disk format, into directory `path` (the Data Duplicator).
+        `progress()` (optional; `progress_or_nothing`) is called after each file or shard
+        written, and every block of a large one: the writer beats the watchdog with it, so
+        that a long copy is not taken for a hang (harness/staging.py)."""
 
     def build_model(self, data): ...  # a tf.keras.Model
     def loss(self, y, outputs): ...   # per-sample loss tensor (outputs cast to FP32 by the harness)

@@ -54,7 +54,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import node_once
-from harness.workloads import DataError, cosmoflow_synthetic, tfrecord
+from harness.workloads import DataError, cosmoflow_synthetic, progress_or_nothing, tfrecord
 
 NAME = "cosmoflow"
 QUALITY = "MAE"
@@ -260,13 +260,15 @@ def describe_data(data: CosmoData) -> list[str]:
 
 # ---- staging (the Data Duplicator's copy) ----------------------------------------------
 
-def stage(data: CosmoData, rows, path: str) -> int:
+def stage(data: CosmoData, rows, path: str, progress=None) -> int:
     """Training records `rows` (sorted, unique), one file each, and the validation files
     whole, into `path` in the same layout and compression. A source file holding one
     record (the published sets) is copied byte for byte; a record of a larger file is
     framed alone (its header and CRCs kept) and GZIP-compressed again if its file was.
-    In the copy, training sample k is rows[k]. Returns the bytes written."""
+    In the copy, training sample k is rows[k]. Returns the bytes written; `progress()`
+    after each file."""
     import gzip
+    progress = progress_or_nothing(progress)
     rows = np.asarray(rows, np.int64)
     if len(rows) == 0 or np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= data.n_train:
         raise ValueError(f"cosmoflow.stage: rows must be sorted, unique, non-empty and in 0..{data.n_train - 1}")
@@ -288,9 +290,11 @@ def stage(data: CosmoData, rows, path: str) -> int:
                 with open(out, "wb") as f:
                     f.write(gzip.compress(framed) if idx.gzip and idx.gzip[shard] else framed)
             written += os.path.getsize(out)
+            progress()
     for f in data.val.files:
         shutil.copyfile(f, os.path.join(path, "validation", os.path.basename(f)))
         written += os.path.getsize(f)
+        progress()
     return written
 
 

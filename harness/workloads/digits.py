@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from harness.files import atomic_path, node_once
-from harness.workloads import Data, DataError, class_probabilities, top1
+from harness.workloads import Data, DataError, class_probabilities, progress_or_nothing, top1
 
 NAME = "digits"
 QUALITY = "Top-1"
@@ -114,12 +114,16 @@ def _read(file: str) -> tuple[np.ndarray, np.ndarray]:
     return images.astype(np.float32, copy=False)[..., None], labels.astype(np.int64, copy=False)  # channels-last
 
 
-def stage(data: Data, rows: np.ndarray, path: str) -> int:
+def stage(data: Data, rows: np.ndarray, path: str, progress=None) -> int:
     """The Data Duplicator's copy: training samples `rows` and the validation set, in
-    this workload's on-disk format, so that `read(path)` trains from it."""
+    this workload's on-disk format, so that `read(path)` trains from it; `progress()`
+    after each file."""
+    progress = progress_or_nothing(progress)
     os.makedirs(path, exist_ok=True)
     _write(os.path.join(path, "train.h5"), data.x_train[rows, ..., 0], data.y_train[rows])
+    progress()
     _write(os.path.join(path, "val.h5"), data.x_val[..., 0], data.y_val)
+    progress()
     return sum(os.path.getsize(os.path.join(path, f)) for f in ("train.h5", "val.h5"))
 
 

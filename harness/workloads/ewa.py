@@ -114,9 +114,9 @@ def describe_data(data: Data) -> list[str]:
             f"split: {data.split_how}"]
 
 
-def stage(data: Data, rows: np.ndarray, path: str) -> int:
+def stage(data: Data, rows: np.ndarray, path: str, progress=None) -> int:
     """The Data Duplicator's copy, in our staged layout (extreme_weather.write_staged)."""
-    return ew.write_staged(data, rows, path)
+    return ew.write_staged(data, rows, path, progress)
 
 
 # ---- model and training ----------------------------------------------------------

@@ -57,7 +57,7 @@ import h5py
 import numpy as np
 
 from harness.files import atomic_path
-from harness.workloads import DataError
+from harness.workloads import DataError, progress_or_nothing
 
 CHANNELS, CLASSES = 16, 4
 CLASS_NAMES = ("tropical depression", "tropical cyclone", "extratropical cyclone", "atmospheric river")
@@ -517,11 +517,13 @@ def write_published(file: str, images, boxes: np.ndarray, order: str) -> None:
         f.create_dataset("boxes", data=from_rows(boxes, order))
 
 
-def write_staged(data: Data, rows: np.ndarray, path: str) -> int:
+def write_staged(data: Data, rows: np.ndarray, path: str, progress=None) -> int:
     """The Data Duplicator's copy: training images `rows` (unique, sorted) and the
     validation set in our layout (channels last, class first: see the module
     docstring), with the source's normalisation statistics (a resample is normalised as
-    the full set is). Copied in blocks of images; returns the bytes written."""
+    the full set is). Copied in blocks of images, `progress()` after each block and
+    each file; returns the bytes written."""
+    progress = progress_or_nothing(progress)
     os.makedirs(path, exist_ok=True)
     rows = np.asarray(rows, np.int64)
     written = 0
@@ -536,9 +538,11 @@ def write_staged(data: Data, rows: np.ndarray, path: str) -> int:
             block = max(1, (64 << 20) // max(1, first.nbytes))  # ~64 MB at a time
             for lo in range(0, len(index), block):
                 images[lo:lo + block] = data.images(split, index[lo:lo + block])
+                progress()
             f.create_dataset("boxes", data=boxes)
             if split == "train":
                 f.create_dataset("channel_mean", data=data.mean)
                 f.create_dataset("channel_std", data=data.std)
         written += os.path.getsize(file)
+        progress()
     return written

@@ -54,7 +54,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import atomic_path, node_once
-from harness.workloads import DataError, class_probabilities, resnet, tfrecord, top1
+from harness.workloads import DataError, class_probabilities, progress_or_nothing, resnet, tfrecord, top1
 
 NAME = "ic"
 QUALITY = "Top-1"
@@ -441,10 +441,12 @@ def quality(scores: np.ndarray, data: ICData) -> float:
 
 # ---- staging (the Data Duplicator's copy) ----------------------------------------------
 
-def stage(data: ICData, rows, path: str) -> int:
+def stage(data: ICData, rows, path: str, progress=None) -> int:
     """Copy training records `rows` (sorted, unique) as train shards, and the validation
     shards whole, into `path` in the same layout, byte for byte (no re-encoding).
-    In the copy, training sample k is rows[k]. Returns the bytes written."""
+    In the copy, training sample k is rows[k]. Returns the bytes written; `progress()`
+    after each shard."""
+    progress = progress_or_nothing(progress)
     rows = np.asarray(rows, np.int64)
     if len(rows) == 0 or np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= data.n_train:
         raise ValueError(f"ic.stage: rows must be sorted, unique, non-empty and in 0..{data.n_train - 1}")
@@ -460,9 +462,11 @@ def stage(data: ICData, rows, path: str) -> int:
         offsets, lengths, n = tfrecord.copy_records(data.train, part, files[-1])
         parts.append((np.full(len(part), i, np.uint32), offsets, lengths))
         written += n
+        progress()
     for f in data.val.files:
         shutil.copyfile(f, os.path.join(path, os.path.basename(f)))
         written += os.path.getsize(f)
+        progress()
     _write_meta(path, data.side, data.num_classes, data.label_offset)
     # the index of the copy is known without a scan: save it where read(path) looks
     val_files = [os.path.join(path, os.path.basename(f)) for f in data.val.files]
