@@ -9,6 +9,7 @@ are at the edges (train, _consistency).
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness import sampler
+from harness import sampler, workloads
 
 
 def setup_devices(local_rank: int, local_size: int) -> dict:
@@ -201,6 +202,11 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
         for v, value in state:
             v.assign(value)
         del state    # a host copy of the weights and slots: free it before training
+    # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
+    # feed reaches it; reading, decoding and augmenting are the workload's, inside the
+    # clock (MLPerf).
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, rank, size, batch)  # noqa: E731
+    feed = workloads.training_feed(workload, data, shards, epochs, batch, seed * 1_000_003 + job * 1009)
     world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
     start = time.perf_counter()
     if hooks:
@@ -211,11 +217,8 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     for epoch in range(epochs):
         if hooks:
             hooks.epoch_start(epoch + 1)
-        shard = sampler.epoch_shard(indices, seed, job, epoch, rank, size, batch)
         losses = []
-        # reading, decoding and augmenting are the workload's, inside the clock (MLPerf)
-        feed = workload.batches(data, shard, batch, training=True, seed=seed * 1_000_003 + job * 1009 + epoch)
-        for s, (x, y) in enumerate(feed):
+        for s, (x, y) in enumerate(itertools.islice(feed, steps)):
             if on_step is not None:
                 on_step(epoch * steps + s)
             losses.append(step(x, y))
@@ -237,6 +240,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                 break
     stop = time.perf_counter()
     seconds = stop - start - paused
+    del feed         # tearing a pipeline down can take seconds (ic): after the clock
 
     diff, digest = _consistency(model, hvd)
     if evaluate is None:   # else the last evaluation has broadcast them: the model is the root's already

@@ -610,3 +610,18 @@ def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
         assert t["quality_name"] == "mAP@0.5" and t["consistency"]["passed"]
         assert all(0.0 <= q <= 1.0 for q in [t["quality"], *t["base_quality"]])
         assert t["quality"] > baseline + 0.05, (t["quality"], baseline)
+
+
+@pytest.mark.parametrize("depth", ["0", "2"])
+def test_stream_is_each_epochs_batches_in_turn(data, monkeypatch, depth):
+    """ewa.stream with and without prefetch: epoch e's batches as batches(shards(e),
+    seed + e) gives them, whole batches only, one pipeline for all epochs."""
+    epochs = {0: np.array([3, 1, 3, 0, 2]), 1: np.array([7, 7, 4, 5])}
+    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "0")
+    want = [b for e in (0, 1) for b in ewa.batches(data, epochs[e], 2, training=True, seed=9 + e)]
+    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", depth)
+    got = list(ewa.stream(data, lambda e: epochs[e], 2, 2, seed=9))
+    assert len(got) == len(want) == 4
+    for ((x, gt), y), ((wx, wgt), wy) in zip(got, want):
+        assert np.array_equal(np.asarray(x), wx) and np.array_equal(np.asarray(gt), wgt)
+        assert np.array_equal(np.asarray(y), wy)

@@ -222,6 +222,28 @@ def test_augmentation_is_seeded(synthetic):
     assert abs(float(plain.mean())) < 1.0 and 0.3 < float(plain.std()) < 2.0   # normalised
 
 
+def test_stream_feeds_every_epoch_from_one_pipeline(synthetic):
+    """ic.stream: epoch e's rows, whole batches only, in turn; shards drawn lazily; the
+    same sample is augmented differently in each epoch, and the stream is seeded."""
+    data, _ = synthetic
+    epochs = {0: np.array([5, 1, 5, 7, 2]), 1: np.array([2, 2, 9, 0, 3]), 2: np.array([4, 6])}
+    asked = []
+    def shards(e):
+        asked.append(e)
+        return epochs[e]
+    feed = ic.stream(data, shards, 3, 2, seed=11)
+    assert asked == []                                       # nothing drawn before the first batch
+    got = list(feed)
+    assert asked == [0, 1, 2] and len(got) == 2 + 2 + 1      # 5 rows -> 2 batches, 2 rows -> 1
+    labels = np.concatenate([y for _, y in got])
+    rows = [5, 1, 5, 7, 2, 2, 9, 0, 4, 6]
+    assert list(labels) == list(next(ic.batches(data, rows, 10, training=False, seed=0))[1])
+    x = np.concatenate([x for x, _ in got])
+    assert not np.array_equal(x[0], x[2])                    # row 5 twice in epoch 1: two draws
+    again = np.concatenate([x for x, _ in ic.stream(data, lambda e: epochs[e], 3, 2, seed=11)])
+    assert np.array_equal(x, again)
+
+
 def test_stage_copies_exactly_the_rows(synthetic, tmp_path):
     data, _ = synthetic
     rows = np.unique(np.random.default_rng(0).integers(0, data.n_train, data.n_train))

@@ -44,6 +44,25 @@ def test_a_module_missing_a_member_is_refused(monkeypatch):
         workloads.get("digits")
 
 
+def test_training_feed_chains_each_epochs_batches_with_its_seed():
+    """A workload without stream(): batches() of shards(e) with seed + e, e in turn,
+    each epoch's rows drawn only when the feed reaches it."""
+    calls = []
+
+    class Fake:
+        stream = None
+        @staticmethod
+        def batches(data, rows, batch, *, training, seed):
+            calls.append((list(rows), seed, training))
+            yield from ((rows[i:i + batch], seed) for i in range(0, len(rows) // batch * batch, batch))
+
+    feed = workloads.training_feed(Fake, None, lambda e: [10 * e, 10 * e + 1, 10 * e + 2], 2, 2, seed=100)
+    assert calls == []
+    assert [(list(x), s) for x, s in feed] == [([0, 1], 100), ([10, 11], 101)]
+    assert calls == [([0, 1, 2], 100, True), ([10, 11, 12], 101, True)]
+    assert workloads.get("ic").stream is not None and workloads.get("digits").stream is None
+
+
 def test_unknown_workload():
     with pytest.raises(KeyError, match="unknown workload 'resnet'"):
         workloads.get("resnet")

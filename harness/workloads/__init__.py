@@ -114,6 +114,12 @@ class Workload(Protocol):
         """len(rows) // batch batches (x, y) of training samples `rows`, in that order
         (the harness shuffles and shards; the workload reads, decodes, augments)."""
 
+    # Optional (DEFAULTS: None, then `training_feed` chains batches() per epoch):
+    # stream(data, shards, epochs, batch, *, seed) -> one iterator over every epoch's
+    # training batches, len(shards(e)) // batch of epoch e = 0 .. epochs-1 in turn, for a
+    # workload whose feed is a pipeline better built once than once an epoch (ic's tf.data).
+    stream: object
+
     def score_width(self, data) -> int: ...
 
     def predict(self, model, data, rows: slice):
@@ -133,10 +139,21 @@ class Workload(Protocol):
         column order and validation years, ic's label base. Default: no lines."""
 
 
-DEFAULTS = {"ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "describe_model": lambda data: (None, []),
+DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "describe_model": lambda data: (None, []),
             "describe_data": lambda data: []}
 REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)
+
+
+def training_feed(workload, data, shards, epochs: int, batch: int, seed: int):
+    """The training loop's one iterator of batches over all epochs: the workload's
+    stream() if it has one, else its batches() of each epoch's rows `shards(e)` in turn,
+    epoch e augmented from seed + e (a lazy chain: epoch e's rows are drawn when reached)."""
+    if workload.stream is not None:
+        return workload.stream(data, shards, epochs, batch, seed=seed)
+    import itertools
+    return itertools.chain.from_iterable(
+        workload.batches(data, shards(e), batch, training=True, seed=seed + e) for e in range(epochs))
 
 
 def target_and_n(workload, cfg) -> tuple[float, float]:

@@ -39,6 +39,7 @@ before computing mAP@0.5.
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -166,21 +167,37 @@ def batches(data: Data, rows, batch: int, *, training: bool = True, seed: int = 
     Numpy arrays by default; with HPCAI500_EWA_PREFETCH=N > 0, tensors from the same
     generator through tf.data.Dataset.from_generator + prefetch(N), which reads the
     next batches on a tf.data thread while the step runs (see the module docstring)."""
-    def generate():
-        rng = np.random.default_rng(seed)
-        order = np.asarray(rows)
-        for s in range(len(order) // batch):
-            idx = order[s * batch:(s + 1) * batch]
-            x, boxes = data.normalised(data.images("train", idx)), data.train_boxes[idx].copy()
-            if training:
-                flip = rng.random(batch) < 0.5
-                x[flip] = x[flip, :, ::-1]
-                real = flip[:, None] & (boxes[..., 0] >= 0)
-                xmin = boxes[..., 2].copy()
-                boxes[..., 2] = np.where(real, data.width - boxes[..., 4], boxes[..., 2])
-                boxes[..., 4] = np.where(real, data.width - xmin, boxes[..., 4])
-            yield (x, boxes), boxes
+    return _fed(data, batch, lambda: _generate(data, rows, batch, training, seed))
 
+
+def stream(data: Data, shards, epochs: int, batch: int, *, seed: int):
+    """Every epoch's training batches in turn (workloads.Workload.stream), epoch e's rows
+    `shards(e)` flipped from seed + e: the batches a call of batches() per epoch gives.
+    With prefetch on, one tf.data pipeline for the whole training: tearing one down
+    every epoch held a rank for seconds at 2 ranks (bench/README.md, peers.py)."""
+    return _fed(data, batch, lambda: itertools.chain.from_iterable(
+        _generate(data, shards(e), batch, True, seed + e) for e in range(epochs)))
+
+
+def _generate(data: Data, rows, batch: int, training: bool, seed: int):
+    rng = np.random.default_rng(seed)
+    order = np.asarray(rows)
+    for s in range(len(order) // batch):
+        idx = order[s * batch:(s + 1) * batch]
+        x, boxes = data.normalised(data.images("train", idx)), data.train_boxes[idx].copy()
+        if training:
+            flip = rng.random(batch) < 0.5
+            x[flip] = x[flip, :, ::-1]
+            real = flip[:, None] & (boxes[..., 0] >= 0)
+            xmin = boxes[..., 2].copy()
+            boxes[..., 2] = np.where(real, data.width - boxes[..., 4], boxes[..., 2])
+            boxes[..., 4] = np.where(real, data.width - xmin, boxes[..., 4])
+        yield (x, boxes), boxes
+
+
+def _fed(data: Data, batch: int, generate):
+    """generate() itself (numpy batches), or through a tf.data prefetch of
+    HPCAI500_EWA_PREFETCH batches when that is > 0."""
     depth = settings.value(PREFETCH_ENV)
     if depth <= 0:
         return generate()

@@ -325,20 +325,31 @@ def input_signature(data: ICData, batch: int):
 
 # ---- the input pipeline ---------------------------------------------------------------
 
-def _records(index: tfrecord.Index, rows: np.ndarray):
-    """tf.data of the raw records `rows`, in order, each with its shard number: preads in
-    a generator, CHUNK at a time (one Python step per chunk, not per record)."""
+def _records(index: tfrecord.Index, parts):
+    """tf.data of the raw records of each row array `parts()` yields, in turn and in
+    order, each with its shard number: preads in a generator, CHUNK at a time (one
+    Python step per chunk, not per record). `parts` is called when the pipeline starts,
+    so a later epoch's rows are drawn only when the reader reaches them."""
     import tensorflow as tf
-    rows = np.asarray(rows, np.int64)
 
     def gen():
         with tfrecord.Reader(index) as r:
-            for a in range(0, len(rows), CHUNK):
-                yield (np.array(r.records(rows[a:a + CHUNK]), dtype=object),
-                       index.shard[rows[a:a + CHUNK]].astype(np.int32))
+            for rows in parts():
+                for a in range(0, len(rows), CHUNK):
+                    yield (np.array(r.records(rows[a:a + CHUNK]), dtype=object),
+                           index.shard[rows[a:a + CHUNK]].astype(np.int32))
 
     return tf.data.Dataset.from_generator(
         gen, output_signature=(tf.TensorSpec((None,), tf.string), tf.TensorSpec((None,), tf.int32))).unbatch()
+
+
+def _rows(index: tfrecord.Index, rows, batch: int, drop_remainder: bool) -> np.ndarray:
+    """`rows` checked against the index, cut to whole batches if `drop_remainder` (no
+    record that would be dropped is read)."""
+    rows = np.asarray(rows, np.int64)
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(index)):
+        raise IndexError(f"ic: rows {rows.min()}..{rows.max()} outside 0..{len(index) - 1}")
+    return rows[:len(rows) // batch * batch] if drop_remainder else rows
 
 
 def _parse(record, shard, offset: int, classes: int, files):
@@ -394,15 +405,20 @@ def dataset(data: ICData, index: tfrecord.Index, rows, batch: int, *, augment: b
             drop_remainder: bool = True):
     """The tf.data pipeline of records `rows` of `index` (data.train or data.val), in
     order: the training transform if `augment`, else the validation one."""
+    rows = _rows(index, rows, batch, drop_remainder)
+    return _pipeline(data, index, lambda: (rows,), batch, augment=augment, seed=seed, drop_remainder=drop_remainder)
+
+
+def _pipeline(data: ICData, index: tfrecord.Index, parts, batch: int, *, augment: bool, seed: int,
+              drop_remainder: bool):
+    """Records of the row arrays `parts()` yields, parsed, transformed, batched and
+    prefetched. Training sample i of the pipeline (counted across all parts) is
+    augmented from the stateless seed (seed, i): deterministic, and different in every
+    epoch of a stream."""
     import tensorflow as tf
-    rows = np.asarray(rows, np.int64)
-    if len(rows) and (rows.min() < 0 or rows.max() >= len(index)):
-        raise IndexError(f"ic: rows {rows.min()}..{rows.max()} outside 0..{len(index) - 1}")
-    if drop_remainder:
-        rows = rows[:len(rows) // batch * batch]  # read no record that is dropped
     side, offset, classes = data.side, data.label_offset, data.num_classes
     files = tf.constant([str(f) for f in index.files])
-    ds = _records(index, rows).map(lambda r, s: _parse(r, s, offset, classes, files))
+    ds = _records(index, parts).map(lambda r, s: _parse(r, s, offset, classes, files))
     if augment:
         base = tf.constant(seed % 2**63, tf.int64)
         ds = ds.enumerate().map(
@@ -418,6 +434,17 @@ def batches(data: ICData, rows, batch: int, *, training: bool, seed: int):
     """len(rows) // batch batches (x, y) of training samples `rows`, in that order;
     augmented if `training`, else the deterministic validation transform."""
     return iter(dataset(data, data.train, rows, batch, augment=training, seed=seed))
+
+
+def stream(data: ICData, shards, epochs: int, batch: int, *, seed: int):
+    """Every epoch's training batches from one pipeline (workloads.Workload.stream):
+    len(shards(e)) // batch augmented batches of epoch e = 0 .. epochs-1 in turn. One
+    pipeline for the whole training, so none is built inside the clock after the first,
+    the next epoch's first batches are decoded while this one's last steps run, and no
+    pipeline is torn down between epochs (deleting an exhausted, autotuned tf.data
+    iterator held a rank 8-9 s at 2 ranks a rank, measured: bench/README.md)."""
+    parts = lambda: (_rows(data.train, shards(e), batch, True) for e in range(epochs))  # noqa: E731
+    return iter(_pipeline(data, data.train, parts, batch, augment=True, seed=seed, drop_remainder=True))
 
 
 # ---- evaluation -----------------------------------------------------------------------
