@@ -46,7 +46,8 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     job, job_comm = topology.split(world, layout)
 
     t0 = time.perf_counter()
-    indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train, cfg.sampler, seed, job_comm, job)
+    indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train, cfg.sampler, seed, job_comm, job,
+                                 wait=watchdog.wait)
     sampler_seconds = time.perf_counter() - t0
     rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
     log = _log(ctx, planned, data, job, job_comm, indices, seed)

@@ -73,8 +73,27 @@ def epoch_shard(indices: np.ndarray, seed: int, job: int, epoch: int,
 IN_FLIGHT = 4   # resamples rank 0 keeps while their sends complete, whatever M
 
 
+def _block(request, phase: str) -> None:
+    request.Wait()
+
+
+class _Arrival:
+    """A message's arrival as a request (Test, Wait), so that a rank can wait for its
+    resample beating the watchdog (watchdog.wait) before it knows the message's size."""
+
+    def __init__(self, comm, source: int, tag: int):
+        from mpi4py import MPI
+        self.comm, self.source, self.tag, self.status = comm, source, tag, MPI.Status()
+
+    def Test(self) -> bool:  # noqa: N802 (MPI's name, as watchdog.wait calls it)
+        return self.comm.Iprobe(source=self.source, tag=self.tag, status=self.status)
+
+    def Wait(self) -> None:  # noqa: N802
+        self.comm.Probe(source=self.source, tag=self.tag, status=self.status)
+
+
 def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
-               job_comm, my_job: int | None) -> np.ndarray | None:
+               job_comm, my_job: int | None, wait=_block) -> np.ndarray | None:
     """Rank 0 draws each job's resample and sends it to the job's root (world rank
     jobs[j][0]); the root broadcasts it on the job's communicator. Ranks outside
     any job (idle) return None.
@@ -82,7 +101,11 @@ def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
     Rank 0's memory is bounded whatever M: at most IN_FLIGHT resamples wait for their
     sends (a send's buffer must live until it completes), plus its own job's, so
     (IN_FLIGHT + 1) x N x 8 bytes, not M x N x 8 (10.5 GB for ImageNet at M = 1,024).
-    The resamples are those of `resample(n, method, seed, j)`, drawn in job order."""
+    The resamples are those of `resample(n, method, seed, j)`, drawn in job order.
+
+    Drawing is serial on rank 0 (minutes for thousands of jobs with poisson): every wait
+    here goes through `wait(request, phase)`, the watchdog's (harness/watchdog.py; the
+    default blocks), so that the last jobs' ranks are not taken for hung ones."""
     from mpi4py import MPI
     tag = 0x5A3
     mine = None
@@ -94,16 +117,19 @@ def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
                 mine = idx
                 continue
             if len(pending) == IN_FLIGHT:
-                pending.popleft()[0].Wait()   # its root posts its receive at once: no deadlock
+                # its root posts its receive at once: no deadlock
+                wait(pending.popleft()[0], f"sending job {j - IN_FLIGHT}'s resample")
             pending.append((world.Isend([idx, MPI.INT64_T], dest=ranks[0], tag=tag), idx))
-        MPI.Request.Waitall([req for req, _ in pending])
+        for req, _ in pending:
+            wait(req, "sending the last resamples")
     elif my_job is not None and jobs[my_job][0] == world.rank:
-        status = MPI.Status()
-        world.Probe(source=0, tag=tag, status=status)
-        mine = np.empty(status.Get_count(MPI.INT64_T), dtype=np.int64)
+        arrival = _Arrival(world, 0, tag)
+        wait(arrival, f"waiting for job {my_job}'s resample from rank 0")
+        mine = np.empty(arrival.status.Get_count(MPI.INT64_T), dtype=np.int64)
         world.Recv([mine, MPI.INT64_T], source=0, tag=tag)
     if my_job is None:
         return None
+    wait(job_comm.Ibarrier(), f"waiting for job {my_job}'s resample from its root")
     count = job_comm.bcast(None if mine is None else len(mine), root=0)
     if mine is None:
         mine = np.empty(count, dtype=np.int64)

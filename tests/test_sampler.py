@@ -63,3 +63,28 @@ def test_epoch_shards_have_equal_steps_and_cover_the_resample_once(size, batch):
     assert np.all(np.bincount(used, minlength=1003) <= np.bincount(idx, minlength=1003))
     other = sampler.epoch_shard(idx, 5, 0, epoch=3, rank=0, size=size, batch=batch)
     assert not np.array_equal(shards[0], other)  # reshuffled every epoch
+
+
+def test_a_resample_is_awaited_through_the_given_wait():
+    """distribute's waits go through `wait(request, phase)` (run.py passes the
+    watchdog's), including the arrival of a message whose size is not known yet.
+    In-process on MPI.COMM_SELF: one job, rank 0 its own root."""
+    from mpi4py import MPI
+    comm, phases = MPI.COMM_SELF, []
+
+    def wait(request, phase):
+        phases.append(phase)
+        while not request.Test():
+            pass
+    got = sampler.distribute(comm, [[0]], 10, "bootstrap", 3, comm, 0, wait=wait)
+    assert np.array_equal(got, sampler.resample(10, "bootstrap", 3, 0))
+    assert phases == ["waiting for job 0's resample from its root"]
+    arrival = sampler._Arrival(comm, 0, 7)
+    assert not arrival.Test()
+    req = comm.Isend([np.arange(5, dtype=np.int64), MPI.INT64_T], dest=0, tag=7)
+    wait(arrival, "arrival")
+    assert arrival.status.Get_count(MPI.INT64_T) == 5          # the size, before the receive
+    buf = np.empty(5, np.int64)
+    comm.Recv([buf, MPI.INT64_T], source=0, tag=7)
+    req.Wait()
+    assert list(buf) == [0, 1, 2, 3, 4]
