@@ -244,7 +244,8 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
         " evaluations (and the waits for other jobs in them) and resampling timed apart",
         f"Warm-up: before that barrier each job runs {train.WARMUP_STEPS} training step(s) and undoes them (every"
         " variable the step writes is restored): graph optimisation, XLA compilation and Horovod's first"
-        " negotiation are set-up, as MLPerf's init; the timed epochs train exactly the samples counted",
+        " negotiation are set-up, as MLPerf's init; the timed epochs train exactly the samples counted;"
+        " the feed (one for all epochs, built there too) reads, decodes and augments inside the clock",
         "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
         "Evaluation: "
         + (f"after {_every(cfg.eval_every)} (line 31) and the last" if cfg.eval_every else
