@@ -194,10 +194,12 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     # count, from exactly the state a run without warm-up would start from.
     concrete = step.get_concrete_function(*workload.input_signature(data, batch))
     _refuse_hidden_random_state(concrete.graph, workload.NAME)
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, rank, size, batch)  # noqa: E731
+    feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
     if warmup_steps:  # on the first batches of epoch 1, read again by the timed epoch
         state = [(v, v.numpy()) for v in concrete.variables]
-        warm = sampler.epoch_shard(indices, seed, job, 0, rank, size, batch)[:warmup_steps * batch]
-        for x, y in workload.batches(data, warm, batch, training=True, seed=seed * 1_000_003 + job * 1009):
+        warm = shards(0)[:warmup_steps * batch]
+        for x, y in workload.batches(data, warm, batch, training=True, seed=feed_seed):
             step(x, y).numpy()
         for v, value in state:
             v.assign(value)
@@ -205,8 +207,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
     # feed reaches it; reading, decoding and augmenting are the workload's, inside the
     # clock (MLPerf).
-    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, rank, size, batch)  # noqa: E731
-    feed = workloads.training_feed(workload, data, shards, epochs, batch, seed * 1_000_003 + job * 1009)
+    feed = workloads.training_feed(workload, data, shards, epochs, batch, feed_seed)
     world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
     start = time.perf_counter()
     if hooks:

@@ -63,6 +63,18 @@ def test_training_feed_chains_each_epochs_batches_with_its_seed():
     assert workloads.get("ic").stream is not None and workloads.get("digits").stream is None
 
 
+@pytest.mark.parametrize("rows", [[], [2, 1], [1, 1], [-1, 0], [0, 5]], ids=["empty", "unsorted", "repeat",
+                                                                        "negative", "past-the-end"])
+def test_staged_rows_refuses_what_a_copy_cannot_hold(rows):
+    with pytest.raises(ValueError, match=r"^ic\.stage: rows must be sorted, unique, non-empty and in 0\.\.4$"):
+        workloads.staged_rows("ic", rows, 5)
+
+
+def test_staged_rows_are_int64():
+    got = workloads.staged_rows("cosmoflow", [0, 3, 4], 5)
+    assert got.dtype == np.int64 and list(got) == [0, 3, 4]
+
+
 def test_unknown_workload():
     with pytest.raises(KeyError, match="unknown workload 'resnet'"):
         workloads.get("resnet")

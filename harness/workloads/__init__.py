@@ -7,6 +7,7 @@ place their defaults live. The harness knows nothing else about a workload.
 from __future__ import annotations
 
 import importlib
+import itertools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -62,6 +63,15 @@ def progress_or_nothing(progress):
 
 def _nothing() -> None:
     pass
+
+
+def staged_rows(workload: str, rows, n_train: int) -> np.ndarray:
+    """A stage() function's `rows` as int64, checked: sorted, unique, non-empty, each a
+    training sample (0..n_train-1); ValueError naming the workload otherwise."""
+    rows = np.asarray(rows, np.int64)
+    if len(rows) == 0 or np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= n_train:
+        raise ValueError(f"{workload}.stage: rows must be sorted, unique, non-empty and in 0..{n_train - 1}")
+    return rows
 
 
 def class_probabilities(model, inputs, classes: int) -> np.ndarray:
@@ -139,21 +149,26 @@ class Workload(Protocol):
         column order and validation years, ic's label base. Default: no lines."""
 
 
-DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "describe_model": lambda data: (None, []),
-            "describe_data": lambda data: []}
+DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True,
+            "describe_model": lambda data: (None, []), "describe_data": lambda data: []}
 REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)
 
 
 def training_feed(workload, data, shards, epochs: int, batch: int, seed: int):
     """The training loop's one iterator of batches over all epochs: the workload's
-    stream() if it has one, else its batches() of each epoch's rows `shards(e)` in turn,
-    epoch e augmented from seed + e (a lazy chain: epoch e's rows are drawn when reached)."""
+    stream() if it has one, else its batches() of each epoch's rows `shards(e)` in turn
+    (each_epoch)."""
     if workload.stream is not None:
         return workload.stream(data, shards, epochs, batch, seed=seed)
-    import itertools
-    return itertools.chain.from_iterable(
-        workload.batches(data, shards(e), batch, training=True, seed=seed + e) for e in range(epochs))
+    return each_epoch(lambda rows, s: workload.batches(data, rows, batch, training=True, seed=s), shards, epochs, seed)
+
+
+def each_epoch(batches_of, shards, epochs: int, seed: int):
+    """The batches `batches_of(shards(e), seed + e)` of epoch e = 0 .. epochs-1 in turn: a
+    training feed made of per-epoch feeds, epoch e augmented from seed + e. Lazy: epoch
+    e's rows are drawn when the chain reaches them."""
+    return itertools.chain.from_iterable(batches_of(shards(e), seed + e) for e in range(epochs))
 
 
 def target_and_n(workload, cfg) -> tuple[float, float]:

@@ -54,7 +54,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import node_once
-from harness.workloads import DataError, cosmoflow_synthetic, progress_or_nothing, tfrecord
+from harness.workloads import DataError, cosmoflow_synthetic, progress_or_nothing, staged_rows, tfrecord
 
 NAME = "cosmoflow"
 QUALITY = "MAE"
@@ -269,9 +269,7 @@ def stage(data: CosmoData, rows, path: str, progress=None) -> int:
     after each file."""
     import gzip
     progress = progress_or_nothing(progress)
-    rows = np.asarray(rows, np.int64)
-    if len(rows) == 0 or np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= data.n_train:
-        raise ValueError(f"cosmoflow.stage: rows must be sorted, unique, non-empty and in 0..{data.n_train - 1}")
+    rows = staged_rows("cosmoflow", rows, data.n_train)
     shutil.rmtree(path, ignore_errors=True)   # an earlier copy's files would mix with this one's
     for split in SPLITS:
         os.makedirs(os.path.join(path, split))

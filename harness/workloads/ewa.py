@@ -39,14 +39,13 @@ before computing mAP@0.5.
 """
 from __future__ import annotations
 
-import itertools
 import os
 
 import numpy as np
 
 from harness import settings
 from harness.files import node_once
-from harness.workloads import DataError
+from harness.workloads import DataError, each_epoch
 from harness.workloads import detection as det
 from harness.workloads import extreme_weather as ew
 from harness.workloads import weather_synthetic
@@ -175,8 +174,8 @@ def stream(data: Data, shards, epochs: int, batch: int, *, seed: int):
     `shards(e)` flipped from seed + e: the batches a call of batches() per epoch gives.
     With prefetch on, one tf.data pipeline for the whole training: tearing one down
     every epoch held a rank for seconds at 2 ranks (bench/README.md, peers.py)."""
-    return _fed(data, batch, lambda: itertools.chain.from_iterable(
-        _generate(data, shards(e), batch, True, seed + e) for e in range(epochs)))
+    return _fed(data, batch, lambda: each_epoch(lambda rows, s: _generate(data, rows, batch, True, s),
+                                                 shards, epochs, seed))
 
 
 def _generate(data: Data, rows, batch: int, training: bool, seed: int):

@@ -54,7 +54,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import atomic_path, node_once
-from harness.workloads import DataError, class_probabilities, progress_or_nothing, resnet, tfrecord, top1
+from harness.workloads import DataError, class_probabilities, progress_or_nothing, resnet, staged_rows, tfrecord, top1
 
 NAME = "ic"
 QUALITY = "Top-1"
@@ -474,9 +474,7 @@ def stage(data: ICData, rows, path: str, progress=None) -> int:
     In the copy, training sample k is rows[k]. Returns the bytes written; `progress()`
     after each shard."""
     progress = progress_or_nothing(progress)
-    rows = np.asarray(rows, np.int64)
-    if len(rows) == 0 or np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= data.n_train:
-        raise ValueError(f"ic.stage: rows must be sorted, unique, non-empty and in 0..{data.n_train - 1}")
+    rows = staged_rows("ic", rows, data.n_train)
     os.makedirs(path, exist_ok=True)
     for name in os.listdir(path):  # an earlier copy's shards would mix with this one's
         if name.startswith(tfrecord.SPLITS) or name.startswith("ic-index-"):
