@@ -12,6 +12,8 @@ import hashlib
 
 import numpy as np
 
+from harness import watchdog
+
 # Line 23's choices: name -> (T/V code, meaning). harness/dat.py reads them from here.
 METHODS = {"bootstrap": ("B", "N draws with replacement"),
            "poisson": ("P", "each sample Poisson(1) times"),
@@ -73,10 +75,6 @@ def epoch_shard(indices: np.ndarray, seed: int, job: int, epoch: int,
 IN_FLIGHT = 4   # resamples rank 0 keeps while their sends complete, whatever M
 
 
-def _block(request, phase: str) -> None:
-    request.Wait()
-
-
 class _Arrival:
     """A message's arrival as a request (Test, Wait), so that a rank can wait for its
     resample beating the watchdog (watchdog.wait) before it knows the message's size."""
@@ -93,7 +91,7 @@ class _Arrival:
 
 
 def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
-               job_comm, my_job: int | None, wait=_block) -> np.ndarray | None:
+               job_comm, my_job: int | None, wait=watchdog.block) -> np.ndarray | None:
     """Rank 0 draws each job's resample and sends it to the job's root (world rank
     jobs[j][0]); the root broadcasts it on the job's communicator. Ranks outside
     any job (idle) return None.
@@ -105,7 +103,7 @@ def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
 
     Drawing is serial on rank 0 (minutes for thousands of jobs with poisson): every wait
     here goes through `wait(request, phase)`, the watchdog's (harness/watchdog.py; the
-    default blocks), so that the last jobs' ranks are not taken for hung ones."""
+    default, watchdog.block, blocks), so that the last jobs' ranks are not taken for hung ones."""
     from mpi4py import MPI
     tag = 0x5A3
     mine = None

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness import watchdog
+
 TAG = 0x57A   # the node-local messages of a job's indices to the writer
 
 
@@ -103,21 +105,21 @@ class Staged:
     writer: bool            # this rank wrote the copy (and removes it after the test)
     samples: int            # distinct training samples in the node's copy: the union of its jobs' resamples
     copy_bytes: int         # bytes of the node's copy (the writer's count, on every rank: the MLLOG's)
-    bytes: int              # bytes this rank wrote: copy_bytes on the writer, 0 elsewhere
     seconds: float          # s, the node's barrier to the end of this rank's read (writer without a job: write)
     wall: tuple[float, float]  # (start, stop) as time.time(), for the MLLOG
+
+    @property
+    def bytes(self) -> int:
+        """Bytes this rank wrote: the copy's on the writer, 0 elsewhere."""
+        return self.copy_bytes if self.writer else 0
 
 
 def _no_beat(phase: str | None = None) -> None:
     pass
 
 
-def _wait(request, phase: str) -> None:
-    request.Wait()
-
-
 def stage(workload, data, indices: np.ndarray | None, job: int | None, node, root: str, path: str,
-          beat=_no_beat, wait=_wait) -> Staged | None:
+          beat=_no_beat, wait=watchdog.block) -> Staged | None:
     """The node's copy of the union of its jobs' resamples at `path` (under `root`), read
     back by every rank with a job. Collective over `node`, this node's ranks, all of them
     (`job` and `indices` None on an idle rank). `beat(phase=None)` and `wait(request, phase)`
@@ -160,7 +162,7 @@ def stage(workload, data, indices: np.ndarray | None, job: int | None, node, roo
         rows = np.empty(n, np.int64)
     node.Bcast([rows, MPI.INT64_T], root=0)
     if job is None:
-        return Staged(None, None, path, True, n, copy_bytes, written, time.perf_counter() - t0,
+        return Staged(None, None, path, True, n, copy_bytes, time.perf_counter() - t0,
                       (wall0, time.time())) if writer else None
     try:
         copy = workload.read(path)
@@ -172,7 +174,7 @@ def stage(workload, data, indices: np.ndarray | None, job: int | None, node, roo
             shutil.rmtree(path, ignore_errors=True)
         raise
     local = renumber(rows, indices)
-    return Staged(copy, local, path, writer, n, copy_bytes, written, time.perf_counter() - t0, (wall0, time.time()))
+    return Staged(copy, local, path, writer, n, copy_bytes, time.perf_counter() - t0, (wall0, time.time()))
 
 
 def _received(node, send: dict, mine, beat):
