@@ -163,7 +163,7 @@ def test_synthetic_round_trip(data):
     again = ewa.read(folder)
     assert np.array_equal(again.val_boxes, data.val_boxes) and np.array_equal(again.mean, data.mean)
     # statistics of the training images (normalised: ~0, ~1)
-    x = data.normalised(data.images("train", slice(0, 32)))
+    x = data.normalised("train", slice(0, 32))
     assert np.allclose(x.mean((0, 1, 2)), 0, atol=1e-3) and np.allclose(x.std((0, 1, 2)), 1, atol=1e-3)
     boxes = np.concatenate([data.train_boxes, data.val_boxes])
     per_image = (boxes[..., 0] >= 0).sum(1)
@@ -183,7 +183,7 @@ def test_synthetic_round_trip(data):
 def test_synthetic_objects_are_where_their_boxes_are(data):
     """At a box's centre (a vortex's core, a river's axis) the channels of the box's
     class carry its signature; at other images' same points they do not."""
-    x = data.normalised(data.images("train", slice(0, data.n_train)))
+    x = data.normalised("train", slice(0, data.n_train))
     at_object, elsewhere = [], []
     for i, boxes in enumerate(data.train_boxes):
         for c, y0, x0, y1, x1 in boxes[boxes[:, 0] >= 0]:
@@ -211,7 +211,7 @@ def test_batches_flip_images_and_boxes_together(data, monkeypatch):
     (x, gt), y = plain[0]
     assert x.shape == (2, 32, 48, 16) and x.dtype == np.float32 and gt is y
     assert np.array_equal(y, data.train_boxes[[3, 1]])
-    assert np.allclose(x[0], data.normalised(data.images("train", [3]))[0])
+    assert np.allclose(x[0], data.normalised("train", [3])[0])
     flips = 0
     for ((xa, ya), _), ((xb, yb), _) in zip(ewa.batches(data, rows, 2, training=True, seed=5), plain):
         for i in range(2):
@@ -317,6 +317,32 @@ def test_reader_on_hand_built_published_files(tmp_path, monkeypatch, order):
     assert os.path.exists(tmp_path / ew.stats_name(d))
     np.savez(tmp_path / ew.stats_name(d), mean=np.full(16, 7.0), std=np.full(16, 2.0))
     assert (ewa.read(str(tmp_path)).mean == 7.0).all()       # the cache is what is used
+
+
+def test_normalised_reads_normalises_and_mirrors_in_one_pass(tmp_path, monkeypatch):
+    """Data.normalised, hand-computed: with mean 7 and std 2 in the statistics cache,
+    image i, channel c, column x of _published is (10 i + c + x - 7) / 2. The same
+    values from the published files (channels first) and from our staged copy
+    (channels last), and bit for bit those of normalising images() in float32."""
+    monkeypatch.setenv("HPCAI500_EWA_BOX_ORDER", "yxyxc")
+    _published(tmp_path)
+    d = ewa.read(str(tmp_path))
+    np.savez(tmp_path / ew.stats_name(d), mean=np.full(16, 7.0), std=np.full(16, 2.0))
+    d = ewa.read(str(tmp_path))
+    x = d.normalised("val", [1, 0, 1], flip=[False, False, True])  # val images are i = 3, 4
+    assert x.shape == (3, 8, 12, 16) and x.dtype == np.float32
+    assert x[0, 5, 0, 3] == (40 + 3 + 0 - 7) / 2 == 18.0
+    assert x[1, 0, 4, 15] == (30 + 15 + 4 - 7) / 2 == 21.0
+    assert x[2, 5, 0, 3] == (40 + 3 + 11 - 7) / 2 == 23.5      # mirrored: column 0 holds column 11
+    assert np.array_equal(x[2], x[0][:, ::-1])
+    raw = d.images("val", [1, 0]).astype(np.float32)
+    assert np.array_equal(x[:2], (raw - d.mean) * (np.float32(1.0) / d.std))
+    ewa.stage(d, np.array([0, 2]), str(tmp_path / "copy"))
+    copy = ewa.read(str(tmp_path / "copy"))
+    assert np.array_equal(copy.normalised("val", [1, 0, 1], flip=[False, False, True]), x)
+    assert np.array_equal(copy.normalised("train", [1, 0], flip=[True, False]),
+                          d.normalised("train", [2, 0], flip=[True, False]))
+    assert d.normalised("train", []).shape == (0, 8, 12, 16)
 
 
 def test_reader_split_options_and_unwritable_data_directory(tmp_path, monkeypatch):

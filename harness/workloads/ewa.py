@@ -17,9 +17,10 @@ rows' column order is detected from the data unless HPCAI500_EWA_BOX_ORDER sets 
 in the report's conventions (and so in results.json's `conventions`).
 
 Feed: a rank reads only its job's resample share and holds a batch, not the data set:
-images are read per batch by h5py, one image per read, transposed to channels last and
-normalised in numpy. At 768 x 1152 an image is 57 MB in float32: a per-rank batch of 2
-is ~0.11 GB of input before activations and takes ~0.15 s to read and normalise here.
+images are read per batch by h5py, one image per read, normalised, transposed to
+channels last and mirrored in one pass (extreme_weather.Data.normalised). At 768 x
+1152 an image is 57 MB in float32: a per-rank batch of 2 is ~0.11 GB of input before
+activations and takes ~0.15 s to read and normalise here.
 `batches` yields numpy arrays by default. HPCAI500_EWA_PREFETCH=N (> 0) feeds the same
 generator through tf.data.Dataset.from_generator + prefetch(N), so that reading
 overlaps the step on a tf.data thread. Off by default: measured by bench/ewa.py at
@@ -183,10 +184,9 @@ def _generate(data: Data, rows, batch: int, training: bool, seed: int):
     order = np.asarray(rows)
     for s in range(len(order) // batch):
         idx = order[s * batch:(s + 1) * batch]
-        x, boxes = data.normalised(data.images("train", idx)), data.train_boxes[idx].copy()
+        flip = rng.random(batch) < 0.5 if training else None
+        x, boxes = data.normalised("train", idx, flip), data.train_boxes[idx].copy()
         if training:
-            flip = rng.random(batch) < 0.5
-            x[flip] = x[flip, :, ::-1]
             real = flip[:, None] & (boxes[..., 0] >= 0)
             xmin = boxes[..., 2].copy()
             boxes[..., 2] = np.where(real, data.width - boxes[..., 4], boxes[..., 2])
@@ -229,7 +229,7 @@ def predict(model, data: Data, rows: slice) -> np.ndarray:
     out = []
     for lo in range(0, len(index), batch):
         part = index[lo:lo + batch]
-        x = data.normalised(data.images("val", part))
+        x = data.normalised("val", part)
         x = np.concatenate([x, np.zeros((batch - len(x), *x.shape[1:]), np.float32)])  # one shape, one trace
         out.append(run(tf.constant(x)).numpy()[:len(part)].reshape(len(part), -1))
     return np.concatenate(out) if out else np.zeros((0, score_width(data)))
