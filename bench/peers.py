@@ -20,11 +20,18 @@ also the ratio of the two Tflops, the model and its FLOP count being the same):
   tensors, cycled; WARMUP batches untimed, then E iterations of the harness's steps
   per epoch. Whole run = all timed iterations; steady state = iterations 2..E. Max
   over ranks of each iteration's time.
-Runs alternate harness / bare, RUNS times; medians with min-max. Goals (issue 14):
-harness / bare >= 0.98 steady state, >= 0.95 whole run. See bench/README.md on noise.
+* bare fed (--bare --feed): the bare loop with its batches from the harness's own
+  training feed (workloads.training_feed, one for all epochs, made before the clock),
+  each epoch a new draw of the rank's rows: the input's cost apart from the harness.
+  bare fed / bare is what reading, decoding and augmenting cost on the step's cores;
+  harness / bare fed what the harness adds to a loop with the same input.
+Runs alternate harness, bare, bare fed, RUNS times; medians with min-max. Goals (issue
+14): harness / bare >= 0.98 steady state, >= 0.95 whole run. See bench/README.md on noise.
 """
 import argparse
+import functools
 import glob
+import itertools
 import json
 import os
 import sys
@@ -38,6 +45,7 @@ CASES = {"ic224": ("ic", "synthetic:80:224", 8),        # 64 training JPEGs of 2
          "ic64": ("ic", "synthetic:640:64", 32),        # 512 of 64 px
          "ewa": ("ewa", "synthetic:400:96", 4)}         # 320 images of 96 x 144, small backbone
 GOALS = {"steady": 0.98, "whole": 0.95}
+RUNS_OF = ("harness", "bare", "bare fed")   # each pair of the goals, and the bare loop on the harness's feed
 
 
 def harness_run(case: str, ranks: int) -> tuple[dict, float]:
@@ -60,8 +68,9 @@ def harness_run(case: str, ranks: int) -> tuple[dict, float]:
             "steady": per_epoch * (EPOCHS - 1) / (stops[EPOCHS] - stops[1])}, load
 
 
-def bare_run(case: str, ranks: int, steps: int) -> tuple[dict, float]:
-    out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), np=ranks)
+def bare_run(case: str, ranks: int, steps: int, fed: bool = False) -> tuple[dict, float]:
+    out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), *(["--feed"] if fed else []),
+                              np=ranks)
     return json.loads(out.strip().splitlines()[-1]), load
 
 
@@ -71,7 +80,7 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
     import numpy as np
     from mpi4py import MPI
     import horovod.tensorflow as hvd
-    from harness import train
+    from harness import train, workloads
     from harness.workloads import get
     wl_name, dataset, batch = CASES[case]
     hvd.init()
@@ -91,17 +100,20 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
 
     for s in range(WARMUP):
         step(*batches[s % len(batches)]).numpy()
+    # fed: the harness's own training feed (one for all epochs, made before the clock),
+    # each epoch a new draw of this rank's rows; else the in-memory batches, cycled
+    shards = lambda e: np.random.default_rng([hvd.rank(), e]).integers(0, data.n_train, steps * batch)  # noqa: E731
+    feed = (workloads.training_feed(wl, data, shards, EPOCHS, batch, seed=1) if fed
+            else (batches[s % len(batches)] for s in itertools.count()))
     seconds = []
     for epoch in range(EPOCHS):
         MPI.COMM_WORLD.Barrier()
         start = time.perf_counter()
-        # --feed (diagnosis): a new resample each epoch through the workload's own pipeline
-        feed = (wl.batches(data, np.random.default_rng(epoch).integers(0, data.n_train, steps * batch), batch,
-                           training=True, seed=epoch) if fed else (batches[s % len(batches)] for s in range(steps)))
-        for x, y in feed:
+        for x, y in itertools.islice(feed, steps):
             loss = step(x, y)
         loss.numpy()
         seconds.append(MPI.COMM_WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    del feed    # a tf.data teardown, after the clock as in the harness
     if hvd.rank() == 0:
         per_iter = steps * batch * hvd.size()
         print(json.dumps({"seconds": seconds, "whole": per_iter * EPOCHS / sum(seconds),
@@ -114,31 +126,42 @@ def spread(xs) -> str:
 
 def main(runs: int, cases: list[str], ranks: list[int], scaling: bool) -> None:
     print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}")
-    rows, summary, loads = [], [], []
+    rows, summary, parts, loads = [], [], [], []
     for case in cases:
         for r in ranks:
-            got = {"harness": [], "bare": []}
+            got = {what: [] for what in RUNS_OF}
             for i in range(runs):
-                h, load = common.quietest(lambda: harness_run(case, r))
-                got["harness"].append(h)
-                loads.append(load)
-                rows.append([case, r, i + 1, "harness", f"{h['whole']:.2f}", f"{h['steady']:.2f}", f"{load:.2f}"])
-                b, load = common.quietest(lambda: bare_run(case, r, h["steps"]))
-                got["bare"].append(b)
-                loads.append(load)
-                rows.append([case, r, i + 1, "bare", f"{b['whole']:.2f}", f"{b['steady']:.2f}", f"{load:.2f}"])
+                steps = None   # the harness's steps per epoch, which the bare loops time
+                for what in RUNS_OF:   # alternated: harness, bare, bare fed, harness, ...
+                    got_one, load = common.quietest(functools.partial(
+                        harness_run, case, r) if what == "harness" else functools.partial(
+                        bare_run, case, r, steps, fed=what == "bare fed"))
+                    steps = steps or got_one["steps"]
+                    got[what].append(got_one)
+                    loads.append(load)
+                    rows.append([case, r, i + 1, what, f"{got_one['whole']:.2f}", f"{got_one['steady']:.2f}",
+                                 f"{load:.2f}"])
             ratio = {k: [h[k] / b[k] for h, b in zip(got["harness"], got["bare"])] for k in GOALS}
             summary.append([case, r, spread([h["steady"] for h in got["harness"]]),
                             spread([b["steady"] for b in got["bare"]]), spread(ratio["steady"]),
                             spread(ratio["whole"]),
                             " ".join("met" if common.median(ratio[k]) >= g else "NOT met" for k, g in GOALS.items())])
+            parts.append([case, r, spread([f["steady"] for f in got["bare fed"]]),
+                          spread([f["steady"] / b["steady"] for f, b in zip(got["bare fed"], got["bare"])]),
+                          spread([h["steady"] / f["steady"] for h, f in zip(got["harness"], got["bare fed"])]),
+                          spread([h["whole"] / f["whole"] for h, f in zip(got["harness"], got["bare fed"])])])
     print(f"\nper run (samples/s; M=1, P=ranks; {EPOCHS} epochs; bare: {WARMUP} warm-up batches, then {EPOCHS}"
-          " iterations of the harness's steps per epoch; other load = cores used by other processes):")
+          " iterations of the harness's steps per epoch; bare fed: the same, its batches from the harness's"
+          " training feed; other load = cores used by other processes):")
     print(common.table(["case", "ranks", "run", "what", "whole run", "steady state", "other load"], rows))
-    print(f"\nharness / bare, medians (min-max) of {runs} alternated pairs; goals: steady >= {GOALS['steady']},"
+    print(f"\nharness / bare, medians (min-max) of {runs} alternated runs each; goals: steady >= {GOALS['steady']},"
           f" whole run >= {GOALS['whole']}")
     print(common.table(["case", "ranks", "harness steady", "bare steady", "ratio steady", "ratio whole",
                         "goals (steady, whole)"], summary))
+    print("\nwhere the gap is: the input (bare fed / bare: reading, decoding, augmenting on the step's cores) and"
+          " the harness's own cost (harness / bare fed: the same input, the harness's step, loop and clock)")
+    print(common.table(["case", "ranks", "bare fed steady", "input: fed / bare (steady)",
+                        "harness / fed (steady)", "harness / fed (whole)"], parts))
     if max(loads) > common.QUIET:
         print(f"warning: other processes used up to {max(loads):.2f} cores during a run: noisy figures")
     if scaling:
@@ -154,7 +177,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--bare", choices=sorted(CASES))
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--feed", action="store_true", help="bare loop fed by the workload's pipeline (diagnosis)")
+    p.add_argument("--feed", action="store_true", help="bare loop fed by the harness's training feed")
     p.add_argument("--runs", type=int, default=RUNS, help=f"harness/bare pairs per case (default {RUNS})")
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--ranks", default="1,2")
