@@ -66,14 +66,15 @@ def wait_quiet(limit: float = 0.25, patience: float = float(os.environ.get("BENC
 QUIET, TRIES = 0.15, 2  # a run while others used > QUIET cores is tried again, TRIES at most
 
 
-def mpirun(*args: str, np: int = NP) -> tuple[str, float]:
-    """Run `mpirun -np NP python ARGS...` from the repo root once the machine is quiet.
+def mpirun(*args: str, np: int = NP, env: dict | None = None) -> tuple[str, float]:
+    """Run `mpirun -np NP python ARGS...` from the repo root once the machine is quiet,
+    with `env` (settings such as HPCAI500_EWA_BACKBONE) added to the environment.
     Returns stdout and the mean number of cores other processes used meanwhile (machine
     busy time minus our ranks' CPU time, over the wall time): the run's noise gauge."""
     cmd = ["mpirun", "--oversubscribe", "-np", str(np), PY, *args]
     wait_quiet()
     t0, busy0, ours0 = time.perf_counter(), _busy_seconds(), _children_seconds()
-    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True)
     other = (_busy_seconds() - busy0) - (_children_seconds() - ours0)
     if p.returncode:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")

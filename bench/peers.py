@@ -1,9 +1,10 @@
 """The harness against its peers: a bare Horovod loop, measured the way Horovod's own
 TensorFlow 2 synthetic benchmark measures (batches held in memory, warm-up batches,
-then timed iterations), for ic at 224 and 64 px and for ewa, on 1 and 2 ranks; then
+then timed iterations), for ic at 224 and 64 px and for ewa (small backbone, and the
+reference's ResNet-50 trunk: ewa-r50), on 1 and 2 ranks; then
 bagging's weak scaling and bagging against data parallelism (bench/scaling.py).
 
-    .venv/bin/python bench/peers.py [--runs 3] [--cases ic224,ic64,ewa] [--ranks 1,2] [--no-scaling]
+    .venv/bin/python bench/peers.py [--runs 3] [--cases ic224,ic64,ewa,ewa-r50] [--ranks 1,2] [--no-scaling]
     mpirun -np 2 .venv/bin/python bench/peers.py --bare ic64 --steps 8 [--feed]   # the bare loop alone
 
 Per case and rank count R (layout M = 1, P = R; every figure samples/s, so a ratio is
@@ -40,23 +41,28 @@ import time
 import common
 
 RUNS, EPOCHS, WARMUP = 2, 3, 3
-# case -> (workload, dataset line, per-rank batch): sized for a few minutes on 2 cores
-CASES = {"ic224": ("ic", "synthetic:80:224", 8),        # 64 training JPEGs of 224 px
-         "ic64": ("ic", "synthetic:640:64", 32),        # 512 of 64 px
-         "ewa": ("ewa", "synthetic:400:96", 4)}         # 320 images of 96 x 144, small backbone
+# case -> (workload, dataset line, per-rank batch, settings): sized for a few minutes on 2 cores
+CASES = {"ic224": ("ic", "synthetic:80:224", 8, {}),        # 64 training JPEGs of 224 px
+         "ic64": ("ic", "synthetic:640:64", 32, {}),        # 512 of 64 px
+         "ewa": ("ewa", "synthetic:400:96", 4, {}),         # 320 images of 96 x 144, small backbone
+         # the reference model's ResNet-50 trunk on 80 images of 96 x 144
+         "ewa-r50": ("ewa", "synthetic:100:96", 4, {"HPCAI500_EWA_BACKBONE": "resnet50"})}
 GOALS = {"steady": 0.98, "whole": 0.95}
 RUNS_OF = ("harness", "bare", "bare fed")   # each pair of the goals, and the bare loop on the harness's feed
 
 
 def harness_run(case: str, ranks: int) -> tuple[dict, float]:
-    wl, dataset, batch = CASES[case]
+    wl, dataset, batch, env = CASES[case]
     dat = common.make_dat(f"peers-{case}-{ranks}", l7=wl, l8=dataset, l9=1, l10=1, l11=ranks, l13=1, l14=batch,
                           l15=EPOCHS, l30=0, l31=0)
     before = set(glob.glob(os.path.join(common.WORK, "*", "results.json")))
-    _, load = common.mpirun("hpcai500.py", dat, np=ranks)
+    _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env)
     (new,) = set(glob.glob(os.path.join(common.WORK, "*", "results.json"))) - before
     with open(new) as f:
-        (t,) = json.load(f)["tests"]
+        record = json.load(f)
+    (t,) = record["tests"]
+    if any(str(record["settings"].get(k)) != v for k, v in env.items()):
+        sys.exit(f"{case}: the harness recorded settings {record['settings']}, expected {env}")
     stops = {}
     for path in glob.glob(os.path.join(os.path.dirname(new), "mllog", "*model0000.log")):
         for line in open(path):
@@ -70,7 +76,7 @@ def harness_run(case: str, ranks: int) -> tuple[dict, float]:
 
 def bare_run(case: str, ranks: int, steps: int, fed: bool = False) -> tuple[dict, float]:
     out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), *(["--feed"] if fed else []),
-                              np=ranks)
+                              np=ranks, env=CASES[case][3])
     return json.loads(out.strip().splitlines()[-1]), load
 
 
@@ -82,7 +88,7 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
     import horovod.tensorflow as hvd
     from harness import train, workloads
     from harness.workloads import get
-    wl_name, dataset, batch = CASES[case]
+    wl_name, dataset, batch, _ = CASES[case]   # its settings: in the environment mpirun gave
     hvd.init()
     wl = get(wl_name)
     data = wl.load(dataset, os.path.join(common.WORK, ".data"), hvd.local_rank(), MPI.COMM_WORLD.Barrier)
