@@ -141,7 +141,7 @@ def _run(args, world, watchdog) -> int:
     plan = planning.make(world, given, nodes, watchdog)
     watchdog.beat("device set-up")
     with native_stderr_captured() as native:
-        devices = train.setup_devices(nodes.local_rank, nodes.local_size)
+        devices = train.setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
     if not devices["gpus_on_node"] and telemetry.gpu_inventory():
         say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but TensorFlow"
             f" found none; its start-up messages:\n{native[0]}")
@@ -202,22 +202,19 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     """Rank 0's writer of the report and results.json, with the run's conventions."""
     from dataclasses import asdict
 
-    from harness import dat, report, results, settings, workloads
+    from harness import dat, report, results, settings, topology, workloads
     nccl = False
     if cfg.allreduce == "hierarchical":
         import horovod.tensorflow as hvd
         nccl = hvd.nccl_built()
     notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
     notes += [f"{w}: {line}" for w in cfg.workloads for line in workloads.get(w).describe_data(plan.datas[w])]
-    cores = os.cpu_count() or 1
-    over = (f"Oversubscribed: {nodes.local_size} ranks on {cores} cores on a node; a test with idle ranks gives"
-            " its ranks more than the share the kernels ran with") if nodes.local_size > cores else None
     config = asdict(cfg)
     config.pop("text")
     record = results.Record(
         hpcai500=VERSION, run_dir=run_dir, input={"path": cfg.path, "sha256": results.sha256(cfg.text), "text": cfg.text},
         config=config, settings=plan.settings, environment=environment, roofline=ceilings,
-        conventions=report.conventions(cfg, devices, notes, over, ceilings, nccl),
+        conventions=report.conventions(cfg, devices, notes, topology.sharing(nodes), ceilings, nccl),
         skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
     return report.Output(cfg, record, dat.describe(cfg) + settings.describe(plan.settings), dat.TV_LEGEND,
                          plan.previous)

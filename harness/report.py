@@ -233,10 +233,11 @@ def _ttq(t: dict) -> str:
 
 
 # -- what the report states about how it measures --------------------------------------
-def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None, ceilings: dict,
+def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceilings: dict,
                 nccl: bool) -> list[str]:
     """The conventions block: every rule behind a figure of this run. `notes`: the
-    workloads' FLOP notes; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
+    workloads' FLOP notes; `placement`: what topology.sharing says of shared machines,
+    cores and bindings; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
     from harness import flops, train
     lines = [
         flops.CONVENTION,
@@ -260,16 +261,14 @@ def conventions(cfg, devices: dict, notes: list[str], oversubscribed: str | None
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
         f" base model; PASSED at <= {TOLERANCE:.0e}",
         f"Devices (rank 0): {devices['device']}; threads per rank: {devices['threads']} intra-op and"
-        f" {devices['inter_op']} inter-op for the step (cores / ranks on the node); input (read, decode, augment:"
+        f" {devices['inter_op']} inter-op for the step (cores / ranks sharing them); input (read, decode, augment:"
         " the workload's feed) runs on tf.data's threads where the feed is a tf.data pipeline"
         + (" on the same cores, none set aside: on a CPU-only node it shares them with the step"
            if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"),
         "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"
         " from the start barrier to the end of training, the evaluations along the way (line 31) included"
         " (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
-        *option_lines(cfg, nccl), *notes]
-    if oversubscribed:
-        lines.append(oversubscribed)
+        *option_lines(cfg, nccl), *notes, *placement]
     for c in ceilings.values():
         lines += roofline_lines(c)
     return lines

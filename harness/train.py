@@ -20,13 +20,15 @@ import numpy as np
 from harness import sampler, workloads
 
 
-def setup_devices(local_rank: int, local_size: int) -> dict:
+def setup_devices(local_rank: int, sharing: int) -> dict:
     """Pin this rank before TensorFlow starts its runtime: one GPU per local rank where
-    there are GPUs, and cores / ranks-on-node threads so that ranks do not fight."""
+    there are GPUs, and cores / ranks-sharing-them threads so that ranks do not fight
+    (`sharing`: the ranks on this rank's node, or on its machine where several nodes run
+    on one: topology.Nodes.ranks_sharing_cores)."""
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")  # Horovod's per-test broadcasts retrace; TF warns each time
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, min(cores, (os.cpu_count() or 1) // local_size))
+    threads = max(1, min(cores, (os.cpu_count() or 1) // sharing))
     inter_op = 1 if threads == 1 else 2
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(inter_op)

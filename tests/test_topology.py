@@ -53,3 +53,44 @@ def test_describe_compresses_rank_ranges():
     nodes = tp.Nodes((0,) * 6, ("n0",), 0, 6)
     lines = tp.describe(tp.map_jobs(nodes.node_of_rank, 1, 4, 0), nodes)
     assert lines == ["job    0 : ranks 0-3 on 1 node(s) n0", "idle     : ranks 4-5"]
+
+
+def test_machines_group_nodes_by_kernel():
+    # ranks 0-1 on node 0, 2-3 on node 1 (both boot "a"), 4 on node 2 (boot "b")
+    assert tp.machines(["a", "a", "a", "a", "b"], [0, 0, 1, 1, 2]) == (0, 0, 1)
+    assert tp.machines(["x", "y"], [0, 1]) == (0, 1)                 # a cluster: a machine per node
+
+
+def test_ranks_of_two_nodes_bound_to_one_core_are_widened():
+    # Two simulated nodes on one 2-core machine: each node's daemon bound its ranks to
+    # CPU 0 and CPU 1, so ranks 0 and 2 share CPU 0 and ranks 1 and 3 CPU 1.
+    assert tp.contested([0, 0, 1, 1], (0, 0), [0b01, 0b10, 0b01, 0b10], (2,)) == {0: 3, 1: 3, 2: 3, 3: 3}
+    # one rank a node, both on CPU 0 of a 4-CPU machine: both get CPUs 0-3
+    assert tp.contested([0, 1], (0, 0), [0b01, 0b01], (4,)) == {0: 0b1111, 1: 0b1111}
+    # a rank already on every CPU keeps its binding (not counted as widened)
+    assert tp.contested([0, 1], (0, 0), [0b11, 0b01], (2,)) == {1: 0b11}
+
+
+def test_bindings_inside_a_node_or_on_separate_machines_are_left_alone():
+    # two ranks of one node on one core: the launcher's (or the user's) choice
+    assert tp.contested([0, 0], (0,), [0b01, 0b01], (2,)) == {}
+    # a real cluster: two machines, each node binds from CPU 0
+    assert tp.contested([0, 0, 1, 1], (0, 1), [0b01, 0b10, 0b01, 0b10], (2, 2)) == {}
+    # nodes on one machine with disjoint cores (cpusets): nothing contested
+    assert tp.contested([0, 1], (0, 0), [0b01, 0b10], (2,)) == {}
+    # unbound ranks (every CPU) of two nodes on one machine: already the union
+    assert tp.contested([0, 1], (0, 0), [0b11, 0b11], (2,)) == {}
+
+
+def test_sharing_lines_say_what_shares_what():
+    two = tp.Nodes((0, 0, 1, 1), ("n1", "n2"), 0, 2, (0, 0), (2,), 4, (0, 1, 2, 3))
+    lines = tp.sharing(two)
+    assert lines[0].startswith("Shared machine: nodes n1,n2 run on one machine (one kernel) and share its 2 cores")
+    assert lines[1].startswith("Oversubscribed: 4 ranks on 2 cores of one machine (n1...)")
+    assert lines[2].startswith("Bindings widened: ranks 0-3 were bound")
+    assert two.ranks_sharing_cores == 4
+    cluster = tp.Nodes((0, 0, 1, 1), ("a", "b"), 0, 2, (0, 1), (2, 2), 2)
+    assert tp.sharing(cluster) == [] and cluster.ranks_sharing_cores == 2
+    one = tp.Nodes((0,) * 3, ("a",), 0, 3, (0,), (2,), 3)
+    assert tp.sharing(one) == ["Oversubscribed: 3 ranks on 2 cores of a node: ranks shared cores; a test with idle"
+                               " ranks gives its ranks more than the share the kernels ran with"]

@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""A simulated cluster on one machine: N nodes, each with its own host name, node-local
+disk, network and processes, launched through Open MPI's real ssh path.
+
+    sudo python3 scripts/cluster/cluster.py up --nodes 2 [--rate 1gbit]
+    sudo python3 scripts/cluster/cluster.py exec n1 -- mpirun --hostfile /run/hpcai500-cluster/hostfile \\
+             --prtemca plm_ssh_agent /run/hpcai500-cluster/agent -np 4 python hpcai500.py HPCAI500.dat
+    sudo python3 scripts/cluster/cluster.py shape n2 100mbit      # or `none`
+    sudo python3 scripts/cluster/cluster.py down
+
+Node i (`n1` .. `nN`) is one process tree in its own namespaces:
+* UTS: its host name, so Open MPI sees N hosts;
+* mount: its own tmpfs at /local/scratch (node-local disk: one node cannot see another's
+  staged copy) and at /dev/shm (shared memory stays inside the node), and its own
+  /etc/hosts naming every node; the rest of the file system (/work, /tmp) is shared, as a
+  cluster's shared file system is;
+* network: a veth into a bridge, address 10.<net>.0.i/24; `shape` limits the link into
+  and out of the node with tc's token bucket (tbf), to model 10 Gb/s or 1 Gb/s Ethernet;
+* PID: the node's processes die with it (`kill` a node's init: its daemon and every
+  rank on it are gone at once, as when a node crashes).
+The nodes share this machine's cores and memory: figures measured on them measure the
+protocol and the network, not the nodes (the harness sees that the nodes share one
+kernel and says so in its report).
+
+`agent` in the state folder is Open MPI's `plm_ssh_agent`: `agent [options] HOST
+COMMAND...` runs COMMAND on HOST with a login's clean environment, as ssh would.
+mpirun runs on a node (n1, as on a cluster's first node), so its daemons on the other
+nodes connect back to it over the bridge.
+
+Nothing is left behind: `down` removes the nodes, their mounts and links, and the
+bridge; nodes started with `tie=True` (the tests) die with the process that started
+them even when it is killed (PR_SET_PDEATHSIG on `unshare`, whose `--kill-child` takes
+the node's init with it), and the next `up` of the same name removes a stale bridge.
+Needs root (network, mount, UTS and PID namespaces); `available()` says why not.
+The module is importable (tests/conftest.py) and a command line.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+SCRATCH = "/local/scratch"      # the node-local disk, the same path on every node
+STATE_ROOT = "/run"             # state folders: /run/hpcai500-<name>
+# The login environment the agent gives a remote command, as sshd would: nothing of
+# the caller's (mpirun must pass what its daemons need, as on a real cluster).
+LOGIN_ENV = {"HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/sh",
+             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+PR_SET_PDEATHSIG = 1
+HEAD = 254                      # this machine's address on the bridge: 10.<net>.0.254, where mpirun runs
+
+# The node's init, pid 1 of its PID namespace: it sets up the node (host name, mounts,
+# loopback), says "ready", then reaps orphans until killed.
+_INIT = r"""
+import os, signal, socket, subprocess, sys
+name, hosts, scratch = sys.argv[1:4]
+socket.sethostname(name)
+os.makedirs(scratch, exist_ok=True)
+for target, how in ((scratch, ["-t", "tmpfs", "-o", "size=50%", "tmpfs"]), ("/dev/shm", ["-t", "tmpfs", "tmpfs"]),
+                    ("/etc/hosts", ["--bind", hosts])):
+    subprocess.run(["mount", *how, target], check=True)
+subprocess.run(["mount", "-t", "proc", "proc", "/proc"], check=True)
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+print("ready", flush=True)
+sys.stdout.close()
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        signal.pause()
+"""
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str       # host name, n1 .. nN
+    pid: int        # its init, pid 1 inside the node (as seen from this machine)
+    address: str    # on the bridge
+    veth: str       # this machine's end of the node's link (where the inbound shaping sits)
+
+
+def available() -> str | None:
+    """None if a cluster can be made here, else why not (for a test's skip)."""
+    if os.geteuid() != 0:
+        return "the simulated cluster needs root (network, mount, UTS and PID namespaces)"
+    for tool in ("unshare", "nsenter", "ip", "tc", "mount"):
+        if shutil.which(tool) is None:
+            return f"the simulated cluster needs `{tool}` on PATH"
+    probe = subprocess.run(["unshare", "--uts", "--mount", "--net", "--pid", "--fork", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"namespaces cannot be made here: {probe.stderr.strip()}"
+    return None
+
+
+class Cluster:
+    """N simulated nodes named n1..nN. `name` keeps two clusters apart (state folder,
+    bridge, address range)."""
+
+    def __init__(self, name: str = "cluster", net: int = 250):
+        self.name, self.net = name, net
+        self.state = os.path.join(STATE_ROOT, f"hpcai500-{name}")
+        self.bridge = f"hpc{name[:8]}br"   # IFNAMSIZ: at most 15 characters
+        self.nodes: list[Node] = []
+        self._procs: list[subprocess.Popen] = []
+
+    # -- files in the state folder -------------------------------------------------
+    @property
+    def hostfile(self) -> str:
+        return os.path.join(self.state, "hostfile")
+
+    @property
+    def agent(self) -> str:
+        return os.path.join(self.state, "agent")
+
+    def _save(self) -> None:
+        with open(os.path.join(self.state, "nodes.json"), "w") as f:
+            json.dump([n.__dict__ for n in self.nodes], f)
+
+    @classmethod
+    def attach(cls, name: str = "cluster") -> "Cluster":
+        """The cluster `up` left running (command line)."""
+        c = cls(name)
+        path = os.path.join(c.state, "nodes.json")
+        if not os.path.exists(path):
+            raise ClusterError(f"no cluster {name!r} is up ({path} not found); start one with `up`")
+        with open(path) as f:
+            c.nodes = [Node(**n) for n in json.load(f)]
+        c.net = int(c.nodes[0].address.split(".")[1]) if c.nodes else c.net
+        return c
+
+    # -- life --------------------------------------------------------------------
+    def up(self, n: int, slots: int = 2, rate: str | None = None, tie: bool = False) -> "Cluster":
+        """Start n nodes of `slots` slots each (the hostfile's); shape every link to
+        `rate` (tc syntax, e.g. 10gbit) if given. tie: the nodes die with this process."""
+        if not 1 <= n <= 250:
+            raise ClusterError(f"nodes: found {n}, expected 1 to 250")
+        self.down()            # a stale cluster of the same name (a killed test run)
+        os.makedirs(self.state)
+        hosts = os.path.join(self.state, "hosts")
+        names = [f"n{i}" for i in range(1, n + 1)]
+        with open(hosts, "w") as f:
+            f.write("127.0.0.1 localhost\n")
+            f.writelines(f"{self._address(i)} {h}\n" for i, h in enumerate(names, 1))
+        with open(self.hostfile, "w") as f:
+            f.writelines(f"{h} slots={slots}\n" for h in names)
+        with open(self.agent, "w") as f:
+            f.write(f"#!/bin/sh\n# Open MPI's plm_ssh_agent for the simulated cluster {self.name!r}\n"
+                    f"exec {shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))} "
+                    f"--name {shlex.quote(self.name)} ssh \"$@\"\n")
+        os.chmod(self.agent, 0o755)
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self._address(HEAD)}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        try:
+            for i, host in enumerate(names, 1):
+                self.nodes.append(self._start(i, host, hosts, tie))
+                self._save()
+            if rate:
+                for node in self.nodes:
+                    self.shape(node.name, rate)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _address(self, i: int) -> str:
+        return f"10.{self.net}.0.{i}"
+
+    def _start(self, i: int, host: str, hosts: str, tie: bool) -> Node:
+        pre = _pdeathsig if tie else os.setsid
+        proc = subprocess.Popen(
+            ["unshare", "--uts", "--mount", "--net", "--pid", "--fork", "--kill-child", "--propagation", "private",
+             sys.executable, "-c", _INIT, host, hosts, SCRATCH],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, preexec_fn=pre)
+        self._procs.append(proc)
+        line = proc.stdout.readline().strip()
+        if line != "ready":
+            raise ClusterError(f"node {host} did not start (its init said {line!r}, exit {proc.poll()})")
+        pid = _child(proc.pid)
+        veth = f"hpc{self.name[:4]}{i}"
+        _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        _ip("link", "set", f"{veth}p", "netns", str(pid))
+        _ip("link", "set", veth, "master", self.bridge, "up")
+        inside = ["nsenter", "-t", str(pid), "-n", "ip"]
+        _run([*inside, "link", "set", f"{veth}p", "name", "eth0"])
+        _run([*inside, "addr", "add", f"{self._address(i)}/24", "dev", "eth0"])
+        _run([*inside, "link", "set", "eth0", "up"])
+        return Node(host, pid, self._address(i), veth)
+
+    def down(self) -> None:
+        """Kill every node (its processes, mounts and network go with its namespaces),
+        delete the bridge and the state folder. Safe to call twice, or with nothing up."""
+        old = []
+        path = os.path.join(self.state, "nodes.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                old = [Node(**n) for n in json.load(f)]
+        for node in {n.pid: n for n in [*self.nodes, *old]}.values():
+            _kill(node.pid)
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.nodes, self._procs = [], []
+        if os.path.exists(f"/sys/class/net/{self.bridge}"):
+            _ip("link", "del", self.bridge)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.down()
+
+    # -- use ---------------------------------------------------------------------
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise ClusterError(f"node: found {name!r}, expected one of {', '.join(n.name for n in self.nodes)}")
+
+    def enter(self, name: str) -> list[str]:
+        """The command prefix that runs a program on node `name` (all its namespaces,
+        the caller's environment and folder: a shell on the cluster's login node)."""
+        return ["nsenter", "-t", str(self.node(name).pid), "-u", "-m", "-n", "-p", f"--wd={os.getcwd()}", "--"]
+
+    def mpirun_args(self) -> list[str]:
+        """mpirun's options for this cluster: the hostfile, and the ssh agent."""
+        return ["--hostfile", self.hostfile, "--prtemca", "plm_ssh_agent", self.agent]
+
+    def shape(self, name: str, rate: str | None) -> None:
+        """Limit node `name`'s link both ways to `rate` (tc syntax: 10gbit, 1gbit, 100mbit),
+        or lift the limit (None or 'none'). A token bucket: the burst is 1 ms at the rate
+        (at least 64 KB, so a jumbo segment passes) and packets wait at most 50 ms."""
+        node = self.node(name)
+        for prefix, dev in (([], node.veth), (["nsenter", "-t", str(node.pid), "-n"], "eth0")):
+            _run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
+            if rate and rate != "none":
+                burst = max(64 * 1024, _bits(rate) // 8 // 1000)
+                _run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                      "burst", str(burst), "latency", "50ms"])
+
+    def link(self, name: str, up: bool) -> None:
+        """Take node `name`'s link down (as a pulled cable or a dead switch port) or up."""
+        _ip("link", "set", self.node(name).veth, "up" if up else "down")
+
+    def kill(self, name: str) -> None:
+        """Node `name` dies: its init is killed, and with it every process on the node."""
+        _kill(self.node(name).pid)
+
+
+def _bits(rate: str) -> int:
+    units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "bit": 1}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return int(float(rate[:-len(unit)]) * scale)
+    raise ClusterError(f"rate: found {rate!r}, expected a number with kbit, mbit or gbit (e.g. 10gbit)")
+
+
+def _pdeathsig() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _child(pid: int) -> int:
+    """The one child of `unshare` (its --fork): the node's init."""
+    for _ in range(100):
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                kids = f.read().split()
+        except FileNotFoundError:
+            kids = []
+        if kids:
+            return int(kids[0])
+        time.sleep(0.01)
+    raise ClusterError(f"unshare {pid} has no child")
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    for _ in range(200):   # the namespaces go once the init is reaped
+        if not os.path.exists(f"/proc/{pid}"):
+            return
+        time.sleep(0.01)
+
+
+def _run(cmd: list[str], check: bool = True) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise ClusterError(f"{' '.join(cmd)}: {done.stderr.strip()}")
+
+
+def _ip(*args: str) -> None:
+    _run(["ip", *args])
+
+
+def ssh(cluster: Cluster, argv: list[str]) -> int:
+    """Open MPI's plm_ssh_agent: `[options] HOST COMMAND...`. Options (ssh's, such as
+    -x) are ignored; COMMAND's words are joined and run by /bin/sh on HOST with a login's
+    environment, as sshd runs them."""
+    args = list(argv)
+    while args and args[0].startswith("-"):
+        args.pop(0)
+    if len(args) < 2:
+        print(f"cluster agent: found {' '.join(argv)!r}, expected [options] HOST COMMAND", file=sys.stderr)
+        return 255
+    host, command = args[0], " ".join(args[1:])
+    try:
+        node = cluster.node(host)
+    except ClusterError as e:
+        print(f"ssh: {e}", file=sys.stderr)
+        return 255
+    cmd = ["nsenter", "-t", str(node.pid), "-u", "-m", "-n", "-p", "--wd=/root", "--", "/bin/sh", "-c", command]
+    return subprocess.run(cmd, env=LOGIN_ENV).returncode
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="cluster.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--name", default="cluster", help="keeps several clusters apart (default: cluster)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    u = sub.add_parser("up", help="start the nodes")
+    u.add_argument("--nodes", type=int, default=2)
+    u.add_argument("--slots", type=int, default=2, help="slots per node in the hostfile")
+    u.add_argument("--rate", help="shape every node's link, tc syntax (10gbit, 1gbit)")
+    u.add_argument("--net", type=int, default=250, help="second byte of the nodes' 10.x.0.0/24 (default 250)")
+    sub.add_parser("down", help="stop the nodes, remove everything")
+    sub.add_parser("status", help="the nodes and the files mpirun needs")
+    e = sub.add_parser("exec", help="run a command on a node")
+    e.add_argument("node")
+    e.add_argument("command", nargs=argparse.REMAINDER)
+    s = sub.add_parser("shape", help="limit a node's link (or 'none')")
+    s.add_argument("node")
+    s.add_argument("rate")
+    sub.add_parser("ssh", help="(Open MPI's plm_ssh_agent)", add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
+    args, extra = p.parse_known_args(argv)
+    try:
+        if args.cmd == "ssh":
+            return ssh(Cluster.attach(args.name), args.rest + extra)
+        if extra:
+            p.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.cmd == "up":
+            why = available()
+            if why:
+                raise ClusterError(why)
+            c = Cluster(args.name, args.net).up(args.nodes, args.slots, args.rate)
+            print(_status(c))
+        elif args.cmd == "down":
+            Cluster(args.name).down()
+        elif args.cmd == "status":
+            print(_status(Cluster.attach(args.name)))
+        elif args.cmd == "exec":
+            c = Cluster.attach(args.name)
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            return subprocess.run([*c.enter(args.node), *command]).returncode
+        elif args.cmd == "shape":
+            Cluster.attach(args.name).shape(args.node, args.rate)
+    except ClusterError as e:
+        print(f"cluster.py: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _status(c: Cluster) -> str:
+    lines = [f"{n.name}: address {n.address}, init pid {n.pid}, link {n.veth}" for n in c.nodes]
+    lines.append(f"mpirun options: {' '.join(c.mpirun_args())}")
+    lines.append(f"run on the first node: python3 {os.path.relpath(__file__)} --name {c.name} exec n1 -- mpirun ...")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
