@@ -108,8 +108,54 @@ def sweep_runs(tmp_path_factory):
             mpirun(2, [str(folder / "b.dat")], folder, env=env))
 
 
+# ------------------------------------------------------------------ several nodes
+def _cluster_module():
+    sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
+    import cluster
+    return cluster
+
+
+def simulated_cluster(name: str, nodes: int, net: int):
+    """A simulated cluster (scripts/cluster/) of `nodes` nodes of 2 slots that dies with
+    this process even if it is killed; the test is skipped with the reason where
+    namespaces cannot be made (not root, no iproute2)."""
+    cl = _cluster_module()
+    why = cl.available()
+    if why:
+        pytest.skip(why)
+    return cl.Cluster(name, net=net).up(nodes, slots=2, tie=True)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Four simulated nodes n1..n4 for the multi-node tests (tests/test_multinode.py),
+    up once for the worker that runs them (they are one xdist group)."""
+    c = simulated_cluster("suite", 4, 249)
+    yield c
+    c.down()
+
+
+def cluster_mpirun(c, hosts: str, args, cwd: Path, timeout: int = 300, env: dict | None = None,
+                   popen: tuple | None = None):
+    """mpirun on this machine, as on a cluster's login node, launching hpcai500.py on the
+    simulated nodes `hosts` (`n1:2,n2:2`) through Open MPI's ssh path. The nodes' ranks
+    get a login's environment: the harness's own settings travel with -x, as a user
+    passes them to a real cluster. popen=(stdout, stderr): started, not waited for."""
+    env = mpi_env(True, env)
+    forward = [a for k in env if k.startswith("HPCAI500_") for a in ("-x", k)]
+    cmd = [str(BIN / "mpirun"), *c.mpirun_args(), "--host", hosts, "-np", str(_slots(hosts)), *forward,
+           sys.executable, *HPCAI500, *map(str, args)]
+    if popen:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=popen[0], stderr=popen[1], text=True)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _slots(hosts: str) -> int:
+    return sum(int(h.split(":")[1]) if ":" in h else 1 for h in hosts.split(","))
+
+
 # ------------------------------------------------------------------ markers
-MPI_FIXTURES = {"run_dat", "bagging_run", "sweep_runs"}   # the fixtures below that start mpirun
+MPI_FIXTURES = {"run_dat", "bagging_run", "sweep_runs", "cluster"}   # the fixtures here that start mpirun
 _current = {"item": None}
 
 
@@ -127,7 +173,7 @@ def _names_mpirun(code, module, seen) -> bool:
     if "mpirun" in code.co_consts:    # a command built by hand: [..., BIN / "mpirun", ...]
         return True
     for name in code.co_names:
-        if name in ("mpirun", "mpirun_cmd", "run_dat"):
+        if name in ("mpirun", "mpirun_cmd", "run_dat", "cluster_mpirun"):
             return True
         helper = getattr(module, name, None)
         if isinstance(helper, types.FunctionType) and helper.__module__ == module.__name__ \
@@ -155,7 +201,7 @@ def _starts_mpirun(item) -> bool:
 
 # The real runs several tests read: under pytest-xdist (`make test` runs two workers) the
 # tests of one run go to one worker (--dist loadgroup), so that each run happens once.
-SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run")
+SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run", "cluster")
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups

@@ -46,6 +46,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 
 SCRATCH = "/local/scratch"      # the node-local disk, the same path on every node
@@ -69,14 +70,19 @@ for target, how in ((scratch, ["-t", "tmpfs", "-o", "size=50%", "tmpfs"]), ("/de
     subprocess.run(["mount", *how, target], check=True)
 subprocess.run(["mount", "-t", "proc", "proc", "/proc"], check=True)
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+def reap(*_):
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+signal.signal(signal.SIGCHLD, reap)     # orphans of the node are re-parented to its init
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 print("ready", flush=True)
 sys.stdout.close()
 while True:
-    try:
-        os.wait()
-    except ChildProcessError:
-        signal.pause()
+    signal.pause()
+    reap()
 """
 
 
@@ -113,7 +119,8 @@ class Cluster:
     def __init__(self, name: str = "cluster", net: int = 250):
         self.name, self.net = name, net
         self.state = os.path.join(STATE_ROOT, f"hpcai500-{name}")
-        self.bridge = f"hpc{name[:8]}br"   # IFNAMSIZ: at most 15 characters
+        self.tag = f"h{zlib.crc32(name.encode()) & 0xffffff:06x}"   # in link names: IFNAMSIZ allows 15 characters
+        self.bridge = f"{self.tag}br"
         self.nodes: list[Node] = []
         self._procs: list[subprocess.Popen] = []
 
@@ -182,16 +189,20 @@ class Cluster:
 
     def _start(self, i: int, host: str, hosts: str, tie: bool) -> Node:
         pre = _pdeathsig if tie else os.setsid
+        # the init's and unshare's messages (a failed start; unshare's complaint when it is
+        # killed) go to the node's log in the state folder, not to the caller's terminal
+        log = open(os.path.join(self.state, f"{host}.log"), "w+")
         proc = subprocess.Popen(
             ["unshare", "--uts", "--mount", "--net", "--pid", "--fork", "--kill-child", "--propagation", "private",
              sys.executable, "-c", _INIT, host, hosts, SCRATCH],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, preexec_fn=pre)
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=pre)
         self._procs.append(proc)
         line = proc.stdout.readline().strip()
         if line != "ready":
-            raise ClusterError(f"node {host} did not start (its init said {line!r}, exit {proc.poll()})")
+            log.seek(0)
+            raise ClusterError(f"node {host} did not start (exit {proc.poll()}): {log.read().strip()[-2000:]}")
         pid = _child(proc.pid)
-        veth = f"hpc{self.name[:4]}{i}"
+        veth = f"{self.tag}n{i}"
         _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
         _ip("link", "set", f"{veth}p", "netns", str(pid))
         _ip("link", "set", veth, "master", self.bridge, "up")
@@ -216,6 +227,10 @@ class Cluster:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        for node in {n.pid: n for n in [*self.nodes, *old]}.values():
+            # the kernel tears a dead node's network down asynchronously: do not wait for it
+            if os.path.exists(f"/sys/class/net/{node.veth}"):
+                _run(["ip", "link", "del", node.veth], check=False)
         self.nodes, self._procs = [], []
         if os.path.exists(f"/sys/class/net/{self.bridge}"):
             _ip("link", "del", self.bridge)

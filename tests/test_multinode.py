@@ -1,0 +1,240 @@
+"""Several nodes, for real: the simulated cluster of scripts/cluster/ (each node its own
+host name, /local/scratch, network and processes), launched by mpirun through Open MPI's
+ssh path. Skipped with the reason where namespaces cannot be made.
+
+One shared run (2 nodes x 2 ranks, layouts 4x1, 2x2, 1x4 with PMAP 1, staged on each
+node's own disk and kept) is read by several tests; the job maps of PMAP 0 and 1 come
+from --check; 4 nodes x 1 rank share a synthetic-data cache and resume an interrupted
+run; a dead node and a cut link each end a job with the finished tests intact.
+"""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, cluster_mpirun, dat_text, results, simulated_cluster
+
+TWO_BY_TWO = "n1:2,n2:2"
+FOUR_BY_ONE = "n1:1,n2:1,n3:1,n4:1"
+
+
+@pytest.fixture(scope="module")
+def two_node_sweep(cluster, tmp_path_factory):
+    """2 nodes x 2 ranks, digits (embedded), 2 epochs, M x P = 4x1, 2x2, 1x4 with PMAP 1,
+    staged to /local/scratch and kept. Returns (folder, CompletedProcess, run folder)."""
+    folder = tmp_path_factory.mktemp("twonodes")
+    path = folder / "two.dat"
+    path.write_text(dat_text(l5=folder / "runs", l9=3, l10="4 2 1", l11="1 2 4", l12=1, l15=2,
+                             l28="/local/scratch keep", l30=0))
+    p = cluster_mpirun(cluster, TWO_BY_TWO, ["--watchdog", 120, path], folder)
+    run = next(d for d in (folder / "runs").iterdir() if not d.name.startswith(".")) \
+        if (folder / "runs").exists() else None
+    return folder, p, run
+
+
+def test_two_nodes_two_ranks_each_pass_every_layout(two_node_sweep):
+    """The case that hung: two ranks a node, jobs spanning the nodes (PMAP 1)."""
+    _, p, run = two_node_sweep
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((run / "results.json").read_text())
+    assert [(t["M"], t["P"]) for t in res["tests"]] == [(4, 1), (2, 2), (1, 4)]
+    assert all(t["consistency"]["passed"] for t in res["tests"])
+    assert p.stdout.count("...... PASSED") == 3 and "End of Tests." in p.stdout
+    env = res["environment"]
+    assert env["hosts"] == ["n1", "n2"] and env["nodes"] == 2
+    assert env["machine_of_node"] == [0, 0]       # one kernel: the report must say so
+    assert [n["ranks"] for n in env["node_inventory"]] == [2, 2]
+
+
+def test_the_report_says_the_nodes_share_one_machine(two_node_sweep):
+    _, p, run = two_node_sweep
+    report = (run / "report.txt").read_text()
+    assert "Shared machine: nodes n1,n2 run on one machine (one kernel)" in report
+    assert "Oversubscribed: 4 ranks on" in report or json.loads((run / "results.json").read_text())[
+        "environment"]["machine_cores"][0] >= 4
+    # each node's daemon bound its ranks from core 0: ranks of n1 and n2 shared cores
+    res = json.loads((run / "results.json").read_text())
+    if res["environment"]["widened_ranks"]:
+        assert "Bindings widened: ranks" in report
+
+
+def test_staging_writes_one_copy_per_node_on_that_nodes_own_disk(two_node_sweep, cluster):
+    _, _, run = two_node_sweep
+    res = json.loads((run / "results.json").read_text())
+    for t in res["tests"]:
+        assert t["staging"]["copies"] == 2, t["staging"]
+        paths = t["staging"]["paths"]
+        assert [p.rsplit("-", 1)[1] for p in paths] == ["n0", "n1"]
+        for node, path in zip(("n1", "n2"), paths):   # node index 0 is n1, index 1 n2
+            other = "n2" if node == "n1" else "n1"
+            assert _on(cluster, node, ["test", "-d", path]) == 0, (node, path)
+            assert _on(cluster, other, ["test", "-e", path]) != 0, (other, path)   # node-local: not seen there
+    assert not any(p.startswith("hpcai500-") for p in _host_scratch())      # nor on this machine
+
+
+def test_verify_rederives_the_multinode_run_and_its_mllog(two_node_sweep):
+    """--verify re-derives every figure and runs MLPerf HPC's checker on every MLLOG file."""
+    _, _, run = two_node_sweep
+    v = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run)], capture_output=True,
+                       text=True, timeout=300)
+    assert v.returncode == 0, v.stdout[-3000:]
+    assert "compliance checker: passes" in v.stdout and ", 0 failed" in v.stdout
+
+
+@pytest.mark.parametrize("pmap,expect", [(0, ["job    0 : ranks 0-1 on 1 node(s) n1",
+                                               "job    1 : ranks 2-3 on 1 node(s) n2"]),
+                                         (1, ["job    0 : ranks 0,2 on 2 node(s) n1,n2",
+                                              "job    1 : ranks 1,3 on 2 node(s) n1,n2"])])
+def test_pmap_keeps_a_job_inside_a_node_or_spans_the_nodes(cluster, tmp_path, pmap, expect):
+    (tmp_path / "m.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=2, l11=2, l12=pmap, l30=0))
+    p = cluster_mpirun(cluster, TWO_BY_TWO, ["--check", tmp_path / "m.dat"], tmp_path, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [line.strip() for line in p.stdout.splitlines()]
+    assert all(e in lines for e in expect), p.stdout
+
+
+def test_four_nodes_share_a_synthetic_cache_and_resume_an_interrupted_run(cluster, tmp_path):
+    """4 nodes x 1 rank, one job spanning them (1x4), B 32 then B 4, synthetic digits
+    cached once under the shared results directory although every node's first rank
+    makes it. SIGUSR1 to mpirun (which forwards it to every rank) once test 1 has passed:
+    test 1 stands, test 2 is recorded as interrupted; --resume runs test 2 alone, on the
+    same nodes, reading the cache."""
+    import signal
+    (tmp_path / "f.dat").write_text(dat_text(l5=tmp_path / "runs", l8="synthetic:600", l9=1, l10=1, l11=4,
+                                             l13=2, l14="32 4", l15=4, l30=0, l31=0))
+    args = ["--watchdog", 120, tmp_path / "f.dat"]
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = cluster_mpirun(cluster, FOUR_BY_ONE, args, tmp_path, popen=(o, e))
+    deadline = time.monotonic() + 180
+    while "...... PASSED" not in out.read_text():
+        assert p.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+        time.sleep(0.2)
+    p.send_signal(signal.SIGUSR1)
+    assert p.wait(timeout=120) != 0
+    before = results(tmp_path / "runs")
+    assert [t["index"] for t in before["tests"]] == [1], err.read_text()[-3000:]
+    assert before["interrupted"] == {"reason": "SIGUSR1 received", "test": 2}
+    assert before["environment"]["hosts"] == ["n1", "n2", "n3", "n4"]
+    assert before["tests"][0]["jobs"] == [[0, 1, 2, 3]]
+    cache = tmp_path / "runs" / ".data"
+    made = {q.name: q.stat().st_mtime_ns for q in cache.rglob("*") if q.is_file()}
+    assert made and not [n for n in made if ".tmp" in n or n.startswith(".")], made   # no half-written file
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    p = cluster_mpirun(cluster, FOUR_BY_ONE, ["--resume", run, *args], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    after = json.loads((run / "results.json").read_text())
+    assert after["status"] == "complete" and [t["index"] for t in after["tests"]] == [1, 2]
+    assert after["tests"][0] == before["tests"][0] and len(after["resumed"]) == 1
+    assert after["tests"][1]["consistency"]["passed"]
+    assert {q.name: q.stat().st_mtime_ns for q in cache.rglob("*") if q.is_file()} == made   # read, not rewritten
+
+
+# ------------------------------------------------------------------ faults across nodes
+FAULT_DAT = dict(l9=1, l10=1, l11=4, l13=2, l14="32 8", l15=3, l30=0, l31=0)   # test 2 (B 8): 4x test 1's steps
+
+
+def _start_then(tmp_path, c, fault, watchdog=20):
+    """Start a 2 nodes x 2 ranks job whose test 1 is short and test 2 long; once test 1
+    has passed and test 2 trains, do `fault()` on the cluster. Returns (mpirun's Popen,
+    its stderr file, the fault's time.monotonic()). Output goes to files: a daemon cut
+    off from mpirun keeps a pipe open."""
+    (tmp_path / "x.dat").write_text(dat_text(l5=tmp_path / "runs", **FAULT_DAT))
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = cluster_mpirun(c, TWO_BY_TWO, ["--watchdog", watchdog, tmp_path / "x.dat"], tmp_path, popen=(o, e))
+    deadline = time.monotonic() + 180
+    while "...... PASSED" not in out.read_text() or "test 2/2" not in err.read_text():
+        assert p.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(2)       # into test 2's training
+    fault()
+    return p, err, time.monotonic()
+
+
+def _ranks_left(c, nodes) -> int:
+    """hpcai500.py processes still alive on `nodes` (a dead node has none)."""
+    left = 0
+    for n in nodes:
+        r = subprocess.run([*c.enter(n), "pgrep", "-f", "hpcai500.py"], capture_output=True, text=True)
+        left += len(r.stdout.split())
+    return left
+
+
+def _gone(c, nodes, t0, limit=120) -> float:
+    """Seconds from t0 until no rank is left on `nodes` (or `limit`)."""
+    while _ranks_left(c, nodes) and time.monotonic() - t0 < limit:
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
+def _finished_test_intact(tmp_path, reason=None):
+    """Test 1 stands in results.json; test 2 is recorded as interrupted for `reason`
+    (None: rank 0 may have been ended before it could record it)."""
+    res = results(tmp_path / "runs")
+    assert [t["index"] for t in res["tests"]] == [1] and res["tests"][0]["consistency"]["passed"]
+    if reason:
+        assert res["status"] == "interrupted" and res["interrupted"] == {"reason": reason, "test": 2}, res["status"]
+    else:
+        assert res["status"] in ("running", "interrupted")
+
+
+def test_a_node_that_dies_ends_the_job_within_a_minute(tmp_path):
+    """n2's init is killed: its daemon and both its ranks die at once, as in a crash.
+    mpirun loses the daemon's connection and ends the job."""
+    c = simulated_cluster("faultkill", 2, 248)
+    try:
+        p, err, t0 = _start_then(tmp_path, c, lambda: c.kill("n2"))
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        launcher = time.monotonic() - t0
+        seconds = _gone(c, ["n1"], t0)
+    finally:
+        c.down()
+    print(f"node death: mpirun ended {launcher:.1f} s after it (exit {p.returncode}), the last rank {seconds:.1f} s")
+    assert launcher < 60 and seconds < 60, (launcher, seconds, err.read_text()[-3000:])
+    assert "lost communication with a remote daemon" in err.read_text()
+    # mpirun's own exit status after a lost daemon is Open MPI's: 247 once, 0 once here
+    # (README: read results.json's status); n1's ranks got its SIGTERM and rank 0 said so
+    _finished_test_intact(tmp_path, "SIGTERM received")
+
+
+def test_a_cut_link_ends_every_rank_through_the_watchdog(tmp_path):
+    """n2's link goes down mid-training: no process dies and TCP retries for minutes, so
+    every rank waits in Horovod's all-reduce until the watchdog (20 s here) aborts it, on
+    both sides of the cut. mpirun itself then waits for the daemon it cannot reach (until
+    TCP gives up, ~15 min with Linux's defaults): the test ends it once every rank is gone."""
+    c = simulated_cluster("faultlink", 2, 247)
+    try:
+        p, err, t0 = _start_then(tmp_path, c, lambda: c.link("n2", False))
+        seconds = _gone(c, ["n1", "n2"], t0)
+        p.kill()
+        p.wait()
+    finally:
+        c.down()
+    print(f"cut link: the last rank ended {seconds:.1f} s after it")
+    assert seconds < 20 + 40, (seconds, err.read_text()[-3000:])
+    assert "no progress for" in err.read_text() and "watchdog limit 20 s" in err.read_text()
+    _finished_test_intact(tmp_path)
+
+
+def test_a_rank_that_hangs_on_another_node_is_caught_by_the_watchdog(cluster, tmp_path):
+    """Rank 3 (on n2) stops making progress in training; its partners wait in the all-reduce."""
+    (tmp_path / "h.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=4, l15=2, l30=0))
+    p = cluster_mpirun(cluster, TWO_BY_TWO, ["--watchdog", 20, tmp_path / "h.dat"], tmp_path, timeout=180,
+                       env={"HPCAI500_FAULT": "3:5:hang"})
+    assert p.returncode != 0
+    assert "no progress for" in p.stderr and "during training, test 1" in p.stderr, p.stderr[-3000:]
+
+
+def _on(c, node, argv) -> int:
+    return subprocess.run([*c.enter(node), *argv], capture_output=True).returncode
+
+
+def _host_scratch() -> list[str]:
+    import os
+    return os.listdir("/local/scratch") if os.path.isdir("/local/scratch") else []
