@@ -238,3 +238,67 @@ def _on(c, node, argv) -> int:
 def _host_scratch() -> list[str]:
     import os
     return os.listdir("/local/scratch") if os.path.isdir("/local/scratch") else []
+
+
+_SERVER = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 5001)); s.listen()
+print("listening", flush=True)
+c, _ = s.accept(); n, t0 = 0, None
+while (b := c.recv(1 << 16)):
+    t0 = t0 or time.monotonic(); n += len(b)
+print(n, time.monotonic() - t0, flush=True)
+"""
+_CLIENT = """
+import socket
+c = socket.create_connection(("n2", 5001)); c.sendall(b"x" * 4_000_000); c.close()
+"""
+
+
+def _transfer_seconds(c) -> float:
+    """4 MB from n1 to n2 over the switch, timed at the receiver (first byte to the end)."""
+    server = subprocess.Popen([*c.enter("n2"), sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        subprocess.run([*c.enter("n1"), sys.executable, "-c", _CLIENT], check=True, timeout=60)
+        n, seconds = server.stdout.readline().split()
+    finally:
+        server.kill()
+        server.wait()
+    assert int(n) == 4_000_000
+    return float(seconds)
+
+
+def test_a_shaped_link_carries_what_its_rate_allows(cluster):
+    """tc's token bucket on n2's link, both ways: 4 MB (32 Mbit) take ~1.6 s at 20 Mbit/s."""
+    free = _transfer_seconds(cluster)
+    cluster.shape("n2", "20mbit")
+    try:
+        shaped = _transfer_seconds(cluster)
+    finally:
+        cluster.shape("n2", None)
+    assert 1.2 < shaped < 3.0 and free < 0.5, (free, shaped)
+
+
+def test_a_killed_caller_leaves_no_node_link_or_process_behind(tmp_path):
+    """The process that made a cluster (tie=True, as the tests do) is SIGKILLed: its
+    nodes and switch die with it, and with their namespaces every mount, link and process."""
+    import os
+    import signal
+    simulated_cluster("probe", 1, 246).down()     # skips here where namespaces cannot be made
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import cluster; "
+            "c = cluster.Cluster('orphan', net=246).up(2, tie=True); print(c.tag, c.switch, "
+            "*[n.pid for n in c.nodes], flush=True); time.sleep(600)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(ROOT / "scripts" / "cluster")], stdout=subprocess.PIPE,
+                         text=True)
+    tag, *pids = p.stdout.readline().split()
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (any(os.path.exists(f"/proc/{q}") for q in pids)
+                                           or any(n.startswith(tag) for n in os.listdir("/sys/class/net"))):
+        time.sleep(0.1)
+    alive = [q for q in pids if os.path.exists(f"/proc/{q}")]
+    links = [n for n in os.listdir("/sys/class/net") if n.startswith(tag)]
+    simulated_cluster("orphan", 1, 246).down()     # the state folder's files, as the next `up` would
+    assert not alive and not links, (alive, links)

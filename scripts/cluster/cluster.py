@@ -14,8 +14,9 @@ Node i (`n1` .. `nN`) is one process tree in its own namespaces:
   staged copy) and at /dev/shm (shared memory stays inside the node), and its own
   /etc/hosts naming every node; the rest of the file system (/work, /tmp) is shared, as a
   cluster's shared file system is;
-* network: a veth into a bridge, address 10.<net>.0.i/24; `shape` limits the link into
-  and out of the node with tc's token bucket (tbf), to model 10 Gb/s or 1 Gb/s Ethernet;
+* network: a veth into the cluster's switch, address 10.<net>.0.i/24; `shape` limits the
+  link into and out of the node with tc's token bucket (tbf), to model 10 Gb/s or 1 Gb/s
+  Ethernet, and `link` takes it down or up;
 * PID: the node's processes die with it (`kill` a node's init: its daemon and every
   rank on it are gone at once, as when a node crashes).
 The nodes share this machine's cores and memory: figures measured on them measure the
@@ -24,13 +25,17 @@ kernel and says so in its report).
 
 `agent` in the state folder is Open MPI's `plm_ssh_agent`: `agent [options] HOST
 COMMAND...` runs COMMAND on HOST with a login's clean environment, as ssh would.
-mpirun runs on a node (n1, as on a cluster's first node), so its daemons on the other
-nodes connect back to it over the bridge.
+mpirun runs on this machine, as on a cluster's login node (10.<net>.0.254 on the
+switch), so every node's daemon is started through the agent and connects back to it.
+The switch is a bridge in a network namespace of its own, held by one process: the
+nodes' links and this machine's link into it live and die with it.
 
-Nothing is left behind: `down` removes the nodes, their mounts and links, and the
-bridge; nodes started with `tie=True` (the tests) die with the process that started
-them even when it is killed (PR_SET_PDEATHSIG on `unshare`, whose `--kill-child` takes
-the node's init with it), and the next `up` of the same name removes a stale bridge.
+Nothing is left behind: `down` kills the nodes and the switch, and their namespaces
+take the processes, mounts, links and bridge with them. A cluster started with
+`tie=True` (the tests) dies with the process that started it even when that process is
+killed: PR_SET_PDEATHSIG on the switch and on each node's `unshare`, whose
+`--kill-child` takes the node's init with it. Only the state folder's small files
+(/run/hpcai500-<name>) can outlive a killed caller; the next `up` or `down` removes them.
 Needs root (network, mount, UTS and PID namespaces); `available()` says why not.
 The module is importable (tests/conftest.py) and a command line.
 """
@@ -56,7 +61,7 @@ STATE_ROOT = "/run"             # state folders: /run/hpcai500-<name>
 LOGIN_ENV = {"HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/sh",
              "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 PR_SET_PDEATHSIG = 1
-HEAD = 254                      # this machine's address on the bridge: 10.<net>.0.254, where mpirun runs
+HEAD = 254                      # this machine's address on the switch: 10.<net>.0.254, where mpirun runs
 
 # The node's init, pid 1 of its PID namespace: it sets up the node (host name, mounts,
 # loopback), says "ready", then reaps orphans until killed.
@@ -86,6 +91,16 @@ while True:
 """
 
 
+# The switch's holder: sleeps in its network namespace until killed.
+_SWITCH = r"""
+import signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("ready", flush=True)
+while True:
+    signal.pause()
+"""
+
+
 class ClusterError(RuntimeError):
     pass
 
@@ -94,8 +109,8 @@ class ClusterError(RuntimeError):
 class Node:
     name: str       # host name, n1 .. nN
     pid: int        # its init, pid 1 inside the node (as seen from this machine)
-    address: str    # on the bridge
-    veth: str       # this machine's end of the node's link (where the inbound shaping sits)
+    address: str    # on the switch
+    veth: str       # the switch's end of the node's link (where the inbound shaping sits)
 
 
 def available() -> str | None:
@@ -120,7 +135,7 @@ class Cluster:
         self.name, self.net = name, net
         self.state = os.path.join(STATE_ROOT, f"hpcai500-{name}")
         self.tag = f"h{zlib.crc32(name.encode()) & 0xffffff:06x}"   # in link names: IFNAMSIZ allows 15 characters
-        self.bridge = f"{self.tag}br"
+        self.switch = 0                 # pid of the process holding the switch's network namespace
         self.nodes: list[Node] = []
         self._procs: list[subprocess.Popen] = []
 
@@ -135,17 +150,23 @@ class Cluster:
 
     def _save(self) -> None:
         with open(os.path.join(self.state, "nodes.json"), "w") as f:
-            json.dump([n.__dict__ for n in self.nodes], f)
+            json.dump({"switch": self.switch, "nodes": [n.__dict__ for n in self.nodes]}, f)
+
+    def _load(self) -> tuple[int, list[Node]]:
+        path = os.path.join(self.state, "nodes.json")
+        if not os.path.exists(path):
+            return 0, []
+        with open(path) as f:
+            saved = json.load(f)
+        return saved["switch"], [Node(**n) for n in saved["nodes"]]
 
     @classmethod
     def attach(cls, name: str = "cluster") -> "Cluster":
         """The cluster `up` left running (command line)."""
         c = cls(name)
-        path = os.path.join(c.state, "nodes.json")
-        if not os.path.exists(path):
-            raise ClusterError(f"no cluster {name!r} is up ({path} not found); start one with `up`")
-        with open(path) as f:
-            c.nodes = [Node(**n) for n in json.load(f)]
+        c.switch, c.nodes = c._load()
+        if not c.switch:
+            raise ClusterError(f"no cluster {name!r} is up (no {c.state}/nodes.json); start one with `up`")
         c.net = int(c.nodes[0].address.split(".")[1]) if c.nodes else c.net
         return c
 
@@ -169,10 +190,8 @@ class Cluster:
                     f"exec {shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))} "
                     f"--name {shlex.quote(self.name)} ssh \"$@\"\n")
         os.chmod(self.agent, 0o755)
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self._address(HEAD)}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
         try:
+            self._start_switch(tie)
             for i, host in enumerate(names, 1):
                 self.nodes.append(self._start(i, host, hosts, tie))
                 self._save()
@@ -183,6 +202,33 @@ class Cluster:
             self.down()
             raise
         return self
+
+    def _start_switch(self, tie: bool) -> None:
+        """The bridge in its own network namespace, held by a sleeping process, and this
+        machine's link into it (the head's address, where mpirun's daemons call back)."""
+        proc = subprocess.Popen(["unshare", "--net", sys.executable, "-c", _SWITCH], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, text=True, preexec_fn=_pdeathsig if tie else os.setsid)
+        self._procs.append(proc)
+        if proc.stdout.readline().strip() != "ready":
+            raise ClusterError(f"the switch did not start (exit {proc.poll()})")
+        self.switch = proc.pid
+        self._save()
+        sw = self._in_switch()
+        _run([*sw, "ip", "link", "add", "br0", "type", "bridge"])
+        _run([*sw, "ip", "link", "set", "br0", "up"])
+        head = f"{self.tag}h"
+        _ip("link", "add", head, "type", "veth", "peer", "name", f"{head}s")
+        self._plug(f"{head}s")
+        _ip("addr", "add", f"{self._address(HEAD)}/24", "dev", head)
+        _ip("link", "set", head, "up")
+
+    def _in_switch(self) -> list[str]:
+        return ["nsenter", "-t", str(self.switch), "-n"]
+
+    def _plug(self, end: str) -> None:
+        """Move a veth end from this machine into the switch and attach it to the bridge."""
+        _ip("link", "set", end, "netns", str(self.switch))
+        _run([*self._in_switch(), "ip", "link", "set", end, "master", "br0", "up"])
 
     def _address(self, i: int) -> str:
         return f"10.{self.net}.0.{i}"
@@ -205,7 +251,7 @@ class Cluster:
         veth = f"{self.tag}n{i}"
         _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
         _ip("link", "set", f"{veth}p", "netns", str(pid))
-        _ip("link", "set", veth, "master", self.bridge, "up")
+        self._plug(veth)
         inside = ["nsenter", "-t", str(pid), "-n", "ip"]
         _run([*inside, "link", "set", f"{veth}p", "name", "eth0"])
         _run([*inside, "addr", "add", f"{self._address(i)}/24", "dev", "eth0"])
@@ -213,27 +259,22 @@ class Cluster:
         return Node(host, pid, self._address(i), veth)
 
     def down(self) -> None:
-        """Kill every node (its processes, mounts and network go with its namespaces),
-        delete the bridge and the state folder. Safe to call twice, or with nothing up."""
-        old = []
-        path = os.path.join(self.state, "nodes.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                old = [Node(**n) for n in json.load(f)]
+        """Kill every node and the switch (processes, mounts, links and the bridge go with
+        their namespaces) and remove the state folder. Safe to call twice, or with nothing up."""
+        switch, old = self._load()
         for node in {n.pid: n for n in [*self.nodes, *old]}.values():
             _kill(node.pid)
+        for pid in {self.switch, switch} - {0}:
+            _kill(pid)
         for proc in self._procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        for node in {n.pid: n for n in [*self.nodes, *old]}.values():
-            # the kernel tears a dead node's network down asynchronously: do not wait for it
-            if os.path.exists(f"/sys/class/net/{node.veth}"):
-                _run(["ip", "link", "del", node.veth], check=False)
-        self.nodes, self._procs = [], []
-        if os.path.exists(f"/sys/class/net/{self.bridge}"):
-            _ip("link", "del", self.bridge)
+        # the kernel tears a dead namespace's links down asynchronously: do not wait for it
+        if os.path.exists(f"/sys/class/net/{self.tag}h"):
+            _run(["ip", "link", "del", f"{self.tag}h"], check=False)
+        self.nodes, self._procs, self.switch = [], [], 0
         shutil.rmtree(self.state, ignore_errors=True)
 
     def __enter__(self):
@@ -263,7 +304,7 @@ class Cluster:
         or lift the limit (None or 'none'). A token bucket: the burst is 1 ms at the rate
         (at least 64 KB, so a jumbo segment passes) and packets wait at most 50 ms."""
         node = self.node(name)
-        for prefix, dev in (([], node.veth), (["nsenter", "-t", str(node.pid), "-n"], "eth0")):
+        for prefix, dev in ((self._in_switch(), node.veth), (["nsenter", "-t", str(node.pid), "-n"], "eth0")):
             _run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
             if rate and rate != "none":
                 burst = max(64 * 1024, _bits(rate) // 8 // 1000)
@@ -272,7 +313,7 @@ class Cluster:
 
     def link(self, name: str, up: bool) -> None:
         """Take node `name`'s link down (as a pulled cable or a dead switch port) or up."""
-        _ip("link", "set", self.node(name).veth, "up" if up else "down")
+        _run([*self._in_switch(), "ip", "link", "set", self.node(name).veth, "up" if up else "down"])
 
     def kill(self, name: str) -> None:
         """Node `name` dies: its init is killed, and with it every process on the node."""
