@@ -240,41 +240,12 @@ def _host_scratch() -> list[str]:
     return os.listdir("/local/scratch") if os.path.isdir("/local/scratch") else []
 
 
-_SERVER = """
-import socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 5001)); s.listen()
-print("listening", flush=True)
-c, _ = s.accept(); n, t0 = 0, None
-while (b := c.recv(1 << 16)):
-    t0 = t0 or time.monotonic(); n += len(b)
-print(n, time.monotonic() - t0, flush=True)
-"""
-_CLIENT = """
-import socket
-c = socket.create_connection(("n2", 5001)); c.sendall(b"x" * 4_000_000); c.close()
-"""
-
-
-def _transfer_seconds(c) -> float:
-    """4 MB from n1 to n2 over the switch, timed at the receiver (first byte to the end)."""
-    server = subprocess.Popen([*c.enter("n2"), sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout.readline().strip() == "listening"
-        subprocess.run([*c.enter("n1"), sys.executable, "-c", _CLIENT], check=True, timeout=60)
-        n, seconds = server.stdout.readline().split()
-    finally:
-        server.kill()
-        server.wait()
-    assert int(n) == 4_000_000
-    return float(seconds)
-
-
 def test_a_shaped_link_carries_what_its_rate_allows(cluster):
     """tc's token bucket on n2's link, both ways: 4 MB (32 Mbit) take ~1.6 s at 20 Mbit/s."""
-    free = _transfer_seconds(cluster)
+    free = cluster.transfer_seconds("n1", "n2", 4_000_000)
     cluster.shape("n2", "20mbit")
     try:
-        shaped = _transfer_seconds(cluster)
+        shaped = cluster.transfer_seconds("n1", "n2", 4_000_000)
     finally:
         cluster.shape("n2", None)
     assert 1.2 < shaped < 3.0 and free < 0.5, (free, shaped)

@@ -101,6 +101,22 @@ while True:
 """
 
 
+# transfer_seconds' two ends, on port 5001 of the nodes.
+_RECEIVER = r"""
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 5001)); s.listen()
+print("listening", flush=True)
+c, _ = s.accept(); n, t0 = 0, None
+while (b := c.recv(1 << 16)):
+    t0 = t0 or time.monotonic(); n += len(b)
+print(n, time.monotonic() - t0, flush=True)
+"""
+_SENDER = r"""
+import socket, sys
+c = socket.create_connection((sys.argv[1], 5001)); c.sendall(b"x" * int(sys.argv[2])); c.close()
+"""
+
+
 class ClusterError(RuntimeError):
     pass
 
@@ -314,6 +330,23 @@ class Cluster:
     def link(self, name: str, up: bool) -> None:
         """Take node `name`'s link down (as a pulled cable or a dead switch port) or up."""
         _run([*self._in_switch(), "ip", "link", "set", self.node(name).veth, "up" if up else "down"])
+
+    def transfer_seconds(self, src: str, dst: str, nbytes: int) -> float:
+        """Seconds `nbytes` take over TCP from node `src` to node `dst`, timed at the
+        receiver from the first byte to the end: what the links (and their shaping) allow."""
+        server = subprocess.Popen([*self.enter(dst), sys.executable, "-c", _RECEIVER], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            if server.stdout.readline().strip() != "listening":
+                raise ClusterError(f"no receiver on {dst}")
+            _run([*self.enter(src), sys.executable, "-c", _SENDER, dst, str(nbytes)])
+            got, seconds = server.stdout.readline().split()
+        finally:
+            server.kill()
+            server.wait()
+        if int(got) != nbytes:
+            raise ClusterError(f"{dst} received {got} bytes of {nbytes}")
+        return float(seconds)
 
     def kill(self, name: str) -> None:
         """Node `name` dies: its init is killed, and with it every process on the node."""
