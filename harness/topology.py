@@ -22,7 +22,8 @@ as the launcher made them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import socket
+from dataclasses import dataclass
 
 class TopologyError(ValueError):
     pass
@@ -38,7 +39,7 @@ class Nodes:
     machine_of_node: tuple[int, ...] = ()   # machine index of each node (one kernel); () = each node its own
     machine_cores: tuple[int, ...] = ()     # logical CPUs of each machine
     machine_size: int = 0                   # ranks on this rank's machine (0: local_size, a node per machine)
-    widened: tuple[int, ...] = field(default=())  # world ranks whose binding discover() widened
+    widened: tuple[int, ...] = ()           # world ranks whose binding discover() widened
 
     @property
     def ranks_sharing_cores(self) -> int:
@@ -174,7 +175,6 @@ def boot_id() -> str:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
     except OSError:
-        import socket
         return socket.gethostname()
 
 
