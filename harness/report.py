@@ -236,8 +236,8 @@ def _ttq(t: dict) -> str:
 def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceilings: dict,
                 nccl: bool) -> list[str]:
     """The conventions block: every rule behind a figure of this run. `notes`: the
-    workloads' FLOP notes; `placement`: what topology.sharing says of shared machines,
-    cores and bindings; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
+    workloads' FLOP notes; `placement`: the nodes (telemetry.node_lines) and what
+    topology.sharing says of shared machines, cores and bindings; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
     from harness import flops, train
     lines = [
         flops.CONVENTION,

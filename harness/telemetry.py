@@ -322,6 +322,26 @@ def host_inventory() -> dict:
             "memory_total_bytes": psutil.virtual_memory().total}
 
 
+def node_lines(inventory: list[dict]) -> list[str]:
+    """The report's lines on the nodes (pure): one per kind of node (ranks, CPU, cores,
+    memory, GPUs alike), naming its hosts (the first and last past four), so that the
+    block does not grow with the node count."""
+    kinds: dict[tuple, list[str]] = {}
+    for n in inventory:
+        gpus = n.get("gpus") or []
+        gpu = f"{len(gpus)} x {gpus[0].get('name') or 'GPU'}" if gpus else "no GPU"
+        kind = (n.get("ranks"), n.get("cpu_model"), n.get("cores_logical"), n.get("cores_usable"),
+                round((n.get("memory_total_bytes") or 0) / 2**30, 1), gpu)
+        kinds.setdefault(kind, []).append(n.get("hostname") or "?")
+    lines = []
+    for (ranks, cpu, cores, usable, gib, gpu), hosts in kinds.items():
+        named = ", ".join(hosts) if len(hosts) <= 4 else f"{hosts[0]} ... {hosts[-1]}"
+        usable = "" if usable == cores else f" ({usable} usable)"
+        lines.append(f"Nodes: {len(hosts)} x [{ranks} rank(s); {cpu}, {cores} cores{usable}, {gib} GiB; {gpu}]"
+                     f" ({named})")
+    return lines
+
+
 def software() -> dict:
     """Versions of the stack this rank runs (the same on every rank of a sane install)."""
     import horovod

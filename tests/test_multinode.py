@@ -51,6 +51,7 @@ def test_two_nodes_two_ranks_each_pass_every_layout(two_node_sweep):
 def test_the_report_says_the_nodes_share_one_machine(two_node_sweep):
     _, p, run = two_node_sweep
     report = (run / "report.txt").read_text()
+    assert "- Nodes: 2 x [2 rank(s); " in report and "GiB; no GPU] (n1, n2)" in report   # the inventory
     assert "Shared machine: nodes n1,n2 run on one machine (one kernel)" in report
     assert "Oversubscribed: 4 ranks on" in report or json.loads((run / "results.json").read_text())[
         "environment"]["machine_cores"][0] >= 4

@@ -206,3 +206,16 @@ def test_reduce_without_gpus():
     assert telemetry.device_utilisation(r) is None and telemetry.power_watts(r) is None
     assert r["energy_joules_total"] is None
     assert telemetry.reduce([])["ranks"] == 0
+
+
+def test_node_lines_group_alike_nodes_and_do_not_grow_with_them():
+    from harness.telemetry import node_lines
+    node = {"cpu_model": "EPYC", "cores_logical": 2, "cores_usable": 2, "memory_total_bytes": 3 * 2**30, "ranks": 2,
+            "gpus": []}
+    two = [{**node, "hostname": "n1"}, {**node, "hostname": "n2"}]
+    assert node_lines(two) == ["Nodes: 2 x [2 rank(s); EPYC, 2 cores, 3.0 GiB; no GPU] (n1, n2)"]
+    many = [{**node, "hostname": f"c{i:03d}"} for i in range(500)]
+    gpu = {**node, "hostname": "g1", "ranks": 4, "cores_usable": 1,
+           "gpus": [{"name": "A100"}, {"name": "A100"}, {"name": "A100"}, {"name": "A100"}]}
+    assert node_lines(many + [gpu]) == ["Nodes: 500 x [2 rank(s); EPYC, 2 cores, 3.0 GiB; no GPU] (c000 ... c499)",
+                                        "Nodes: 1 x [4 rank(s); EPYC, 2 cores (1 usable), 3.0 GiB; 4 x A100] (g1)"]
