@@ -66,25 +66,57 @@ def wait_quiet(limit: float = 0.25, patience: float = float(os.environ.get("BENC
 QUIET, TRIES = 0.15, 2  # a run while others used > QUIET cores is tried again, TRIES at most
 
 
-def mpirun(*args: str, np: int = NP, env: dict | None = None) -> tuple[str, float]:
+def mpirun(*args: str, np: int = NP, env: dict | None = None, launcher: list[str] | None = None,
+           remote: str | None = None) -> tuple[str, float]:
     """Run `mpirun -np NP python ARGS...` from the repo root once the machine is quiet,
     with `env` (settings such as HPCAI500_EWA_BACKBONE) added to the environment.
     Returns stdout and the mean number of cores other processes used meanwhile (machine
-    busy time minus our ranks' CPU time, over the wall time): the run's noise gauge."""
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np), PY, *args]
+    busy time minus our ranks' CPU time, over the wall time): the run's noise gauge.
+    `launcher`: the words before python (default `mpirun --oversubscribe -np NP`);
+    `remote`: a program name whose ranks are not this process's descendants (started by
+    a simulated cluster's nodes): their CPU time is sampled from /proc and counted as ours."""
+    cmd = [*(launcher or ["mpirun", "--oversubscribe", "-np", str(np)]), PY, *args]
     wait_quiet()
     t0, busy0, ours0 = time.perf_counter(), _busy_seconds(), _children_seconds()
-    p = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True)
-    other = (_busy_seconds() - busy0) - (_children_seconds() - ours0)
+    p = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    seen: dict[int, float] = {}
+    while True:
+        if remote:
+            seen.update(_cpu_seconds_of(remote))
+        try:
+            out, err = p.communicate(timeout=0.5 if remote else None)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    other = (_busy_seconds() - busy0) - (_children_seconds() - ours0) - sum(seen.values())
     if p.returncode:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
-    return p.stdout, max(0.0, other / (time.perf_counter() - t0))
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{out[-3000:]}{err[-3000:]}")
+    return out, max(0.0, other / (time.perf_counter() - t0))
 
 
-def run_harness(dat: str) -> tuple[list[dict], float]:
-    """Run hpcai500.py on `dat`: the `tests` of the results.json it wrote, and the noise gauge."""
+def _cpu_seconds_of(program: str) -> dict[int, float]:
+    """CPU seconds so far of every process whose command line names `program` (pid -> s)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if program.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(pid)] = (int(fields[11]) + int(fields[12])) / tick    # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def run_harness(dat: str, **launch) -> tuple[list[dict], float]:
+    """Run hpcai500.py on `dat`: the `tests` of the results.json it wrote, and the noise
+    gauge. `launch`: mpirun's keywords (np, env, launcher, remote)."""
     before = set(glob.glob(os.path.join(WORK, "*", "results.json")))
-    _, other = mpirun("hpcai500.py", dat)
+    _, other = mpirun("hpcai500.py", dat, **launch)
     (new,) = set(glob.glob(os.path.join(WORK, "*", "results.json"))) - before
     with open(new) as f:
         return json.load(f)["tests"], other

@@ -22,12 +22,8 @@ of a compute share, not four nodes' worth of compute.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
-import subprocess
 import sys
-import time
 
 import common
 
@@ -40,46 +36,11 @@ GOAL_RATIO = 1.5
 
 def run(c, dat: str, per_node: int) -> tuple[list[dict], float]:
     """hpcai500.py on the cluster, launched from this machine: its tests and the noise gauge."""
-    before = set(glob.glob(os.path.join(common.WORK, "*", "results.json")))
-    env = {**common.ENV, "HPCAI500_ROOFLINE_QUICK": "1"}
-    forward = [a for k in env if k.startswith("HPCAI500_") for a in ("-x", k)]
-    cmd = ["mpirun", *c.mpirun_args(), "--host", f"n1:{per_node},n2:{per_node}", "-np", str(2 * per_node),
-           *forward, common.PY,
-           os.path.join(common.ROOT, "hpcai500.py"), "--watchdog", "600", dat]
-    common.wait_quiet()
-    t0, busy0, ours0 = time.perf_counter(), common._busy_seconds(), common._children_seconds()
-    p = subprocess.Popen(cmd, cwd=common.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen: dict[int, float] = {}   # the nodes' processes are not this process's children: sample their CPU time
-    out, err = "", ""
-    while p.poll() is None:
-        seen.update(_cpu_seconds_of("hpcai500.py"))
-        try:
-            out, err = p.communicate(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            continue
-    other = (common._busy_seconds() - busy0) - (common._children_seconds() - ours0) - sum(seen.values())
-    if p.returncode:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{out[-3000:]}{err[-3000:]}")
-    (new,) = set(glob.glob(os.path.join(common.WORK, "*", "results.json"))) - before
-    with open(new) as f:
-        return json.load(f)["tests"], max(0.0, other / (time.perf_counter() - t0))
-
-
-def _cpu_seconds_of(program: str) -> dict[int, float]:
-    """CPU seconds so far of every process whose command line names `program` (pid -> s)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if program.encode() not in f.read():
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(pid)] = (int(fields[11]) + int(fields[12])) / tick    # utime, stime
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
+    env = {"HPCAI500_ROOFLINE_QUICK": "1"}
+    forward = [a for k in {**common.ENV, **env} if k.startswith("HPCAI500_") for a in ("-x", k)]
+    launcher = ["mpirun", *c.mpirun_args(), "--host", f"n1:{per_node},n2:{per_node}", "-np", str(2 * per_node),
+                *forward]
+    return common.run_harness(dat, env=env, launcher=launcher, remote="hpcai500.py")
 
 
 def link_rate(c) -> float:

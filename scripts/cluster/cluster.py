@@ -183,7 +183,6 @@ class Cluster:
         c.switch, c.nodes = c._load()
         if not c.switch:
             raise ClusterError(f"no cluster {name!r} is up (no {c.state}/nodes.json); start one with `up`")
-        c.net = int(c.nodes[0].address.split(".")[1]) if c.nodes else c.net
         return c
 
     # -- life --------------------------------------------------------------------
@@ -222,12 +221,8 @@ class Cluster:
     def _start_switch(self, tie: bool) -> None:
         """The bridge in its own network namespace, held by a sleeping process, and this
         machine's link into it (the head's address, where mpirun's daemons call back)."""
-        proc = subprocess.Popen(["unshare", "--net", sys.executable, "-c", _SWITCH], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, text=True, preexec_fn=_pdeathsig if tie else os.setsid)
-        self._procs.append(proc)
-        if proc.stdout.readline().strip() != "ready":
-            raise ClusterError(f"the switch did not start (exit {proc.poll()})")
-        self.switch = proc.pid
+        self.switch = self._spawn("the switch", ["unshare", "--net", sys.executable, "-c", _SWITCH], tie,
+                                  subprocess.DEVNULL).pid
         self._save()
         sw = self._in_switch()
         _run([*sw, "ip", "link", "add", "br0", "type", "bridge"])
@@ -239,7 +234,21 @@ class Cluster:
         _ip("link", "set", head, "up")
 
     def _in_switch(self) -> list[str]:
-        return ["nsenter", "-t", str(self.switch), "-n"]
+        return _net(self.switch)
+
+    def _spawn(self, what: str, argv: list[str], tie: bool, log) -> subprocess.Popen:
+        """Start a namespace's holder (the switch, a node's init) and wait for its "ready".
+        tie: it dies with this process (PR_SET_PDEATHSIG), else in a session of its own."""
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
+                                preexec_fn=_pdeathsig if tie else os.setsid)
+        self._procs.append(proc)
+        if proc.stdout.readline().strip() != "ready":
+            said = ""
+            if hasattr(log, "seek"):
+                log.seek(0)
+                said = ": " + log.read().strip()[-2000:]
+            raise ClusterError(f"{what} did not start (exit {proc.poll()}){said}")
+        return proc
 
     def _plug(self, end: str) -> None:
         """Move a veth end from this machine into the switch and attach it to the bridge."""
@@ -250,25 +259,18 @@ class Cluster:
         return f"10.{self.net}.0.{i}"
 
     def _start(self, i: int, host: str, hosts: str, tie: bool) -> Node:
-        pre = _pdeathsig if tie else os.setsid
         # the init's and unshare's messages (a failed start; unshare's complaint when it is
         # killed) go to the node's log in the state folder, not to the caller's terminal
-        log = open(os.path.join(self.state, f"{host}.log"), "w+")
-        proc = subprocess.Popen(
-            ["unshare", "--uts", "--mount", "--net", "--pid", "--fork", "--kill-child", "--propagation", "private",
-             sys.executable, "-c", _INIT, host, hosts, SCRATCH],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=pre)
-        self._procs.append(proc)
-        line = proc.stdout.readline().strip()
-        if line != "ready":
-            log.seek(0)
-            raise ClusterError(f"node {host} did not start (exit {proc.poll()}): {log.read().strip()[-2000:]}")
+        with open(os.path.join(self.state, f"{host}.log"), "w+") as log:
+            proc = self._spawn(f"node {host}", [
+                "unshare", "--uts", "--mount", "--net", "--pid", "--fork", "--kill-child", "--propagation", "private",
+                sys.executable, "-c", _INIT, host, hosts, SCRATCH], tie, log)
         pid = _child(proc.pid)
         veth = f"{self.tag}n{i}"
         _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
         _ip("link", "set", f"{veth}p", "netns", str(pid))
         self._plug(veth)
-        inside = ["nsenter", "-t", str(pid), "-n", "ip"]
+        inside = [*_net(pid), "ip"]
         _run([*inside, "link", "set", f"{veth}p", "name", "eth0"])
         _run([*inside, "addr", "add", f"{self._address(i)}/24", "dev", "eth0"])
         _run([*inside, "link", "set", "eth0", "up"])
@@ -293,12 +295,6 @@ class Cluster:
         self.nodes, self._procs, self.switch = [], [], 0
         shutil.rmtree(self.state, ignore_errors=True)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.down()
-
     # -- use ---------------------------------------------------------------------
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -306,10 +302,10 @@ class Cluster:
                 return n
         raise ClusterError(f"node: found {name!r}, expected one of {', '.join(n.name for n in self.nodes)}")
 
-    def enter(self, name: str) -> list[str]:
-        """The command prefix that runs a program on node `name` (all its namespaces,
-        the caller's environment and folder: a shell on the cluster's login node)."""
-        return ["nsenter", "-t", str(self.node(name).pid), "-u", "-m", "-n", "-p", f"--wd={os.getcwd()}", "--"]
+    def enter(self, name: str, wd: str | None = None) -> list[str]:
+        """The command prefix that runs a program on node `name`, in all its namespaces,
+        in folder `wd` (default: the caller's, as from a shell on the login node)."""
+        return ["nsenter", "-t", str(self.node(name).pid), "-u", "-m", "-n", "-p", f"--wd={wd or os.getcwd()}", "--"]
 
     def mpirun_args(self) -> list[str]:
         """mpirun's options for this cluster: the hostfile, and the ssh agent."""
@@ -320,7 +316,7 @@ class Cluster:
         or lift the limit (None or 'none'). A token bucket: the burst is 1 ms at the rate
         (at least 64 KB, so a jumbo segment passes) and packets wait at most 50 ms."""
         node = self.node(name)
-        for prefix, dev in ((self._in_switch(), node.veth), (["nsenter", "-t", str(node.pid), "-n"], "eth0")):
+        for prefix, dev in ((self._in_switch(), node.veth), (_net(node.pid), "eth0")):
             _run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
             if rate and rate != "none":
                 burst = max(64 * 1024, _bits(rate) // 8 // 1000)
@@ -359,6 +355,11 @@ def _bits(rate: str) -> int:
         if rate.endswith(unit):
             return int(float(rate[:-len(unit)]) * scale)
     raise ClusterError(f"rate: found {rate!r}, expected a number with kbit, mbit or gbit (e.g. 10gbit)")
+
+
+def _net(pid: int) -> list[str]:
+    """The command prefix that runs a program in the network namespace of process `pid`."""
+    return ["nsenter", "-t", str(pid), "-n"]
 
 
 def _pdeathsig() -> None:
@@ -412,12 +413,11 @@ def ssh(cluster: Cluster, argv: list[str]) -> int:
         return 255
     host, command = args[0], " ".join(args[1:])
     try:
-        node = cluster.node(host)
+        prefix = cluster.enter(host, wd=LOGIN_ENV["HOME"])
     except ClusterError as e:
         print(f"ssh: {e}", file=sys.stderr)
         return 255
-    cmd = ["nsenter", "-t", str(node.pid), "-u", "-m", "-n", "-p", "--wd=/root", "--", "/bin/sh", "-c", command]
-    return subprocess.run(cmd, env=LOGIN_ENV).returncode
+    return subprocess.run([*prefix, "/bin/sh", "-c", command], env=LOGIN_ENV).returncode
 
 
 def main(argv=None) -> int:
