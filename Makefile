@@ -28,7 +28,7 @@ run: $(STAMP)
 	$(MPIRUN) $(PY) hpcai500.py $(DAT)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -rs -n 2 --dist loadgroup tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -q -m "not mpi" tests

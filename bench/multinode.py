@@ -37,9 +37,7 @@ GOAL_RATIO = 1.5
 def run(c, dat: str, per_node: int) -> tuple[list[dict], float]:
     """hpcai500.py on the cluster, launched from this machine: its tests and the noise gauge."""
     env = {"HPCAI500_ROOFLINE_QUICK": "1"}
-    forward = [a for k in {**common.ENV, **env} if k.startswith("HPCAI500_") for a in ("-x", k)]
-    launcher = ["mpirun", *c.mpirun_args(), "--host", f"n1:{per_node},n2:{per_node}", "-np", str(2 * per_node),
-                *forward]
+    launcher = ["mpirun", *c.mpirun_args(f"n1:{per_node},n2:{per_node}", {**common.ENV, **env})]
     return common.run_harness(dat, env=env, launcher=launcher, remote="hpcai500.py")
 
 

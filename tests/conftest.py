@@ -109,7 +109,7 @@ def sweep_runs(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ several nodes
-def _cluster_module():
+def cluster_module():
     sys.path.insert(0, str(ROOT / "scripts" / "cluster"))
     import cluster
     return cluster
@@ -119,7 +119,7 @@ def simulated_cluster(name: str, nodes: int, net: int):
     """A simulated cluster (scripts/cluster/) of `nodes` nodes of 2 slots that dies with
     this process even if it is killed; the test is skipped with the reason where
     namespaces cannot be made (not root, no iproute2)."""
-    cl = _cluster_module()
+    cl = cluster_module()
     why = cl.available()
     if why:
         pytest.skip(why)
@@ -142,16 +142,10 @@ def cluster_mpirun(c, hosts: str, args, cwd: Path, timeout: int = 300, env: dict
     get a login's environment: the harness's own settings travel with -x, as a user
     passes them to a real cluster. popen=(stdout, stderr): started, not waited for."""
     env = mpi_env(True, env)
-    forward = [a for k in env if k.startswith("HPCAI500_") for a in ("-x", k)]
-    cmd = [str(BIN / "mpirun"), *c.mpirun_args(), "--host", hosts, "-np", str(_slots(hosts)), *forward,
-           sys.executable, *HPCAI500, *map(str, args)]
+    cmd = [str(BIN / "mpirun"), *c.mpirun_args(hosts, env), sys.executable, *HPCAI500, *map(str, args)]
     if popen:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=popen[0], stderr=popen[1], text=True)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _slots(hosts: str) -> int:
-    return sum(int(h.split(":")[1]) if ":" in h else 1 for h in hosts.split(","))
 
 
 # ------------------------------------------------------------------ markers

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, cluster_mpirun, dat_text, results, simulated_cluster
+from tests.conftest import ROOT, cluster_module, cluster_mpirun, dat_text, results, simulated_cluster
 
 TWO_BY_TWO = "n1:2,n2:2"
 FOUR_BY_ONE = "n1:1,n2:1,n3:1,n4:1"
@@ -230,6 +230,15 @@ def test_a_rank_that_hangs_on_another_node_is_caught_by_the_watchdog(cluster, tm
                        env={"HPCAI500_FAULT": "3:5:hang"})
     assert p.returncode != 0
     assert "no progress for" in p.stderr and "during training, test 1" in p.stderr, p.stderr[-3000:]
+
+
+def test_mpirun_args_name_the_hosts_the_rank_count_and_the_settings_to_forward():
+    """Pure: no cluster is started (a Cluster object only names its files)."""
+    c = cluster_module().Cluster("x")
+    base = ["--hostfile", "/run/hpcai500-x/hostfile", "--prtemca", "plm_ssh_agent", "/run/hpcai500-x/agent"]
+    assert c.mpirun_args() == base
+    assert c.mpirun_args("n1:2,n2:2,n3", {"HPCAI500_WATCHDOG": "9", "PATH": "/bin", "HPCAI500_FAULT": ""}) == [
+        *base, "--host", "n1:2,n2:2,n3", "-np", "5", "-x", "HPCAI500_WATCHDOG", "-x", "HPCAI500_FAULT"]
 
 
 def _on(c, node, argv) -> int:

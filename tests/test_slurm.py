@@ -2,18 +2,23 @@
 clean stderr (no PMIx warning blocks), and the pure rule that makes it so
 (harness/launcher.py).
 
-The Slurm test submits scripts/slurm/hpcai500.sbatch to a Slurm that is up on this host
-(scripts/slurm/one-node.sh brings one up from Debian's packages); where none answers,
-as on CI's clean machine, it is skipped at once with the reason: it never installs one.
+Two Slurm tests submit scripts/slurm/hpcai500.sbatch. One to a Slurm that is up on this
+host (scripts/slurm/one-node.sh brings one up); where none answers it is skipped at once
+with the reason. The other brings Slurm up itself on two simulated nodes
+(scripts/cluster/slurm.py: a slurmd in each node) where Slurm's packages are installed
+(scripts/slurm/install.sh; .ci/run installs them), and is skipped with the reason
+elsewhere. Neither installs anything.
 """
+import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from harness import launcher
-from tests.conftest import ROOT, dat_text
+from tests.conftest import ROOT, cluster_module, dat_text, results, simulated_cluster
 
 PMIX_BLOCK = ("Sorry!", "help file", "A requested component was not found", "Framework: psec", "PMIx")
 
@@ -68,7 +73,7 @@ def test_mpirun_prints_no_pmix_warning_block(bagging_run):
 
 def _slurm_up() -> str | None:
     """None if a Slurm controller answers with a usable node; else why the test cannot run."""
-    for tool in ("sbatch", "sinfo", "scancel"):
+    for tool in ("sbatch", "sinfo", "scancel", "scontrol"):
         if shutil.which(tool) is None:
             return f"no Slurm here ({tool} not on PATH); scripts/slurm/one-node.sh brings up a one-node cluster"
     try:
@@ -79,6 +84,42 @@ def _slurm_up() -> str | None:
     if p.returncode or not any(s.rstrip("*~#$@") in ("idle", "mixed") for s in states):
         return f"no idle Slurm node (sinfo: {(p.stdout + p.stderr).strip()[:200] or 'nothing'})"
     return None
+
+
+def _sbatch(tmp_path, dat, resources: list[str], env: dict | None = None, timeout: int = 300):
+    """Submit scripts/slurm/hpcai500.sbatch with `resources` and wait for it; returns
+    (the report, the job's stderr) once the job completed with exit 0. A job not done
+    within `timeout` is cancelled and the test fails with its stderr. The state is polled
+    here every 0.5 s: `sbatch --wait` doubles its own polling interval, which added
+    ~30 s to an 8-second job."""
+    out, err = tmp_path / "job.out", tmp_path / "job.err"
+    cmd = ["sbatch", "--parsable", *resources, "--cpus-per-task=1", "--gpus-per-node=0", "--time=10",
+           f"--output={out}", f"--error={err}", f"--export=ALL,VENV={sys.prefix}", "scripts/slurm/hpcai500.sbatch",
+           str(dat)]
+    env = dict(os.environ, **(env or {}))
+    sb = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert sb.returncode == 0, f"sbatch: {sb.stderr}"
+    job = sb.stdout.strip().split(";")[0]   # --parsable: the job id
+    deadline = time.monotonic() + timeout
+    while (state := _job_state(job, env))["JobState"] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], env=env, timeout=30)
+            pytest.fail(f"Slurm job {job} did not finish within {timeout} s (cancelled); its stderr:\n"
+                        f"{err.read_text()[-3000:] if err.exists() else '(none)'}")
+        time.sleep(0.5)
+    report, stderr = out.read_text(), err.read_text()
+    assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), f"job {job}: {state}\n{stderr[-3000:]}"
+    assert not [ln for ln in stderr.splitlines() if any(s in ln for s in PMIX_BLOCK)], stderr[:3000]
+    assert foreign_lines(stderr) == [], stderr[:3000]
+    return report, stderr
+
+
+def _job_state(job: str, env: dict) -> dict:
+    """JobState and ExitCode of a job the controller still knows (MinJobAge: 5 min)."""
+    p = subprocess.run(["scontrol", "show", "job", job, "-o"], env=env, capture_output=True, text=True, timeout=30)
+    fields = dict(f.split("=", 1) for f in p.stdout.split() if "=" in f)
+    assert p.returncode == 0 and "JobState" in fields, f"scontrol show job {job}: {p.stdout}{p.stderr}"
+    return fields
 
 
 @pytest.mark.slow
@@ -92,24 +133,67 @@ def test_sbatch_runs_clean_under_srun_pmix(tmp_path):
         pytest.skip(why)
     dat = tmp_path / "my.dat"
     dat.write_text(dat_text(l5=tmp_path / "runs", l9=2, l10="2 1", l11="1 2", l15=1, l30=0, l31=0))
-    out, err = tmp_path / "job.out", tmp_path / "job.err"
-    cmd = ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
-           "--gpus-per-node=0", "--time=10", f"--output={out}", f"--error={err}",
-           f"--export=ALL,VENV={sys.prefix}", "scripts/slurm/hpcai500.sbatch", str(dat)]
-    sb = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    job = sb.stdout.readline().strip().split(";")[0]   # --parsable: the job id, printed at submission
-    try:
-        rc = sb.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        subprocess.run(["scancel", job], timeout=30)
-        sb.kill()
-        pytest.fail(f"Slurm job {job} did not finish within 300 s (cancelled); its stderr:\n"
-                    f"{err.read_text()[-3000:] if err.exists() else '(none)'}")
-    report, stderr = out.read_text(), err.read_text()
-    assert rc == 0, f"sbatch: {sb.stderr.read()}\n{stderr[-3000:]}"
+    report, stderr = _sbatch(tmp_path, dat, ["--nodes=1", "--ntasks-per-node=2"])
     assert report.startswith(f"{dat}: valid. 2 test(s) on 2 rank(s), 1 node(s):"), report[:2000]   # --check
     assert report.count("...... PASSED") == 2 and "FAILED" not in report, report[-3000:]
     assert "2 tests completed and passed consistency checks" in report and "End of Tests." in report
-    assert not [ln for ln in stderr.splitlines() if any(s in ln for s in PMIX_BLOCK)], stderr[:3000]
-    assert foreign_lines(stderr) == [], stderr[:3000]
     assert stderr.count("evaluation after epoch 1") == 2   # both tests' lines: the run's stderr was read
+
+
+# ---- Slurm across the simulated cluster's nodes --------------------------------------
+
+def _slurm_module():
+    cluster_module()                   # puts scripts/cluster on sys.path
+    import slurm
+    return slurm
+
+
+def test_slurm_conf_names_every_node_and_keeps_every_file_in_the_state_folder():
+    conf = _slurm_module().conf_text("c", ("login", "10.9.0.254"), 7009, [("n1", "10.9.0.1"), ("n2", "10.9.0.2")],
+                                     2, "/run/hpcai500-c/slurm")
+    lines = conf.splitlines()
+    assert "SlurmctldHost=login(10.9.0.254)" in lines and "SlurmctldPort=7009" in lines
+    assert [ln for ln in lines if ln.startswith("NodeName=")] == [
+        "NodeName=n1 NodeAddr=10.9.0.1 CPUs=2 State=UNKNOWN", "NodeName=n2 NodeAddr=10.9.0.2 CPUs=2 State=UNKNOWN"]
+    assert "PartitionName=sim Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP" in lines
+    assert "TmpFS=/local/scratch" in lines and "AuthInfo=socket=/run/hpcai500-c/slurm/munge.socket" in lines
+    # one spool, pid file and log per node (%n), every path in the state folder
+    paths = [ln.split("=", 1)[1] for ln in lines if ln.startswith(("State", "Slurmd", "Slurmctld")) and "/" in ln]
+    assert len(paths) == 6 and all(p.startswith("/run/hpcai500-c/slurm/") for p in paths), paths
+    assert sum("%n" in p for p in paths) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_sbatch_across_two_simulated_nodes(tmp_path):
+    """Slurm on two simulated nodes (a slurmd in each, the controller and MUNGE on this
+    machine): the sbatch script with --nodes=2, a task a node, launched by
+    `srun --mpi=pmix` from the job's first node across both. One data-parallel test
+    (M=1 x P=2): Horovod's all-reduce crosses the switch. Each node's slurmd binds its
+    task to core 0, as Open MPI's daemons do: the harness widens both. The report and
+    results.json name both nodes and say they share a machine, stderr holds the
+    harness's lines only, and the cluster's `down` takes Slurm's daemons with it."""
+    sl = _slurm_module()
+    why = sl.available()
+    if why:
+        pytest.skip(why)
+    c = simulated_cluster("slurm", 2, 245)
+    try:
+        s = sl.Slurm(c).up(tie=True)
+        dat = tmp_path / "my.dat"
+        dat.write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=2, l15=1, l30=0, l31=0))
+        report, stderr = _sbatch(tmp_path, dat, ["--nodes=2", "--ntasks-per-node=1"], env=s.env)
+    finally:
+        daemons = list(c.daemons)
+        c.down()
+    assert report.startswith(f"{dat}: valid. 1 test(s) on 2 rank(s), 2 node(s):"), report[:2000]   # --check
+    assert "job    0 : ranks 0-1 on 2 node(s) n1,n2" in report, report[:2000]
+    assert report.count("...... PASSED") == 1 and "1 tests completed and passed consistency checks" in report
+    assert "- Nodes: 2 x [1 rank(s); " in report and "(n1, n2)" in report, report
+    assert "Shared machine: nodes n1,n2 run on one machine" in report
+    assert "Bindings widened: ranks 0-1 were bound by their nodes' launchers" in report
+    res = results(tmp_path / "runs")
+    assert res["status"] == "complete" and res["environment"]["hosts"] == ["n1", "n2"]
+    assert res["tests"][0]["jobs"] == [[0, 1]] and res["environment"]["widened_ranks"] == [0, 1]
+    assert stderr.count("evaluation after epoch 1") == 1
+    assert len(daemons) == 2 and not [q for q in daemons if os.path.exists(f"/proc/{q}")]   # munged, slurmctld

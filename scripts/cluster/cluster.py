@@ -7,6 +7,7 @@ disk, network and processes, launched through Open MPI's real ssh path.
              --prtemca plm_ssh_agent /run/hpcai500-cluster/agent -np 4 python hpcai500.py HPCAI500.dat
     sudo python3 scripts/cluster/cluster.py shape n2 100mbit      # or `none`
     sudo python3 scripts/cluster/cluster.py down
+    sudo python3 scripts/cluster/cluster.py up --nodes 2 --slurm   # and Slurm, a slurmd a node (slurm.py)
 
 Node i (`n1` .. `nN`) is one process tree in its own namespaces:
 * UTS: its host name, so Open MPI sees N hosts;
@@ -153,6 +154,7 @@ class Cluster:
         self.tag = f"h{zlib.crc32(name.encode()) & 0xffffff:06x}"   # in link names: IFNAMSIZ allows 15 characters
         self.switch = 0                 # pid of the process holding the switch's network namespace
         self.nodes: list[Node] = []
+        self.daemons: list[int] = []    # pids of the cluster's processes on this machine (Slurm's controller, MUNGE)
         self._procs: list[subprocess.Popen] = []
 
     # -- files in the state folder -------------------------------------------------
@@ -166,21 +168,21 @@ class Cluster:
 
     def _save(self) -> None:
         with open(os.path.join(self.state, "nodes.json"), "w") as f:
-            json.dump({"switch": self.switch, "nodes": [n.__dict__ for n in self.nodes]}, f)
+            json.dump({"switch": self.switch, "nodes": [n.__dict__ for n in self.nodes], "daemons": self.daemons}, f)
 
-    def _load(self) -> tuple[int, list[Node]]:
+    def _load(self) -> tuple[int, list[Node], list[int]]:
         path = os.path.join(self.state, "nodes.json")
         if not os.path.exists(path):
-            return 0, []
+            return 0, [], []
         with open(path) as f:
             saved = json.load(f)
-        return saved["switch"], [Node(**n) for n in saved["nodes"]]
+        return saved["switch"], [Node(**n) for n in saved["nodes"]], saved.get("daemons", [])
 
     @classmethod
     def attach(cls, name: str = "cluster") -> "Cluster":
         """The cluster `up` left running (command line)."""
         c = cls(name)
-        c.switch, c.nodes = c._load()
+        c.switch, c.nodes, c.daemons = c._load()
         if not c.switch:
             raise ClusterError(f"no cluster {name!r} is up (no {c.state}/nodes.json); start one with `up`")
         return c
@@ -225,12 +227,12 @@ class Cluster:
                                   subprocess.DEVNULL).pid
         self._save()
         sw = self._in_switch()
-        _run([*sw, "ip", "link", "add", "br0", "type", "bridge"])
-        _run([*sw, "ip", "link", "set", "br0", "up"])
+        run([*sw, "ip", "link", "add", "br0", "type", "bridge"])
+        run([*sw, "ip", "link", "set", "br0", "up"])
         head = f"{self.tag}h"
         _ip("link", "add", head, "type", "veth", "peer", "name", f"{head}s")
         self._plug(f"{head}s")
-        _ip("addr", "add", f"{self._address(HEAD)}/24", "dev", head)
+        _ip("addr", "add", f"{self.head_address}/24", "dev", head)
         _ip("link", "set", head, "up")
 
     def _in_switch(self) -> list[str]:
@@ -253,10 +255,26 @@ class Cluster:
     def _plug(self, end: str) -> None:
         """Move a veth end from this machine into the switch and attach it to the bridge."""
         _ip("link", "set", end, "netns", str(self.switch))
-        _run([*self._in_switch(), "ip", "link", "set", end, "master", "br0", "up"])
+        run([*self._in_switch(), "ip", "link", "set", end, "master", "br0", "up"])
 
     def _address(self, i: int) -> str:
         return f"10.{self.net}.0.{i}"
+
+    @property
+    def head_address(self) -> str:
+        """This machine's address on the switch (the login node's): what the nodes reach."""
+        return self._address(HEAD)
+
+    def daemon(self, what: str, argv: list[str], tie: bool, env: dict | None = None) -> None:
+        """Start a process of the cluster's on this machine (a daemon in the foreground:
+        Slurm's controller, MUNGE); `down` kills it, and so does the caller's death where
+        tie. Its output goes to <what>.log in the state folder."""
+        with open(os.path.join(self.state, f"{what}.log"), "a") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, **(env or {})), preexec_fn=_pdeathsig if tie else os.setsid)
+        self._procs.append(proc)
+        self.daemons.append(proc.pid)
+        self._save()
 
     def _start(self, i: int, host: str, hosts: str, tie: bool) -> Node:
         # the init's and unshare's messages (a failed start; unshare's complaint when it is
@@ -271,15 +289,17 @@ class Cluster:
         _ip("link", "set", f"{veth}p", "netns", str(pid))
         self._plug(veth)
         inside = [*_net(pid), "ip"]
-        _run([*inside, "link", "set", f"{veth}p", "name", "eth0"])
-        _run([*inside, "addr", "add", f"{self._address(i)}/24", "dev", "eth0"])
-        _run([*inside, "link", "set", "eth0", "up"])
+        run([*inside, "link", "set", f"{veth}p", "name", "eth0"])
+        run([*inside, "addr", "add", f"{self._address(i)}/24", "dev", "eth0"])
+        run([*inside, "link", "set", "eth0", "up"])
         return Node(host, pid, self._address(i), veth)
 
     def down(self) -> None:
         """Kill every node and the switch (processes, mounts, links and the bridge go with
         their namespaces) and remove the state folder. Safe to call twice, or with nothing up."""
-        switch, old = self._load()
+        switch, old, daemons = self._load()
+        for pid in {*self.daemons, *daemons}:
+            _kill(pid)
         for node in {n.pid: n for n in [*self.nodes, *old]}.values():
             _kill(node.pid)
         for pid in {self.switch, switch} - {0}:
@@ -291,8 +311,8 @@ class Cluster:
                 proc.kill()
         # the kernel tears a dead namespace's links down asynchronously: do not wait for it
         if os.path.exists(f"/sys/class/net/{self.tag}h"):
-            _run(["ip", "link", "del", f"{self.tag}h"], check=False)
-        self.nodes, self._procs, self.switch = [], [], 0
+            run(["ip", "link", "del", f"{self.tag}h"], check=False)
+        self.nodes, self._procs, self.daemons, self.switch = [], [], [], 0
         shutil.rmtree(self.state, ignore_errors=True)
 
     # -- use ---------------------------------------------------------------------
@@ -307,9 +327,15 @@ class Cluster:
         in folder `wd` (default: the caller's, as from a shell on the login node)."""
         return ["nsenter", "-t", str(self.node(name).pid), "-u", "-m", "-n", "-p", f"--wd={wd or os.getcwd()}", "--"]
 
-    def mpirun_args(self) -> list[str]:
-        """mpirun's options for this cluster: the hostfile, and the ssh agent."""
-        return ["--hostfile", self.hostfile, "--prtemca", "plm_ssh_agent", self.agent]
+    def mpirun_args(self, hosts: str | None = None, env=()) -> list[str]:
+        """mpirun's options for this cluster: the hostfile and the ssh agent; with `hosts`
+        (`n1:2,n2:2`), --host and -np for a rank a slot; and -x for each HPCAI500_* name
+        in `env` (the nodes' ranks start with a login's environment, as over ssh)."""
+        args = ["--hostfile", self.hostfile, "--prtemca", "plm_ssh_agent", self.agent]
+        if hosts:
+            ranks = sum(int(h.split(":")[1]) if ":" in h else 1 for h in hosts.split(","))
+            args += ["--host", hosts, "-np", str(ranks)]
+        return args + [a for k in env if k.startswith("HPCAI500_") for a in ("-x", k)]
 
     def shape(self, name: str, rate: str | None) -> None:
         """Limit node `name`'s link both ways to `rate` (tc syntax: 10gbit, 1gbit, 100mbit),
@@ -317,15 +343,15 @@ class Cluster:
         (at least 64 KB, so a jumbo segment passes) and packets wait at most 50 ms."""
         node = self.node(name)
         for prefix, dev in ((self._in_switch(), node.veth), (_net(node.pid), "eth0")):
-            _run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
+            run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
             if rate and rate != "none":
                 burst = max(64 * 1024, _bits(rate) // 8 // 1000)
-                _run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                       "burst", str(burst), "latency", "50ms"])
 
     def link(self, name: str, up: bool) -> None:
         """Take node `name`'s link down (as a pulled cable or a dead switch port) or up."""
-        _run([*self._in_switch(), "ip", "link", "set", self.node(name).veth, "up" if up else "down"])
+        run([*self._in_switch(), "ip", "link", "set", self.node(name).veth, "up" if up else "down"])
 
     def transfer_seconds(self, src: str, dst: str, nbytes: int) -> float:
         """Seconds `nbytes` take over TCP from node `src` to node `dst`, timed at the
@@ -335,7 +361,7 @@ class Cluster:
         try:
             if server.stdout.readline().strip() != "listening":
                 raise ClusterError(f"no receiver on {dst}")
-            _run([*self.enter(src), sys.executable, "-c", _SENDER, dst, str(nbytes)])
+            run([*self.enter(src), sys.executable, "-c", _SENDER, dst, str(nbytes)])
             got, seconds = server.stdout.readline().split()
         finally:
             server.kill()
@@ -391,14 +417,14 @@ def _kill(pid: int) -> None:
         time.sleep(0.01)
 
 
-def _run(cmd: list[str], check: bool = True) -> None:
+def run(cmd: list[str], check: bool = True) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if check and done.returncode != 0:
         raise ClusterError(f"{' '.join(cmd)}: {done.stderr.strip()}")
 
 
 def _ip(*args: str) -> None:
-    _run(["ip", *args])
+    run(["ip", *args])
 
 
 def ssh(cluster: Cluster, argv: list[str]) -> int:
@@ -429,6 +455,7 @@ def main(argv=None) -> int:
     u.add_argument("--slots", type=int, default=2, help="slots per node in the hostfile")
     u.add_argument("--rate", help="shape every node's link, tc syntax (10gbit, 1gbit)")
     u.add_argument("--net", type=int, default=250, help="second byte of the nodes' 10.x.0.0/24 (default 250)")
+    u.add_argument("--slurm", action="store_true", help="and Slurm on them (slurm.py: a slurmd per node)")
     sub.add_parser("down", help="stop the nodes, remove everything")
     sub.add_parser("status", help="the nodes and the files mpirun needs")
     e = sub.add_parser("exec", help="run a command on a node")
@@ -450,6 +477,16 @@ def main(argv=None) -> int:
                 raise ClusterError(why)
             c = Cluster(args.name, args.net).up(args.nodes, args.slots, args.rate)
             print(_status(c))
+            if args.slurm:
+                import slurm            # this folder's module (it imports this one)
+                try:
+                    why = slurm.available()
+                    if why:
+                        raise ClusterError(why)
+                    print(f"Slurm is up: export SLURM_CONF={slurm.Slurm(c).up().conf}")
+                except BaseException:
+                    c.down()            # all or nothing
+                    raise
         elif args.cmd == "down":
             Cluster(args.name).down()
         elif args.cmd == "status":

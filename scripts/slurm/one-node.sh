@@ -10,14 +10,12 @@
 #   sbatch --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 \
 #          scripts/slurm/hpcai500.sbatch my.dat
 #
-# Debian 12 ships Slurm 22.05 with its PMIx plugin (mpi_pmix_v4, which dlopens
-# libpmix.so: hence libpmix-dev beside libpmix2) and MUNGE for authentication. Root
+# The packages (Slurm 22.05, MUNGE, PMIx) come from install.sh beside this script. Root
 # is needed (packages, /etc/slurm, the daemons). No systemd is assumed: the daemons
 # are started directly, so this also works in a container. A slurm.conf this script
 # did not write is never overwritten.
 set -euo pipefail
 
-PACKAGES=(slurm-wlm munge libpmix2 libpmix-dev)
 CONF=/etc/slurm/slurm.conf
 MARK="# written by hpcai500 scripts/slurm/one-node.sh"
 STATE=/var/spool/slurmctld SPOOL=/var/spool/slurmd LOGS=/var/log/slurm
@@ -36,17 +34,7 @@ stop_pid() {   # stop the daemon whose pid file is $1, by that pid only
     rm -f "$1"
 }
 
-install() {
-    local missing=()
-    for p in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    if ((${#missing[@]})); then
-        echo "installing ${missing[*]}"
-        apt-get update -q
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-    fi
-}
+install() { "$(dirname "$0")/install.sh"; }   # the packages, once
 
 configure() {
     [[ -e $CONF ]] && ! grep -qxF "$MARK" "$CONF" && die "$CONF exists and was not written by this script; not touching it"
