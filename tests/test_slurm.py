@@ -82,7 +82,8 @@ def _slurm_up() -> str | None:
         return "sinfo did not answer within 10 s: no Slurm controller up"
     states = p.stdout.split()
     if p.returncode or not any(s.rstrip("*~#$@") in ("idle", "mixed") for s in states):
-        return f"no idle Slurm node (sinfo: {(p.stdout + p.stderr).strip()[:200] or 'nothing'})"
+        said = " | ".join(ln.strip() for ln in (p.stdout + p.stderr).splitlines() if ln.strip())
+        return f"no idle Slurm node on this host (sinfo: {said[:200] or 'nothing'}); scripts/slurm/one-node.sh brings one up"
     return None
 
 
