@@ -1,7 +1,8 @@
 """Driver (HPL_pddriver): the command line, start-up, and the sweep of tests.
 
-    read input (plan.read) -> nodes, devices -> validate and load data (plan.make)
-    -> [--check: print the plan] -> roofline micro-kernels -> inventory
+    read input (plan.read) -> nodes -> validate and load data (plan.make, before
+    TensorFlow loads) -> devices -> [--check: print the plan] -> roofline micro-kernels
+    -> inventory
     -> for each test and repetition: run.test -> report.Output.add -> finish
 
 The data flows one way, dat -> topology -> sampler -> staging -> train -> ensemble ->

@@ -1,6 +1,8 @@
 """The documentation says what the repository holds: README's line table is the shipped
-HPCAI500.dat, the module paths README.md and DESIGN.md name exist, and every citation of
-a DESIGN.md section points to a section that exists. No MPI, no TensorFlow."""
+HPCAI500.dat, the module paths README.md and DESIGN.md name exist, every harness module
+is in README's Layout and DESIGN's module map, every citation of a DESIGN.md section
+points to a section that exists, and README's schema version, refusal of old input files
+and scaling groups are what the code does. No MPI, no TensorFlow."""
 import re
 
 import pytest
@@ -127,3 +129,54 @@ def test_example_sweeps_parse_and_hold_what_their_experiment_needs(path):
     ranks = int(command.split("-np ")[1].split()[0])
     assert max(scales) <= ranks and cfg.eval_every >= 1     # time to quality needs evaluations along the way
 
+
+
+# ---- the kinds of drift found once (issue 25): each checked against the code ----------
+
+def _harness_modules() -> list[str]:
+    """Every module of harness/ and harness/workloads/, by name."""
+    return sorted(p.stem for p in [*(ROOT / "harness").glob("*.py"), *(ROOT / "harness" / "workloads").glob("*.py")]
+                  if p.stem != "__init__")
+
+
+def test_readme_layout_and_design_module_map_name_every_harness_module():
+    layout = README[README.index("## Layout"):]
+    layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
+    design_map = DESIGN[DESIGN.index("## 3. Components and module map"):DESIGN.index("\n## 4. ")]
+    missing_readme = [m for m in _harness_modules() if f"`{m}`" not in layout]
+    missing_design = [m for m in _harness_modules() if not re.search(rf"harness/(workloads/)?{m}\.py", design_map)]
+    assert not missing_readme, f"README's Layout does not name harness modules {missing_readme}"
+    assert not missing_design, f"DESIGN.md §3 does not name harness modules {missing_design}"
+
+
+def test_readme_states_the_schema_version_results_json_carries():
+    from harness import results
+    assert re.findall(r"`schema` version \(now ([\d.]+)\)", README) == [results.SCHEMA]
+
+
+def test_readme_names_the_lines_the_parser_asks_an_old_file_to_add():
+    """For each line added since the first release, a shipped file cut just before it is
+    refused naming the span README gives for a file of that length."""
+    rows, flat = SHIPPED.read_text().splitlines(), " ".join(README.split())   # README's lines wrap
+    for first in dat.ADDED:
+        with pytest.raises(dat.DatError) as e:
+            dat.parse_text("\n".join(rows[:first - 1]) + "\n")
+        span = re.search(r"expected (lines? [\d-]+) ", str(e.value)).group(1)
+        assert e.value.line_no == first and f"a {first - 1}-line file" in flat, str(e.value)
+        said = re.search(rf"a {first - 1}-line file \([^)]*\) names (lines? [\d-]+)", flat)
+        assert said and said.group(1) == span, (said and said.group(0), str(e.value))
+
+
+def test_readme_groups_the_scaling_lines_by_the_fields_the_report_groups_by():
+    """README's "(workload, B, precision, P)": tests differing in a named field get lines
+    of their own; tests differing only in M share one."""
+    from harness import metrics, report
+    fields = re.search(r"a scaling line for every \(([^)]*)\)", README).group(1).split(", ")
+    base = {"workload": "digits", "B": 32, "precision": "fp32", "P": 1}
+    def tests(ms=(1, 2), **change):
+        return [dict(base, M=m, flops=m * 1.0, **change) for m in ms]
+    assert len(report.scaling_lines(tests((1, 2, 4)), metrics.weak_scaling)) == 1   # M alone: one line
+    other = {"workload": "ic", "B": 64, "precision": "fp16", "P": 2}
+    for field in base:
+        lines = report.scaling_lines(tests() + tests(**{field: other[field]}), metrics.weak_scaling)
+        assert (len(lines) == 2) == (field in fields), (field, fields, lines)
