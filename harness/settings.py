@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from harness.workloads.detection import box_columns
+
 PREFIX = "HPCAI500_"
 
 
@@ -69,11 +71,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _box_order(text: str) -> str:
-    from harness.workloads import extreme_weather as ew
-    try:
-        ew.box_columns(text)
-    except ValueError:
-        raise ValueError(ew.BOX_ORDER_FORM) from None
+    box_columns(text)       # ValueError saying the form
     return text.strip().lower()
 
 

@@ -58,13 +58,13 @@ import numpy as np
 
 from harness.files import atomic_path
 from harness.workloads import DataError, progress_or_nothing
+from harness.workloads.detection import BOX_ORDER_FORM, box_columns
 
 CHANNELS, CLASSES = 16, 4
 CLASS_NAMES = ("tropical depression", "tropical cyclone", "extratropical cyclone", "atmospheric river")
 VAL_FRACTION = 0.2         # of a single file's images, when the data set is one file
 STATS_SAMPLE = 256         # training images the statistics are computed over, at most
 BOX_ORDER_ENV, VAL_ENV = "HPCAI500_EWA_BOX_ORDER", "HPCAI500_EWA_VAL"
-BOX_ORDER_FORM = "two y, two x and at most one c (e.g. yxyxc, yyxxc, cyxyx)"
 PAGE_ORDER, CONVERTER_ORDER = "yxyxc", "yyxxc"   # the dataset page's row order; the authors' converter's
 CANDIDATE_ORDERS = (PAGE_ORDER, CONVERTER_ORDER, "xyxyc", "xxyyc")   # what detection tries; class last
 CHANNEL_NAMES = ("PRECT", "PS", "PSL", "QREFHT", "T200", "T500", "TMQ", "TREFHT", "TS", "U850", "UBOT",
@@ -175,19 +175,7 @@ class Data:
                 yield at[local == row], buf, part.channels_first  # several positions: bootstrap rows repeat
 
 
-# ---- box rows ----------------------------------------------------------------------
-
-def box_columns(order: str) -> list[int]:
-    """The columns of (class, ymin, xmin, ymax, xmax) in a box row described by `order`:
-    two y and two x letters, the first of each the minimum, and `c` for the class
-    (appended when left out). box_columns('xyxyc') == [4, 1, 0, 3, 2]."""
-    o = order.strip().lower()
-    o = o if "c" in o else o + "c"
-    if sorted(o) != sorted("cxxyy"):
-        raise DataError(f"{BOX_ORDER_ENV}={order!r}: expected {BOX_ORDER_FORM}")
-    ys, xs = [i for i, ch in enumerate(o) if ch == "y"], [i for i, ch in enumerate(o) if ch == "x"]
-    return [o.index("c"), ys[0], xs[0], ys[1], xs[1]]
-
+# ---- box rows (the order's columns: detection.box_columns) ----------------------------
 
 def to_rows(raw: np.ndarray, order: str) -> np.ndarray:
     """Box rows in `order` -> (class, ymin, xmin, ymax, xmax); rows with a negative class
