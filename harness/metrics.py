@@ -10,6 +10,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+REPLICA_TOLERANCE = 1e-6   # replica consistency: max |w - w_root| allowed (the residual check's bound)
+
+
+def consistency(max_diff: float) -> dict:
+    """The replica consistency verdict of a test: its largest weight difference against
+    the bound (results.json's `consistency`)."""
+    return {"max_diff": max_diff, "tolerance": REPLICA_TOLERANCE, "passed": bool(max_diff <= REPLICA_TOLERANCE)}
+
+
+def utilisation(flops_value: float, ceilings: dict | None, ranks: list[int]) -> dict | None:
+    """FLOPS against the roofline ceilings of the ranks that trained: the sums of their
+    measured GEMM and convolution FLOPS, and their theoretical peak (None if unknown).
+    None without roofline figures (line 30 at 0)."""
+    if not ceilings:
+        return None
+    per_rank = ceilings["per_rank"]
+    gemm = sum(per_rank[r]["gemm"]["flops"] for r in ranks)
+    conv = sum(per_rank[r]["conv"]["flops"] for r in ranks)
+    peak = ceilings["peak"]["flops"]
+    return {"gemm": flops_value / gemm, "conv": flops_value / conv,
+            "peak": flops_value / (peak * len(ranks)) if peak else None}
+
+
 def total_flops(samples_per_job: list[int], training_flops_per_sample: float) -> float:
     """Eq. 4 summed over the N/|B| iterations of Eq. 6: the analytic FLOPs of every
     sample every base model trained on (all jobs, all epochs)."""

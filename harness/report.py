@@ -13,11 +13,10 @@ import threading
 import time
 from dataclasses import asdict
 
-from harness import files, results
+from harness import files, metrics, results
 
 RULE = "=" * 80
 THIN = "-" * 80
-TOLERANCE = 1e-6          # replica consistency: max |w - w_root| allowed
 
 LEGEND = """\
 An explanation of the input/output parameters follows:
@@ -44,7 +43,6 @@ def header(version: str, tv_legend: str, params: list[str], conventions: list[st
 
 def row(t: dict) -> str:
     """One test's result block, like HPL's result line and residual check."""
-    from harness import metrics
     q = t["quality"]
     base = t["base_quality"]
     mean_base = sum(base) / len(base)
@@ -88,7 +86,6 @@ def ttq_line(t: dict) -> str:
            + (_every(every) if every else "at the end only")
            + (", stop at target" if t["stop_at_target"] else ""))
     if t["time_to_quality"] is None:
-        from harness import metrics
         best = next(p for p in ev if p["quality"] == metrics.best([p["quality"] for p in ev],
                                                                   results.higher_is_better(t)))
         return (f"Time to Q   : not reached (best {best['quality']:.4f} after epoch {best['epoch']} of"
@@ -259,7 +256,7 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         "Time to solution: staging + world rank 0's wall clock from the start barrier to the end of the last"
         " evaluation, MLPerf HPC's time to train",
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
-        f" base model; PASSED at <= {TOLERANCE:.0e}",
+        f" base model; PASSED at <= {metrics.REPLICA_TOLERANCE:.0e}",
         f"Devices (rank 0): {devices['device']}; threads per rank: {devices['threads']} intra-op and"
         f" {devices['inter_op']} inter-op for the step (cores / ranks sharing them); input (read, decode, augment:"
         " the workload's feed) runs on tf.data's threads where the feed is a tf.data pipeline"
@@ -398,7 +395,6 @@ class Output:
             files.atomic_write(self.cfg.output_file, self.text)
 
     def _summarise_repeats(self, index: int) -> None:
-        from harness import metrics
         runs = [r for r in self.record.tests if r["index"] == index]
         summary = {"index": index, **vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
                                                          staged=bool(runs[0]["staging"]),

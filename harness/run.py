@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 
 from harness import mllog
 from harness.errors import RunError, first_failure
-from harness.report import TOLERANCE
 from harness.results import TestResult
 
 
@@ -289,9 +288,9 @@ def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_sec
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
         base_quality=[r["quality"] for r in roots], target_quality=target, penalty_n=n,
         penalty=metrics.penalty(quality, target, n, higher), final_loss=[r["loss"] for r in roots],
-        utilisation=_utilisation(fl, ctx.ceilings.get(t.precision), [r["rank"] for r in workers]),
+        utilisation=metrics.utilisation(fl, ctx.ceilings.get(t.precision), [r["rank"] for r in workers]),
         telemetry=tele, vflops_per_watt=telemetry.per_joule(vfl, seconds, tele),
-        consistency={"max_diff": max_diff, "tolerance": TOLERANCE, "passed": bool(max_diff <= TOLERANCE)},
+        consistency=metrics.consistency(max_diff),
         resample=[{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
                    "digest": r["index_digest"]} for r in roots],
         weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
@@ -363,11 +362,3 @@ def _on_step(watchdog, fire):
     return on_step
 
 
-def _utilisation(flops: float, ceil: dict | None, ranks: list[int]) -> dict | None:
-    if not ceil:
-        return None
-    per_rank = ceil["per_rank"]
-    gemm = sum(per_rank[r]["gemm"]["flops"] for r in ranks)
-    conv = sum(per_rank[r]["conv"]["flops"] for r in ranks)
-    peak = ceil["peak"]["flops"]
-    return {"gemm": flops / gemm, "conv": flops / conv, "peak": flops / (peak * len(ranks)) if peak else None}

@@ -288,7 +288,6 @@ def flops_checks(t: dict) -> tuple[list[Check], int]:
 
 def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]:
     """The test's figures as run.measure derives them (Eq. 4-8 and the rest)."""
-    from harness.run import _utilisation
     name = _name(t)
     per_job = [s * t["epochs_trained"] * t["B"] * t["P"] for s in t["steps_per_epoch"]]
     steps = [r["size"] // (t["P"] * t["B"]) for r in t["resample"]]
@@ -309,7 +308,7 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     epochs_trained = reached["epoch"] if stopped else t["epochs"]
     evaluated = [e for e in due if e <= epochs_trained]
     ranks = [r for job in t["jobs"] for r in job]
-    util = _utilisation(fl, res["roofline"].get(t["precision"]), ranks)
+    util = metrics.utilisation(fl, res["roofline"].get(t["precision"]), ranks)
     per_watt = telemetry.per_joule(vfl, t["train_seconds"], t.get("telemetry") or {})
     cons = t["consistency"]
     out = [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t["steps_per_epoch"] == steps,
@@ -346,9 +345,9 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
         out += [_num(f"{name}: utilisation of the {k.upper() + ' roofline' if k != 'peak' else 'theoretical peak'}"
                      f" (ranks {ranks})", rec_util.get(k), util[k]) for k in ("gemm", "conv", "peak")]
     out.append(_num(f"{name}: VFLOPS per watt (GPU boards)", t["vflops_per_watt"], per_watt))
-    verdict = bool(cons["max_diff"] <= report.TOLERANCE)
-    out.append(Check(f"{name}: replica consistency verdict (max diff {cons['max_diff']:g} <= {report.TOLERANCE:g})",
-                     cons["passed"] == verdict and cons["tolerance"] == report.TOLERANCE, cons["passed"], verdict))
+    again = metrics.consistency(cons["max_diff"])
+    out.append(Check(f"{name}: replica consistency verdict (max diff {cons['max_diff']:g} <= {again['tolerance']:g})",
+                     cons == again, cons["passed"], again["passed"]))
     return out, {"flops": fl, "vflops": vfl}
 
 

@@ -185,3 +185,18 @@ def test_repeats_price_an_error_by_its_direction():
     # olympic by time: the 2 s run alone; FLOPS 1e12 / 2; VFLOPS x (0.124 / 0.2)^5
     assert (r.kept, r.quality) == (1, 0.2)
     assert r.vflops == pytest.approx(0.5e12 * (0.124 / 0.2) ** 5)
+
+
+def test_utilisation_against_the_ranks_roofline_by_hand():
+    ceilings = {"per_rank": {0: {"gemm": {"flops": 10.0}, "conv": {"flops": 20.0}},
+                             1: {"gemm": {"flops": 20.0}, "conv": {"flops": 40.0}},
+                             2: {"gemm": {"flops": 1e9}, "conv": {"flops": 1e9}}},   # did not train: not counted
+                "peak": {"flops": 5.0}}
+    assert metrics.utilisation(6.0, ceilings, [0, 1]) == {"gemm": 0.2, "conv": 0.1, "peak": 0.6}
+    assert metrics.utilisation(6.0, dict(ceilings, peak={"flops": None}), [0, 1])["peak"] is None
+    assert metrics.utilisation(6.0, None, [0, 1]) is None      # no roofline run (line 30 at 0)
+
+
+def test_replica_consistency_passes_at_the_bound_and_not_above():
+    assert metrics.consistency(1e-6) == {"max_diff": 1e-6, "tolerance": 1e-6, "passed": True}
+    assert metrics.consistency(2e-6)["passed"] is False
