@@ -48,14 +48,14 @@ def main() -> None:
     from mpi4py import MPI
     import horovod.tensorflow as hvd
     import tensorflow as tf
-    from harness.workloads import ewa, faster_rcnn
+    from harness.workloads import Dataset, ewa, faster_rcnn
 
     hvd.init()
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())  # as harness.train.setup_devices
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1 if threads == 1 else 2)
     comm = MPI.COMM_WORLD
-    data = ewa.load(f"synthetic:{a.samples}:{a.side}", a.cache, hvd.local_rank(), comm.Barrier)
+    data = ewa.load(Dataset.parse(f"synthetic:{a.samples}:{a.side}"), a.cache, hvd.local_rank(), comm.Barrier)
     cfg = faster_rcnn.config_for(data.height, data.width, data.max_boxes, a.backbone)
 
     # this rank's rows: a seeded shuffle, rank r takes every size-th, repeated as needed

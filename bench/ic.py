@@ -57,8 +57,8 @@ def main(runs: int = RUNS) -> None:
 
 
 def _data(node_rank: int = 0, node_barrier=lambda: None):
-    from harness.workloads import ic
-    return ic, ic.load(DATASET, os.path.join(common.WORK, ".data"), node_rank, node_barrier)
+    from harness.workloads import Dataset, ic
+    return ic, ic.load(Dataset.parse(DATASET), os.path.join(common.WORK, ".data"), node_rank, node_barrier)
 
 
 def _threads(local_size: int) -> None:

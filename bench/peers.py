@@ -91,7 +91,7 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
     wl_name, dataset, batch, _ = CASES[case]   # its settings: in the environment mpirun gave
     hvd.init()
     wl = get(wl_name)
-    data = wl.load(dataset, os.path.join(common.WORK, ".data"), hvd.local_rank(), MPI.COMM_WORLD.Barrier)
+    data = wl.load(workloads.Dataset.parse(dataset), os.path.join(common.WORK, ".data"), hvd.local_rank(), MPI.COMM_WORLD.Barrier)
     train.setup_devices(hvd.local_rank(), hvd.local_size())   # the harness's threads per rank
     import tensorflow as tf
     rows = np.random.default_rng(hvd.rank()).integers(0, data.n_train, 4 * batch)

@@ -16,9 +16,10 @@ workloads); this module only reads them.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from harness import ensemble, sampler, train, workloads
 
@@ -95,7 +96,7 @@ class Config:
     device_out: int                       # line 4: 6 stdout, 7 stderr, else output_file
     results_dir: str                      # line 5
     workloads: tuple[str, ...]            # lines 6-7
-    dataset: str                          # line 8: embedded | synthetic[:S[:SIDE]] | path
+    dataset: workloads.Dataset            # line 8: embedded | synthetic[:S[:SIDE]] | path, parsed
     layouts: tuple[tuple[int, int], ...]  # lines 9-11: (M, P), M = 0: world size / P
     pmap: int                             # line 12: 0 node-packed, 1 round-robin
     batch_sizes: tuple[int, ...]          # lines 13-14, per rank
@@ -225,28 +226,31 @@ class _Reader:
                 raise self.err(n, self.tokens(n)[i], f"each {what} once ({v!r} is listed twice)")
 
 
-def _dataset(r: _Reader, n: int) -> str:
-    what = ("a dataset (embedded, synthetic[:SAMPLES[:SIDE]] with SAMPLES >= 2 "
-            "and SIDE >= 4, or a path)")
+def _dataset(r: _Reader, n: int) -> workloads.Dataset:
+    what = f"a dataset ({workloads.DATASET_FORM})"
     tok = r.first(n, what)
-    low = tok.lower()
-    if low == "embedded":
-        return "embedded"
-    if low != "synthetic" and not low.startswith("synthetic:"):
-        return tok  # a path; the workload checks that it exists
-    nums = [_int(p) for p in tok.split(":")[1:]]
-    if (len(nums) > 2 or None in nums or (nums and nums[0] < 2)
-            or (len(nums) == 2 and nums[1] < 4)):
-        raise r.err(n, tok, what)
-    return ":".join(["synthetic"] + [str(v) for v in nums])
+    try:
+        return workloads.Dataset.parse(tok)
+    except ValueError:
+        raise r.err(n, tok, what) from None
 
 
-def dataset_spec(dataset: str) -> tuple[str, int | None, int | None]:
-    """A validated Config.dataset as (kind, samples, side), kind embedded|synthetic|path."""
-    if dataset != "synthetic" and not dataset.startswith("synthetic:"):
-        return ("embedded" if dataset == "embedded" else "path"), None, None
-    nums = [int(v) for v in dataset.split(":")[1:]] + [None, None]
-    return "synthetic", nums[0], nums[1]
+def record(cfg: Config) -> dict:
+    """The configuration as results.json keeps it: every field but the file's text (kept
+    apart), the dataset as its text, tuples as lists."""
+    out = {f.name: getattr(cfg, f.name) for f in fields(Config) if f.name != "text"}
+    out["dataset"] = cfg.dataset.text
+    return json.loads(json.dumps(out))
+
+
+def from_record(text: str, recorded: dict) -> Config:
+    """A Config from results.json's `config` (for --verify, when the recorded text no
+    longer parses); TypeError if the record is not a configuration."""
+    known = {f.name for f in fields(Config)} - {"text"}
+    deep = lambda v: tuple(map(deep, v)) if isinstance(v, list) else v  # noqa: E731  (JSON's lists: the tuples)
+    values = {k: deep(v) for k, v in recorded.items() if k in known}
+    values["dataset"] = workloads.Dataset.parse(str(values.get("dataset", "")))
+    return Config(text=text, **values)
 
 
 def _added_lines(r: _Reader) -> None:
@@ -356,7 +360,7 @@ def describe(cfg: Config) -> list[str]:
     w = max(len(str(v)) for lay in cfg.layouts for v in lay)
     dflt = lambda v: "workload default" if v == -1 else f"{v:g}"  # noqa: E731
     dev = {6: "stdout", 7: "stderr"}.get(cfg.device_out, f"file {cfg.output_file}")
-    rows = [("WL", " ".join(cfg.workloads)), ("DATASET", cfg.dataset),
+    rows = [("WL", " ".join(cfg.workloads)), ("DATASET", cfg.dataset.text),
             ("M", " ".join(f"{m:>{w}}" for m, _ in cfg.layouts)),
             ("P", " ".join(f"{p:>{w}}" for _, p in cfg.layouts)),
             ("PMAP", ("Node-packed", "Round-robin")[cfg.pmap]),

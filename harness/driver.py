@@ -201,8 +201,6 @@ def _submission(world, environment: dict) -> dict:
 
 def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     """Rank 0's writer of the report and results.json, with the run's conventions."""
-    from dataclasses import asdict
-
     from harness import dat, report, results, settings, telemetry, topology, workloads
     nccl = False
     if cfg.allreduce == "hierarchical":
@@ -211,11 +209,9 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
     notes += [f"{w}: {line}" for w in cfg.workloads for line in workloads.get(w).describe_data(plan.datas[w])]
     placement = telemetry.node_lines(environment["node_inventory"]) + topology.sharing(nodes)
-    config = asdict(cfg)
-    config.pop("text")
     record = results.Record(
         hpcai500=VERSION, run_dir=run_dir, input={"path": cfg.path, "sha256": results.sha256(cfg.text), "text": cfg.text},
-        config=config, settings=plan.settings, environment=environment, roofline=ceilings,
+        config=dat.record(cfg), settings=plan.settings, environment=environment, roofline=ceilings,
         conventions=report.conventions(cfg, devices, notes, placement, ceilings, nccl),
         skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
     return report.Output(cfg, record, dat.describe(cfg) + settings.describe(plan.settings), dat.TV_LEGEND,

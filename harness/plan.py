@@ -174,7 +174,7 @@ def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
     wl = workloads.get(p.test.workload)
     deviations = tuple(wl.describe_model(data)[1])
     verdict, reasons = division.judge(
-        workload=p.test.workload, dataset_kind=dat.dataset_spec(cfg.dataset)[0],
+        workload=p.test.workload, dataset_kind=cfg.dataset.kind,
         deviations=list(deviations), test_only=settings.test_only(values),
         target=cfg.target_quality, default_target=wl.TARGET_QUALITY, n=cfg.penalty_n, default_n=wl.PENALTY_N,
         repetitions=cfg.repetitions)

@@ -31,7 +31,7 @@ import math
 import os
 import statistics
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from harness import dat, division, flops, metrics, report, results, settings, telemetry, train, workloads
 
@@ -194,16 +194,13 @@ def configuration(res: dict):
     try:
         cfg = dat.parse_text(text, path)
     except dat.DatError as e:
-        known = {f.name for f in fields(dat.Config)}
         try:
-            cfg = dat.Config(text=text, **{k: v for k, v in recorded.items() if k in known and k != "text"})
-        except TypeError as te:
+            cfg = dat.from_record(text, recorded)
+        except (TypeError, ValueError) as te:
             raise NotARun(f"results.json: neither the input text ({e}) nor the recorded configuration ({te})"
                           " can be read") from None
         return cfg, [Check("configuration: the recorded input parses", False, note=str(e))]
-    mine = asdict(cfg)
-    mine.pop("text")
-    mine = json.loads(json.dumps(mine))
+    mine = dat.record(cfg)
     diff = sorted(k for k in set(mine) | set(recorded) if mine.get(k) != recorded.get(k))
     return cfg, [Check("configuration = the recorded input parsed again", not diff,
                        {k: recorded.get(k) for k in diff} or None, {k: mine.get(k) for k in diff} or None,
@@ -374,7 +371,7 @@ def division_check(t: dict, cfg, values: dict, resumed: bool = False) -> Check:
     wl = workloads.get(t["workload"])
     known = {k: v for k, v in values.items() if k in settings.TABLE}
     verdict, reasons = division.judge(
-        workload=t["workload"], dataset_kind=dat.dataset_spec(cfg.dataset)[0], deviations=t["model_deviations"],
+        workload=t["workload"], dataset_kind=cfg.dataset.kind, deviations=t["model_deviations"],
         test_only=settings.test_only(known), target=cfg.target_quality, default_target=wl.TARGET_QUALITY,
         n=cfg.penalty_n, default_n=wl.PENALTY_N, repetitions=cfg.repetitions)
     recorded = [t["division"], list(t["open_reasons"])]

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from harness import metrics, report  # noqa: E402
-from harness.workloads import DataError, cosmoflow as cf, cosmoflow_synthetic as cs, tfrecord  # noqa: E402
+from harness.workloads import DataError, Dataset, cosmoflow as cf, cosmoflow_synthetic as cs, tfrecord  # noqa: E402
 
 SIDE = 32
 
@@ -153,9 +153,9 @@ def test_no_files_and_bad_dataset_lines(tmp_path):
     with pytest.raises(DataError, match="no \\*.tfrecord files"):
         cf.read(str(tmp_path / "empty"))
     with pytest.raises(DataError, match="SIDE 48 is not a multiple of 32"):
-        cf.load("synthetic:10:48", str(tmp_path))
+        cf.load(Dataset.parse("synthetic:10:48"), str(tmp_path))
     with pytest.raises(DataError, match="no embedded data set"):
-        cf.load("embedded", str(tmp_path))
+        cf.load(Dataset.parse("embedded"), str(tmp_path))
 
 
 # ---- staging: the Data Duplicator's copy ----------------------------------------------

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from harness import dat
-from harness.dat import Config, DatError, describe, expand, parse, parse_text
+from harness.dat import Config, DatError, describe, expand, from_record, parse, parse_text, record
+from harness.workloads import Dataset
 from harness.dat import Test as DatTest  # aliased: pytest would try to collect 'Test*'
 
 DAT = Path(__file__).resolve().parents[1] / "HPCAI500.dat"
@@ -49,7 +50,7 @@ def test_shipped_file_parses_and_expands_to_three_tests():
     assert len(SHIPPED.splitlines()) == dat.NLINES == 33
     assert cfg.text == SHIPPED and cfg.path == str(DAT)
     assert (cfg.output_file, cfg.device_out, cfg.results_dir) == ("HPCAI500.out", 6, "runs")
-    assert cfg.workloads == ("digits",) and cfg.dataset == "embedded"
+    assert cfg.workloads == ("digits",) and cfg.dataset.text == "embedded" and cfg.dataset.kind == "embedded"
     assert cfg.layouts == ((1, 1), (2, 1), (4, 1)) and cfg.pmap == 0
     assert cfg.batch_sizes == (32,) and cfg.epochs == 10 and cfg.precisions == ("fp32",)
     assert (cfg.optimizer, cfg.base_lr, cfg.warmup_epochs) == ("sgd", 0.05, 1.0)
@@ -276,7 +277,8 @@ def test_crlf_and_bom(tmp_path):
     ({29: "0"}, "seed", 0), ({29: "4294967295"}, "seed", 2**32 - 1),
 ])
 def test_good_value(changes, field, value):
-    assert getattr(parse_text(edit(changes)), field) == value
+    got = getattr(parse_text(edit(changes)), field)
+    assert (got.text if field == "dataset" else got) == value
 
 
 # ---------------------------------------------------------------- reading errors
@@ -382,11 +384,27 @@ def test_describe():
 
 
 @pytest.mark.parametrize("token,spec", [
-    ("embedded", ("embedded", None, None)), ("synthetic", ("synthetic", None, None)),
-    ("synthetic:500", ("synthetic", 500, None)), ("Synthetic:500:8", ("synthetic", 500, 8)),
-    ("/data/x.npz", ("path", None, None)), ("syntheticdata", ("path", None, None))])
-def test_dataset_spec(token, spec):
-    assert dat.dataset_spec(parse_text(edit({8: token})).dataset) == spec
+    ("embedded", ("embedded", "embedded", None, None)), ("EMBEDDED", ("embedded", "embedded", None, None)),
+    ("synthetic", ("synthetic", "synthetic", None, None)),
+    ("synthetic:500", ("synthetic:500", "synthetic", 500, None)),
+    ("Synthetic:+500:8", ("synthetic:500:8", "synthetic", 500, 8)),
+    ("/data/x.npz", ("/data/x.npz", "path", None, None)), ("syntheticdata", ("syntheticdata", "path", None, None))])
+def test_dataset_is_parsed_once_into_its_parts(token, spec):
+    d = parse_text(edit({8: token})).dataset
+    assert (d.text, d.kind, d.samples, d.side) == spec
+
+
+def test_a_synthetic_size_falls_back_to_the_workloads_default_for_what_is_not_given():
+    assert Dataset.parse("synthetic").size((2000, 8)) == (2000, 8)
+    assert Dataset.parse("synthetic:300").size((2000, 8)) == (300, 8)
+    assert Dataset.parse("synthetic:300:12").size((2000, 8)) == (300, 12)
+
+
+def test_the_recorded_configuration_keeps_the_dataset_as_its_text_and_reads_back():
+    cfg = parse_text(edit({8: "Synthetic:500:8"}))
+    rec = record(cfg)
+    assert rec["dataset"] == "synthetic:500:8" and "text" not in rec and rec["layouts"] == [list(x) for x in cfg.layouts]
+    assert from_record(cfg.text, rec) == cfg
 
 
 def test_unreadable_file_any_user(monkeypatch, tmp_path):

@@ -14,7 +14,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from harness.workloads import DataError, ewa, ic  # noqa: E402
+from harness.workloads import DataError, Dataset, ewa, ic  # noqa: E402
 from harness.workloads import extreme_weather as ew  # noqa: E402
 from harness.workloads import weather_synthetic  # noqa: E402
 from tests.conftest import results  # noqa: E402
@@ -111,7 +111,7 @@ def test_ambiguous_rows_stop_before_training_and_the_setting_decides(tmp_path, m
     boxes = [[[(1, 2, 5, 8, 12)], [(0, 1, 3, 6, 9), (2, 10, 14, 20, 26)]]] * 2
     write_set(tmp_path / "data", "yxyxc", years=(1979, 1980), boxes=boxes)
     with pytest.raises(DataError) as e:
-        ewa.load(str(tmp_path / "data"), str(tmp_path / "cache"))   # what the harness calls before training
+        ewa.load(Dataset.parse(str(tmp_path / "data")), str(tmp_path / "cache"))   # what the harness calls before training
     message = str(e.value)
     assert "cannot tell the column order of the box rows: 4 readings, yxyxc (ymin, xmin, ymax, xmax, class), " \
            "yyxxc (ymin, ymax, xmin, xmax, class)" in message
@@ -132,7 +132,7 @@ def test_rows_fitting_no_reading_stop_before_training(tmp_path, monkeypatch):
     boxes[2] = [(2, 30, 40, 5, 45)]          # no reading puts this row inside a 32 x 48 image
     write_set(tmp_path, "yxyxc", years=(1979, 1980), boxes=[boxes, truth(2, seed=2)])
     with pytest.raises(DataError) as e:
-        ewa.load(str(tmp_path), str(tmp_path / "cache"))
+        ewa.load(Dataset.parse(str(tmp_path)), str(tmp_path / "cache"))
     message = str(e.value)
     assert "no reading of the box rows keeps every box inside the 32 x 48 images with min < max (2 files)" in message
     assert "yxyxc (ymin, xmin, ymax, xmax, class): 1 of " in message
@@ -168,10 +168,10 @@ def test_synthetic_sets_are_detected_as_written(tmp_path, order):
 
 
 def test_synthetic_load_without_and_with_the_setting(tmp_path, monkeypatch):
-    d = ewa.load("synthetic:10:32", str(tmp_path))
+    d = ewa.load(Dataset.parse("synthetic:10:32"), str(tmp_path))
     assert d.path.endswith("-yxyxc") and d.box_order == "yxyxc" and d.box_order_how.startswith("detected from")
     monkeypatch.setenv("HPCAI500_EWA_BOX_ORDER", "cyxyx")               # outside the candidates: set only
-    d2 = ewa.load("synthetic:10:32", str(tmp_path))
+    d2 = ewa.load(Dataset.parse("synthetic:10:32"), str(tmp_path))
     assert d2.path.endswith("-cyxyx") and (d2.box_order, d2.box_order_how) == ("cyxyx", "set by HPCAI500_EWA_BOX_ORDER")
     assert np.array_equal(d2.train_boxes, d.train_boxes)
 

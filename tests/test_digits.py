@@ -4,12 +4,12 @@ import h5py
 import numpy as np
 import pytest
 
-from harness.workloads import DataError, digits
+from harness.workloads import DataError, Dataset, digits
 from tests.conftest import results
 
 
 def test_embedded_split_is_fixed_and_disjoint():
-    a, b = digits.load("embedded", ""), digits.load("embedded", "")
+    a, b = digits.load(Dataset.parse("embedded"), ""), digits.load(Dataset.parse("embedded"), "")
     assert a.n_train + len(a.y_val) == 1797 and a.x_train.shape[1:] == (8, 8, 1)
     assert np.array_equal(a.y_val, b.y_val)
     assert 0.0 <= a.x_train.min() and a.x_train.max() <= 1.0
@@ -25,7 +25,7 @@ def test_embedded_digits_are_scikit_learns():
 
 def test_batches_are_the_rows_in_order():
     """Rows repeat and come in any order (a bootstrap shard); the remainder is dropped."""
-    d = digits.load("embedded", "")
+    d = digits.load(Dataset.parse("embedded"), "")
     feed = list(digits.batches(d, np.array([3, 1, 3, 0, 2]), 2, training=True, seed=0))
     assert len(feed) == 2
     for (x, y), rows in zip(feed, ([3, 1], [3, 0])):
@@ -33,7 +33,7 @@ def test_batches_are_the_rows_in_order():
 
 
 def test_synthetic_round_trip(tmp_path):
-    d = digits.load("synthetic:300:12", str(tmp_path))
+    d = digits.load(Dataset.parse("synthetic:300:12"), str(tmp_path))
     assert d.n_train + len(d.y_val) == 300 and d.x_train.shape[1:] == (12, 12, 1)
     folder = tmp_path / "digits-synthetic-300-12"
     with h5py.File(folder / "train.h5") as f:       # the real on-disk layout

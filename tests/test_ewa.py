@@ -10,7 +10,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from harness.workloads import DataError, ewa, weather_synthetic  # noqa: E402
+from harness.workloads import DataError, Dataset, ewa, weather_synthetic  # noqa: E402
 from harness.workloads import extreme_weather as ew  # noqa: E402
 from harness.workloads import detection as det  # noqa: E402
 from tests.conftest import results  # noqa: E402
@@ -136,7 +136,7 @@ def test_packed_rows_drop_padding_and_non_finite():
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return ewa.load("synthetic:40:32", str(tmp_path_factory.mktemp("ewa")))
+    return ewa.load(Dataset.parse("synthetic:40:32"), str(tmp_path_factory.mktemp("ewa")))
 
 
 def test_synthetic_round_trip(data):
@@ -196,11 +196,11 @@ def test_synthetic_objects_are_where_their_boxes_are(data):
 
 def test_only_node_rank_zero_writes(tmp_path):
     with pytest.raises(DataError, match="no such file or directory"):
-        ewa.load("synthetic:20:32", str(tmp_path), node_rank=1)
+        ewa.load(Dataset.parse("synthetic:20:32"), str(tmp_path), node_rank=1)
     with pytest.raises(DataError, match="no embedded data set"):
-        ewa.load("embedded", str(tmp_path))
+        ewa.load(Dataset.parse("embedded"), str(tmp_path))
     with pytest.raises(DataError, match="SIDE .* must be at least 32"):
-        ewa.load("synthetic:20:16", str(tmp_path))
+        ewa.load(Dataset.parse("synthetic:20:16"), str(tmp_path))
 
 
 def test_batches_flip_images_and_boxes_together(data, monkeypatch):

@@ -40,8 +40,8 @@ def _small_cnn():
 
 def _digits_cnn():
     """The digits workload's own model, the one the shipped HPCAI500.dat trains."""
-    from harness.workloads import digits
-    return digits.build_model(digits.load("embedded", ""))
+    from harness.workloads import Dataset, digits
+    return digits.build_model(digits.load(Dataset.parse("embedded"), ""))
 
 
 # ---- 1. hand-computed Table 3 cases ------------------------------------------

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from harness import flops  # noqa: E402
-from harness.workloads import DataError, ic, resnet, tfrecord  # noqa: E402
+from harness.workloads import DataError, Dataset, ic, resnet, tfrecord  # noqa: E402
 from tests.conftest import results  # noqa: E402
 
 # Hand-built data set: solid-colour JPEGs of assorted sizes, raw labels 1-based like
@@ -154,7 +154,7 @@ def test_bad_labels_and_missing_data_are_data_errors(handmade, tmp_path, monkeyp
     with pytest.raises(DataError, match="not a directory"):
         ic.read(str(path / "nowhere"))
     with pytest.raises(DataError, match="no embedded data set.*synthetic"):
-        ic.load("embedded", str(tmp_path))
+        ic.load(Dataset.parse("embedded"), str(tmp_path))
 
 
 # ---- synthetic data and staging -----------------------------------------------------
@@ -162,7 +162,7 @@ def test_bad_labels_and_missing_data_are_data_errors(handmade, tmp_path, monkeyp
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    return ic.load("synthetic:300:24", str(cache)), cache
+    return ic.load(Dataset.parse("synthetic:300:24"), str(cache)), cache
 
 
 def test_synthetic_round_trip(synthetic):
@@ -179,7 +179,7 @@ def test_synthetic_round_trip(synthetic):
     assert list(y) == list(labels[60:])
     assert len(list(path.glob("train-*-of-00002"))) == 2     # 128 records a shard
     mtime = os.path.getmtime(path / "train-00000-of-00002")
-    again = ic.load("synthetic:300:24", str(cache))          # written once, then read
+    again = ic.load(Dataset.parse("synthetic:300:24"), str(cache))          # written once, then read
     assert again.n_train == 240 and os.path.getmtime(path / "train-00000-of-00002") == mtime
     assert not list(cache.glob("*.tmp*"))
 
@@ -200,10 +200,10 @@ def test_loading_leaves_tensorflow_unstarted(tmp_path):
     import subprocess
     import sys
     code = ("import numpy as np, tensorflow as tf\n"
-            "from harness.workloads import digits, ewa, ic\n"
-            f"d = ic.load('synthetic:20:16', {str(tmp_path)!r})\n"
+            "from harness.workloads import Dataset, digits, ewa, ic\n"
+            f"d = ic.load(Dataset.parse('synthetic:20:16'), {str(tmp_path)!r})\n"
             f"ic.stage(d, np.arange(3), {str(tmp_path / 'copy')!r}); ic.read({str(tmp_path / 'copy')!r})\n"
-            f"digits.load('embedded', ''); ewa.load('synthetic:10:64', {str(tmp_path)!r})\n"
+            f"digits.load(Dataset.parse('embedded'), ''); ewa.load(Dataset.parse('synthetic:10:64'), {str(tmp_path)!r})\n"
             "tf.config.threading.set_intra_op_parallelism_threads(1)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)),
                        capture_output=True, text=True, timeout=120)

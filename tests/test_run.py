@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from harness import mllog, sampler
-from harness.workloads import digits
+from harness.workloads import Dataset, digits
 from tests.conftest import ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, results
 
 
@@ -64,7 +64,7 @@ def test_jobs_of_two_ranks_keep_replicas_equal_and_models_different(bagging_run)
     w = t["weights_digest"]
     assert w[0][0] == w[0][1] and w[1][0] == w[1][1]      # replicas identical inside a job
     assert w[0][0] != w[1][0]                             # base models differ across jobs
-    n = digits.load("embedded", "").n_train
+    n = digits.load(Dataset.parse("embedded"), "").n_train
     for job in (0, 1):                                    # rank 0 drew them; each job got its own
         expect = sampler.resample(n, "poisson", 42, job)
         assert t["resample"][job]["digest"] == sampler.digest(expect)

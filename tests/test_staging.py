@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from harness import sampler, staging
+from harness.workloads import Dataset
 from tests.conftest import results
 
 SYNTH = "synthetic:600:8"   # 480 training samples, small and quick
@@ -75,7 +76,7 @@ def test_disk_full_message_names_the_directory(tmp_path):
 
 def test_digits_stage_writes_the_rows_in_its_own_format(tmp_path):
     from harness.workloads import digits
-    data = digits.load("embedded", str(tmp_path))
+    data = digits.load(Dataset.parse("embedded"), str(tmp_path))
     rows = np.array([0, 3, 4, 10, 1000])
     nbytes = digits.stage(data, rows, str(tmp_path / "copy"))
     back = digits.read(str(tmp_path / "copy"))
@@ -90,7 +91,7 @@ def test_stage_beats_after_every_file_written(name, dataset, tmp_path):
     that a copy longer than the watchdog's limit is not taken for a hang."""
     from harness import workloads
     wl = workloads.get(name)
-    data = wl.load(dataset, str(tmp_path / "cache"))
+    data = wl.load(Dataset.parse(dataset), str(tmp_path / "cache"))
     calls = []
     wl.stage(data, np.arange(0, data.n_train, 2), str(tmp_path / "copy"), progress=lambda: calls.append(1))
     files = [f for f in (tmp_path / "copy").rglob("*") if f.is_file()]
@@ -112,7 +113,7 @@ def test_run_stages_the_union_of_the_jobs_resamples_once_per_node_and_trains_fro
     st = test["staging"]
     assert st["copies"] == 1 and st["kept"] and st["dir"] == str(stage)
     from harness.workloads import digits
-    n = digits.load("embedded", "").n_train
+    n = digits.load(Dataset.parse("embedded"), "").n_train
     jobs = [np.unique(sampler.resample(n, "poisson", 42, j)) for j in range(2)]
     union = np.union1d(*jobs)
     assert max(map(len, jobs)) < len(union) < sum(map(len, jobs))   # the jobs share samples: copied once

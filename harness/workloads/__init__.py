@@ -24,6 +24,45 @@ class DataError(ValueError):
     """Bad or missing data: the message names the file and what is wrong."""
 
 
+DATASET_FORM = "embedded, synthetic[:SAMPLES[:SIDE]] with SAMPLES >= 2 and SIDE >= 4, or a path"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Line 8 of the input file, parsed once (harness/dat.py): what every workload's
+    `load` takes. `text` is what results.json records and the report echoes."""
+    text: str                    # embedded | synthetic[:SAMPLES[:SIDE]] (canonical) | the path as given
+    kind: str                    # embedded | synthetic | path
+    samples: int | None = None   # synthetic: SAMPLES as given (None: the workload's default)
+    side: int | None = None      # synthetic: SIDE as given, pixels (voxels for cosmoflow); None: default
+
+    @classmethod
+    def parse(cls, text: str) -> "Dataset":
+        """The dataset a line 8 token names; ValueError (saying DATASET_FORM) for a
+        malformed synthetic spec. Anything not embedded or synthetic is a path, which
+        the workload checks when it loads it."""
+        low = text.lower()
+        if low == "embedded":
+            return cls("embedded", "embedded")
+        if low != "synthetic" and not low.startswith("synthetic:"):
+            return cls(text, "path")
+        parts = text.split(":")[1:]
+        if len(parts) > 2 or not all(p.lstrip("+").isdigit() for p in parts):
+            raise ValueError(DATASET_FORM)
+        nums = [int(p) for p in parts]
+        if (nums and nums[0] < 2) or (len(nums) == 2 and nums[1] < 4):
+            raise ValueError(DATASET_FORM)
+        nums += [None] * (2 - len(nums))
+        return cls(":".join(["synthetic"] + [str(v) for v in nums if v is not None]), "synthetic", *nums)
+
+    def size(self, default: tuple[int, int]) -> tuple[int, int]:
+        """synthetic's (SAMPLES, SIDE), the workload's `default` for what was not given."""
+        return self.samples or default[0], self.side or default[1]
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass(frozen=True)
 class Data:
     """A data set small enough to hold in memory (the digits workload)."""
@@ -106,7 +145,7 @@ class Workload(Protocol):
     # below it, and every comparison of qualities (harness/metrics.py) turns round.
     HIGHER_IS_BETTER: bool
 
-    def load(self, dataset: str, cache_dir: str, node_rank: int, node_barrier): ...
+    def load(self, dataset: Dataset, cache_dir: str, node_rank: int, node_barrier): ...
     def read(self, path: str): ...    # the one reader of real, synthetic and staged data
 
     def stage(self, data, rows, path: str, progress=None) -> int:

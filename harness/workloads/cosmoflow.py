@@ -54,7 +54,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import node_once
-from harness.workloads import DataError, cosmoflow_synthetic, progress_or_nothing, staged_rows, tfrecord
+from harness.workloads import DataError, Dataset, cosmoflow_synthetic, progress_or_nothing, staged_rows, tfrecord
 
 NAME = "cosmoflow"
 QUALITY = "MAE"
@@ -90,19 +90,18 @@ class CosmoData(tfrecord.Splits):
 
 # ---- reading --------------------------------------------------------------------------
 
-def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> CosmoData:
+def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> CosmoData:
     """Every rank's data set; the node's rank 0 writes synthetic data and builds the
     index first, the others read after it (files.node_once)."""
-    from harness.dat import dataset_spec
-    kind, samples, side = dataset_spec(dataset)
+    kind = dataset.kind
     if kind == "embedded":
         raise DataError("cosmoflow: there is no embedded data set; give 'synthetic[:SAMPLES[:SIDE]]' or the "
                         "path of a directory with train/*.tfrecord and validation/*.tfrecord (MLPerf HPC's layout)")
-    path = dataset
+    path = dataset.text
     if kind == "synthetic":
-        samples, side = samples or SYNTHETIC_DEFAULT[0], side or SYNTHETIC_DEFAULT[1]
+        samples, side = dataset.size(SYNTHETIC_DEFAULT)
         if side % SIDE_MULTIPLE:
-            raise DataError(f"cosmoflow {dataset!r}: SIDE {side} is not a multiple of {SIDE_MULTIPLE} "
+            raise DataError(f"cosmoflow {dataset.text!r}: SIDE {side} is not a multiple of {SIDE_MULTIPLE} "
                             "(the model's 5 max-poolings of 2)")
         path = os.path.join(cache_dir, cosmoflow_synthetic.directory_name(samples, side))
     first = {}
@@ -110,10 +109,10 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
     def prepare():
         if kind == "synthetic" and not os.path.isdir(path):
             cosmoflow_synthetic.write_synthetic(path, samples, side)
-        first["data"] = read(path, cache_dir=cache_dir, source=dataset)
+        first["data"] = read(path, cache_dir=cache_dir, source=dataset.text)
 
     node_once(node_rank, node_barrier, prepare)
-    return first["data"] if first else read(path, cache_dir=cache_dir, source=dataset)
+    return first["data"] if first else read(path, cache_dir=cache_dir, source=dataset.text)
 
 
 def list_files(path: str, split: str) -> list[str]:

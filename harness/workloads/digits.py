@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from harness.files import atomic_path, node_once
-from harness.workloads import Data, DataError, class_probabilities, progress_or_nothing, top1
+from harness.workloads import Data, DataError, Dataset, class_probabilities, progress_or_nothing, top1
 
 NAME = "digits"
 QUALITY = "Top-1"
@@ -26,17 +26,15 @@ SYNTHETIC_DEFAULT = (2000, 8)
 CLASSES = 10
 
 
-def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> Data:
-    from harness.dat import dataset_spec
-    kind, samples, side = dataset_spec(dataset)
-    if kind == "embedded":
+def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> Data:
+    if dataset.kind == "embedded":
         return _embedded()
-    if kind == "synthetic":
-        samples, side = samples or SYNTHETIC_DEFAULT[0], side or SYNTHETIC_DEFAULT[1]
+    if dataset.kind == "synthetic":
+        samples, side = dataset.size(SYNTHETIC_DEFAULT)
         path = os.path.join(cache_dir, f"digits-synthetic-{samples}-{side}")
         node_once(node_rank, node_barrier, lambda: os.path.isdir(path) or write_synthetic(path, samples, side))
-        return read(path, source=dataset)
-    return read(dataset, source=dataset)
+        return read(path, source=dataset.text)
+    return read(dataset.text, source=dataset.text)
 
 
 def _embedded() -> Data:

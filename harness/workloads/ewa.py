@@ -46,7 +46,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import node_once
-from harness.workloads import DataError, each_epoch
+from harness.workloads import DataError, Dataset, each_epoch
 from harness.workloads import detection as det
 from harness.workloads import extreme_weather as ew
 from harness.workloads import weather_synthetic
@@ -67,20 +67,19 @@ REFERENCE_SIZE = (768, 1152)   # the published images' height and width
 PREFETCH_ENV = "HPCAI500_EWA_PREFETCH"   # > 0: batches through tf.data with this prefetch depth
 
 
-def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> Data:
+def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> Data:
     """Every rank's data set. The node's rank 0 writes synthetic data (once: a directory
     there is a whole set, renamed into place) and reads first, computing and caching the
     statistics if needed; the node's other ranks read after it (files.node_once)."""
-    from harness.dat import dataset_spec
-    kind, samples, side = dataset_spec(dataset)
+    kind = dataset.kind
     if kind == "embedded":
         raise DataError("ewa: there is no embedded data set for Extreme Weather Analytics; "
                         "use synthetic[:SAMPLES[:SIDE]] or a directory of HDF5 files (one per year)")
-    path = dataset
+    path = dataset.text
     if kind == "synthetic":
-        samples, side = samples or SYNTHETIC_DEFAULT[0], side or SYNTHETIC_DEFAULT[1]
+        samples, side = dataset.size(SYNTHETIC_DEFAULT)
         if side < MIN_SIDE:
-            raise DataError(f"ewa {dataset!r}: SIDE (image height) must be at least {MIN_SIDE}: "
+            raise DataError(f"ewa {dataset.text!r}: SIDE (image height) must be at least {MIN_SIDE}: "
                             "the detector's feature map is 1/8 of the image and needs 4 x 6 cells")
         written = _order() or ew.PAGE_ORDER   # unset: the page's order, detected back on reading
         path = os.path.join(cache_dir, weather_synthetic.directory_name(samples, side, written))
@@ -89,10 +88,10 @@ def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: 
     def prepare():
         if kind == "synthetic" and not os.path.isdir(path):
             weather_synthetic.write_synthetic(path, samples, side, order=written)
-        first["data"] = read(path, source=dataset, cache_dir=cache_dir)
+        first["data"] = read(path, source=dataset.text, cache_dir=cache_dir)
 
     node_once(node_rank, node_barrier, prepare)
-    return first["data"] if first else read(path, source=dataset, cache_dir=cache_dir)
+    return first["data"] if first else read(path, source=dataset.text, cache_dir=cache_dir)
 
 
 def read(path: str, source: str | None = None, cache_dir: str | None = None) -> Data:

@@ -54,7 +54,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import atomic_path, node_once
-from harness.workloads import DataError, class_probabilities, progress_or_nothing, resnet, staged_rows, tfrecord, top1
+from harness.workloads import DataError, Dataset, class_probabilities, progress_or_nothing, resnet, staged_rows, tfrecord, top1
 
 NAME = "ic"
 QUALITY = "Top-1"
@@ -100,26 +100,25 @@ class ICData(tfrecord.Splits):
 
 # ---- reading --------------------------------------------------------------------------
 
-def load(dataset: str, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> ICData:
-    from harness.dat import dataset_spec
-    kind, samples, side = dataset_spec(dataset)
+def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> ICData:
+    kind = dataset.kind
     if kind == "embedded":
         raise DataError("ic: there is no embedded data set (ImageNet is not bundled); give "
                         "'synthetic[:SAMPLES[:SIDE]]' or the path of a directory of ImageNet "
                         "TFRecord shards (train-00000-of-01024 ..., validation-00000-of-00128 ...)")
     if kind == "synthetic":
-        samples, side = samples or SYNTHETIC_DEFAULT[0], side or SYNTHETIC_DEFAULT[1]
+        samples, side = dataset.size(SYNTHETIC_DEFAULT)
         path = os.path.join(cache_dir, f"ic-synthetic-{samples}-{side}")
         prepare = lambda: os.path.isdir(path) or write_synthetic(path, samples, side)  # noqa: E731
         index_dir = path
     else:
-        path, index_dir, prepare = dataset, cache_dir, lambda: None
+        path, index_dir, prepare = dataset.text, cache_dir, lambda: None
     # One writer a node (data, index cache); the others wait and read what it wrote.
     def prepare_and_index():
         prepare()
         read(path, cache_dir=index_dir)
     node_once(node_rank, node_barrier, prepare_and_index)
-    return read(path, cache_dir=index_dir, source=dataset)
+    return read(path, cache_dir=index_dir, source=dataset.text)
 
 
 def read(path: str, cache_dir: str | None = None, source: str | None = None) -> ICData:
