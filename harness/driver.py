@@ -23,6 +23,7 @@ import numpy as np
 
 from harness.errors import RunError, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
+from harness import dat, fault, plan as planning, report, results, run, settings, signals, telemetry, topology, train, verify, workloads
 
 VERSION = "0.2"
 
@@ -90,10 +91,8 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.verify:  # reads the run folder only: no MPI, no TensorFlow
-        from harness import verify
         return verify.main(args.verify)
     if args.summarize:  # reads results.json files only: no MPI, no TensorFlow
-        from harness import report
         try:
             print(report.summarize(args.summarize), end="")
         except (OSError, ValueError, KeyError) as e:
@@ -120,8 +119,6 @@ def main(argv=None) -> int:
 
 
 def _run(args, world, watchdog) -> int:
-    from harness import plan as planning
-    from harness import run, signals, telemetry, topology, train
 
     output = None  # set once the results exist; the signal handler then records the interruption
 
@@ -188,7 +185,6 @@ def _run(args, world, watchdog) -> int:
 def _submission(world, environment: dict) -> dict:
     """MLLOG's submission keys: the settings, or for the platform, the nodes and the
     accelerator (or CPU) model of rank 0's node, the same string on every rank."""
-    from harness import settings
     platform = settings.value("HPCAI500_SUBMITTER_PLATFORM")
     if platform is None and world.rank == 0:
         node = (environment.get("node_inventory") or [{}])[0]
@@ -201,7 +197,6 @@ def _submission(world, environment: dict) -> dict:
 
 def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     """Rank 0's writer of the report and results.json, with the run's conventions."""
-    from harness import dat, report, results, settings, telemetry, topology, workloads
     nccl = False
     if cfg.allreduce == "hierarchical":
         import horovod.tensorflow as hvd
@@ -222,7 +217,6 @@ def _roofline(world, precisions) -> dict | None:
     """GEMM, convolution and triad on every rank at once (they share the node's memory
     and power, as training does), once per precision; per-rank figures on rank 0."""
     import kernels
-    from harness import fault, settings
     out = {}
     for prec in precisions:
         world.Barrier()

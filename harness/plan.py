@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness import dat, settings, topology
+from harness import dat, division, files, results, settings, staging, topology, workloads
 from harness.errors import RunError, agree, first_failure
 
 
@@ -93,7 +93,6 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     planned, skipped = layouts(cfg, given.tests, world.size, nodes.node_of_rank)
     check_aggregations(cfg)
     if cfg.staging != "none":
-        from harness import staging
         watchdog.beat("staging directory check")
         agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
     first_failure(world, results_dir_problem(cfg) if world.rank == 0 else None)
@@ -122,7 +121,6 @@ def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_ran
 
 
 def check_aggregations(cfg: dat.Config) -> None:
-    from harness import workloads
     for name in cfg.workloads:
         supported = workloads.get(name).AGGREGATIONS
         if cfg.aggregation not in supported:
@@ -134,7 +132,6 @@ def results_dir_problem(cfg: dat.Config) -> str | None:
     """Why the results directory (line 5) cannot take a run's folder, or None. Nothing is
     made and nothing is left: a probe file in the directory, or in its nearest existing
     ancestor when it does not exist yet (a run makes it)."""
-    from harness.files import atomic_write
     place = os.path.abspath(cfg.results_dir)
     while not os.path.lexists(place) and os.path.dirname(place) != place:
         place = os.path.dirname(place)
@@ -142,7 +139,7 @@ def results_dir_problem(cfg: dat.Config) -> str | None:
     try:
         if not os.path.isdir(place):
             raise NotADirectoryError(f"{place} is not a directory")
-        atomic_write(probe, "")
+        files.atomic_write(probe, "")
         os.unlink(probe)
     except OSError as e:
         return (f"{cfg.path}:5: found results directory {cfg.results_dir!r} ({e.strerror or e}), "
@@ -153,7 +150,6 @@ def results_dir_problem(cfg: dat.Config) -> str | None:
 def load(world, cfg: dat.Config) -> dict:
     """Each workload's data on every rank; synthetic data is written once per node
     under <results>/.data (harness/files.node_once)."""
-    from harness import workloads
     datas = {}
     for name in cfg.workloads:
         wl = workloads.get(name)
@@ -170,7 +166,6 @@ def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
     """The test with its division: closed (a ranking result) or open, with the reasons."""
     from dataclasses import replace
 
-    from harness import division, workloads
     wl = workloads.get(p.test.workload)
     deviations = tuple(wl.describe_model(data)[1])
     verdict, reasons = division.judge(
@@ -192,7 +187,6 @@ def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
 def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> dict:
     """The results of the invocation to resume, checked against the input file and the
     settings in force now (`values`, as settings.read gives them)."""
-    from harness import results
     path = os.path.join(run_dir, "results.json")
     try:
         previous = results.load(path)
@@ -216,7 +210,6 @@ def describe(plan: Plan, world_size: int) -> list[str]:
     lines = [f"{cfg.path}: valid. {len(plan.tests)} test(s) on {world_size} rank(s), "
              f"{len(plan.nodes.hosts)} node(s):"]
     lines += [f"  {line}" for line in dat.describe(cfg) + settings.describe(plan.settings)]
-    from harness import workloads
     for name, data in plan.datas.items():
         lines.append(f"data {name}: {data.source}, {data.n_train} training / {data.n_val} validation samples")
         lines += [f"  {line}" for line in workloads.get(name).describe_data(data)]

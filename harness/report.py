@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import asdict
 
-from harness import files, metrics, results
+from harness import experiments, files, flops, metrics, mllog, results, train
 
 RULE = "=" * 80
 THIN = "-" * 80
@@ -194,7 +194,6 @@ def summary_lines(tests: list[dict], summaries: list[dict]) -> list[str]:
     """The lines after the footer's counts: bagging weak scaling, then the paper's two
     experiments (harness/experiments.py: bagging against data parallelism, quality
     against speed at a fixed scale), on the tests folded over repetitions."""
-    from harness import experiments, metrics
     folded = fold(tests, summaries)
     return (scaling_lines(tests, metrics.weak_scaling) + experiments.comparison_lines(folded)
             + experiments.tradeoff_lines(folded))
@@ -235,7 +234,6 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
     """The conventions block: every rule behind a figure of this run. `notes`: the
     workloads' FLOP notes; `placement`: the nodes (telemetry.node_lines) and what
     topology.sharing says of shared machines, cores and bindings; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
-    from harness import flops, train
     lines = [
         flops.CONVENTION,
         "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
@@ -403,7 +401,7 @@ class Output:
         self._emit(repeats_block(runs[0], summary))
 
     def _charts(self) -> None:
-        from harness import plots
+        from harness import plots   # matplotlib (~1 s): on rank 0, when a chart is drawn
         rec = self.record
         rec.charts = []
         if rec.tests and plots.scaling(rec.tests, os.path.join(rec.run_dir, "scaling.png")):
@@ -421,7 +419,6 @@ class Output:
                 rec.charts.append(name)
 
     def _write_mllogs(self, index: int, rep: int, mllogs: dict) -> None:
-        from harness import mllog
         folder = os.path.join(self.record.run_dir, "mllog")
         os.makedirs(folder, exist_ok=True)
         for job, lines in mllogs.items():

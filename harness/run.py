@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import mllog
+from harness import ensemble, fault, flops, metrics, mllog, sampler, staging, telemetry, topology, train, workloads
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 
@@ -37,7 +37,6 @@ class Context:
 def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     """Repetition `rep` (seed + rep) of a test of the plan (harness/plan.Planned) on every
     rank. Rank 0 returns (TestResult, {job: MLLOG lines}); the other ranks None."""
-    from harness import sampler, staging, topology, train, workloads
     cfg, world = ctx.cfg, ctx.world
     t, layout = planned.test, planned.layout
     seed = cfg.seed + rep
@@ -88,7 +87,6 @@ def _log(ctx, planned, data, job, job_comm, indices, seed):
     """The MLLOG of base model `job`, kept by the job's root (None elsewhere)."""
     if job is None or job_comm.rank != 0:
         return None
-    from harness import workloads
     t, layout, nodes = planned.test, planned.layout, ctx.nodes
     # an error is logged as MLPerf logs CosmoFlow's MAE, eval_error (harness/mllog.py)
     log = mllog.BaseModelLog(t.index, job, higher_is_better=workloads.get(t.workload).HIGHER_IS_BETTER)
@@ -107,7 +105,6 @@ def _stage(ctx, t, rep, wl, data, job, job_comm, indices, rec, log, watchdog):
     cfg, world = ctx.cfg, ctx.world
     if cfg.staging == "none":
         return None
-    from harness import staging, topology
     # Idle ranks come straight from the sampler, the jobs' ranks once their resample has
     # arrived (rank 0 sends them one after another): wait for all beating the watchdog,
     # since the node communicator's split below is a blocking collective.
@@ -153,7 +150,6 @@ def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, wat
     staging, the model trains and predicts from the node-local `copy`."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
-    from harness import ensemble, fault, flops, sampler, telemetry, train
     cfg, world = ctx.cfg, ctx.world
     root = job_comm.rank == 0
     local, local_indices = (copy.data, copy.indices) if copy else (data, indices)
@@ -211,7 +207,6 @@ class Evaluation:
     curve is world rank 0's, from the start barrier of training."""
 
     def __init__(self, ctx, t, M: int, wl, data, watchdog):
-        from harness import ensemble, workloads
         self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = ctx, t, M, wl, data, watchdog
         self.shape = ensemble.reduced_shape(data.n_val, wl.score_width(data), M, ensemble.stacks(wl))
         self.target, self.n = workloads.target_and_n(wl, ctx.cfg)
@@ -226,7 +221,6 @@ class Evaluation:
     def reduce(self, epoch: int, scores, quality: float | None, job: int | None) -> bool:
         """This rank's part of the evaluation after `epoch`: `scores` and `quality` from
         a job's root, None elsewhere. Returns the stop decision, the same on every rank."""
-        from harness import ensemble, metrics
         world = self.ctx.world
         # Jobs reach an evaluation at different times (resamples differ in size; idle
         # ranks have no job): wait for all of them politely, so the reduction is quick.
@@ -251,7 +245,6 @@ class Evaluation:
 def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_seconds, rep, seed) -> TestResult:
     """The test's figures from every rank's record and the evaluations (rank 0): Eq. 4-8
     and the rest."""
-    from harness import metrics, telemetry
     cfg, t, layout = ctx.cfg, planned.test, planned.layout
     roots = sorted((r for r in records if "quality" in r), key=lambda r: r["job"])
     workers = [r for r in records if r["job"] is not None]

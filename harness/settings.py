@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from harness import fault
 from harness.workloads.detection import box_columns
 
 PREFIX = "HPCAI500_"
@@ -82,8 +83,7 @@ def _peak(text: str) -> str:
 
 
 def _fault(text: str):
-    from harness.fault import parse
-    return parse(text)
+    return fault.parse(text)
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from harness import optimizers
+    from harness import optimizers   # TensorFlow at its top: here, after the devices are pinned
     rank, size = hvd.rank(), hvd.size()
     batch, epochs = recipe.batch, recipe.epochs
     steps = len(indices) // (size * batch)

@@ -33,7 +33,8 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 
-from harness import dat, division, flops, metrics, report, results, settings, telemetry, train, workloads
+from harness import dat, division, flops, metrics, mllog, report, results, settings, telemetry, train, workloads
+from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
 MAX_DIFFS = 5  # report.txt lines shown per block that differs
@@ -96,8 +97,7 @@ def load(run_dir: str, checker=None) -> Run:
             text = f.read()
     except OSError:
         text = None
-    if checker is None:
-        from harness.mllog import check as checker
+    checker = checker or mllog.check
     mllogs = {}
     for name in expected_mllogs(res):
         p = os.path.join(run_dir, "mllog", name)
@@ -129,8 +129,7 @@ def _read_input(path) -> dict:
 
 def expected_mllogs(res: dict) -> list[str]:
     """The MLLOG file of every base model of every finished test and repetition."""
-    from harness.mllog import filename
-    return [filename(t["index"], t["repetition"], j) for t in res["tests"]
+    return [mllog.filename(t["index"], t["repetition"], j) for t in res["tests"]
             if isinstance(t, dict) and all(isinstance(t.get(k), int) for k in ("index", "repetition", "M"))
             for j in range(t["M"])]
 
@@ -498,11 +497,10 @@ def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
     """Every base model's MLLOG file: there, passes the MLPerf HPC checker, and says what
     results.json says (seed, global batch, train samples, the base model's last
     eval_accuracy, the ensemble's quality, the division), for the keys it has."""
-    from harness.mllog import filename
     out = []
     for t in tests:
         for j in range(t["M"]):
-            name = filename(t["index"], t["repetition"], j)
+            name = mllog.filename(t["index"], t["repetition"], j)
             what = f"MLLOG mllog/{name}"
             log = mllogs.get(name)
             if log is None:
@@ -519,10 +517,9 @@ def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
 def _mllog_figures(what: str, t: dict, job: int, lines: list[str]) -> Check:
     events = [json.loads(ln.split(MLLOG_TOKEN, 1)[1]) for ln in lines if MLLOG_TOKEN in ln]
     last = {e["key"]: e["value"] for e in events}   # the last value of each key
-    from harness.mllog import eval_key
     want = {"seed": t["seed"], "global_batch_size": t["P"] * t["B"],
             "train_samples": t["resample"][job]["size"], "eval_samples": t["val_samples"],
-            eval_key(results.higher_is_better(t)): t["base_quality"][job],
+            mllog.eval_key(results.higher_is_better(t)): t["base_quality"][job],
             "hpcai500_ensemble_quality": t["quality"],
             "submission_division": t["division"]}
     want = {k: v for k, v in want.items() if k in last}
@@ -532,7 +529,7 @@ def _mllog_figures(what: str, t: dict, job: int, lines: list[str]) -> Check:
         # success: the target reached at some evaluation (harness/run.py), as the time to quality says
         want["run_stop status"] = "success" if t["time_to_quality"] is not None else "aborted"
     diff = {k: last[k] for k, v in want.items() if not _close(last[k], v)}
-    wrong = eval_key(not results.higher_is_better(t))   # an error logged as an accuracy, or the reverse
+    wrong = mllog.eval_key(not results.higher_is_better(t))   # an error logged as an accuracy, or the reverse
     if wrong in last:
         diff[wrong] = last[wrong]
         want[wrong] = f"no {wrong}: the quality is {'an accuracy' if results.higher_is_better(t) else 'an error'}"
@@ -568,7 +565,6 @@ def _show(v) -> str:
 # -- the command line ------------------------------------------------------------------------
 def main(run_dir: str, out=None) -> int:
     """Print every check and the counts; 0 if all pass, 1 otherwise (or not a run)."""
-    from harness.errors import say
     out = out or sys.stdout
     try:
         run = load(run_dir)

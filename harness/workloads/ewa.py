@@ -121,9 +121,17 @@ def stage(data: Data, rows: np.ndarray, path: str, progress=None) -> int:
 
 # ---- model and training ----------------------------------------------------------
 
+def _model():
+    """The detector's module. Imported when first used, not with this one: it imports
+    TensorFlow, which must not start before the driver has pinned the devices (loading
+    the data runs no TensorFlow op)."""
+    from harness.workloads import faster_rcnn
+    return faster_rcnn
+
+
 def config(data: Data):
     """The detector's configuration for this data's image size and boxes an image."""
-    from harness.workloads import faster_rcnn
+    faster_rcnn = _model()
     return faster_rcnn.config_for(data.height, data.width, data.max_boxes)
 
 
@@ -131,7 +139,7 @@ def describe_model(data: Data) -> tuple[str, list[str]]:
     """The FLOP note of the detector built, and how it differs from the reference
     (ResNet-50 trunk on 768 x 1152 images). The automatic switch to the small backbone
     below 384 px is said here, as a setting would be."""
-    from harness.workloads import faster_rcnn
+    faster_rcnn = _model()
     cfg = config(data)
     forced = settings.value(faster_rcnn.BACKBONE_ENV) != "auto"
     how = f"{faster_rcnn.BACKBONE_ENV}={cfg.backbone}" if forced else f"automatic for {data.height} px images"
@@ -144,12 +152,12 @@ def describe_model(data: Data) -> tuple[str, list[str]]:
 
 
 def build_model(data: Data):
-    from harness.workloads import faster_rcnn
+    faster_rcnn = _model()
     return faster_rcnn.build(config(data))
 
 
 def loss(y, outputs):
-    from harness.workloads import faster_rcnn
+    faster_rcnn = _model()
     return faster_rcnn.loss(y, outputs)
 
 
@@ -214,7 +222,7 @@ def predict(model, data: Data, rows: slice) -> np.ndarray:
     """Each validation image's top K detections, packed (K x 6): (class, score, ymin,
     xmin, ymax, xmax) rows, best first, zero rows after the last detection."""
     import tensorflow as tf
-    from harness.workloads import faster_rcnn
+    faster_rcnn = _model()
     cfg = config(data)
     index = np.arange(data.n_val)[rows]
     batch = int(max(1, min(32, (1 << 22) // (data.height * data.width))))  # ~4 M pixels a step

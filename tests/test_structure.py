@@ -1,0 +1,92 @@
+"""The import graph of harness/, read from the source (no import is run): no cycle, and
+a harness module imported inside a function only where start-up order needs it.
+
+Each allowed late import has its reason in LATE; a new one must join it with a reason,
+or move to the top of its module.
+"""
+import ast
+
+from tests.conftest import ROOT
+
+HARNESS = ROOT / "harness"
+# (importer, imported): why the import waits until the function runs
+LATE = {
+    ("harness.report", "harness.plots"): "matplotlib (~1 s), only on rank 0 when a chart is drawn",
+    ("harness.train", "harness.optimizers"): "TensorFlow at its top: after the driver pins the devices",
+    ("harness.workloads.ewa", "harness.workloads.faster_rcnn"): "TensorFlow at its top: loading data runs none",
+}
+
+
+def _name(path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict:
+    return {_name(p): ast.parse(p.read_text()) for p in sorted(HARNESS.rglob("*.py"))}
+
+
+def _targets(node, modules) -> set[str]:
+    """The harness modules an import statement binds or runs."""
+    if isinstance(node, ast.Import):
+        found = {a.name for a in node.names}
+    elif node.module and node.level == 0:
+        found = {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+    else:
+        return set()
+    return {t for t in found if t in modules}
+
+
+def _imports(modules) -> tuple[dict, list]:
+    """{module: modules it imports} (anywhere in it), and the imports inside functions."""
+    graph, late = {}, []
+    for name, tree in modules.items():
+        graph[name] = set()
+        inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                targets = _targets(node, modules) - {name}
+                graph[name] |= targets
+                if id(node) in inside:   # the module itself, not the package its name passes through
+                    late += [(name, t, node.lineno) for t in targets if not any(u.startswith(t + ".") for u in targets)]
+    return graph, late
+
+
+def _cycle(graph) -> list[str] | None:
+    """One import cycle, or None."""
+    state, stack = {}, []
+
+    def visit(v):
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return stack[stack.index(w):] + [w]
+            if w not in state and (found := visit(w)):
+                return found
+        stack.pop()
+        state[v] = 2
+        return None
+    for v in sorted(graph):
+        if v not in state and (found := visit(v)):
+            return found
+    return None
+
+
+def test_the_harness_has_no_import_cycle():
+    graph, _ = _imports(_modules())
+    assert len(graph) > 20 and graph["harness.driver"], graph      # the scan read the modules
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_harness_modules_are_imported_inside_functions_only_for_start_up_order():
+    _, late = _imports(_modules())
+    unexplained = [f"{a} line {n} imports {b}" for a, b, n in late if (a, b) not in LATE]
+    assert not unexplained, "move to the top of the module, or add to LATE with the reason: " + "; ".join(unexplained)
+    assert {(a, b) for a, b, _ in late} == set(LATE), "LATE names an import that is no longer late"
