@@ -160,6 +160,17 @@ def _run(args, world, watchdog) -> int:
                       plan.n_tests, _submission(world, environment))
     if world.rank == 0:
         output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {})
+    _sweep(ctx, plan, output, watchdog)
+    watchdog.beat("the summary and charts")
+    if output:
+        output.finish()
+    return 0
+
+
+def _sweep(ctx, plan, output, watchdog) -> None:
+    """Every test of the plan, each repetition, on every rank; rank 0's `output` (None
+    elsewhere) records each as it finishes. An error all ranks agree on mid-sweep
+    (staging) ends the sweep with the finished tests standing."""
     try:
         for p, rep in plan.runs:
             t = p.test
@@ -168,18 +179,11 @@ def _run(args, world, watchdog) -> int:
                 output.begin(t.index, rep)
             done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
             if output:
-                t0 = time.perf_counter()
                 output.add(*done)
-                # in results.json from the next rewrite on (the next test's, or the finish's)
-                output.record.write_seconds.append(time.perf_counter() - t0)
-    except RunError as e:  # agreed by all ranks mid-sweep (staging): the finished tests stand
+    except RunError as e:
         if output:
             output.finish(interrupted=f"error: {e}")
         raise
-    watchdog.beat("the summary and charts")
-    if output:
-        output.finish()
-    return 0
 
 
 def _submission(world, environment: dict) -> dict:

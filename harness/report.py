@@ -343,7 +343,10 @@ class Output:
         self.current = (index, rep)
 
     def add(self, result: results.TestResult, mllogs: dict) -> None:
-        """A finished test: its MLLOG files, its block in the report, both files rewritten."""
+        """A finished test: its MLLOG files, its block in the report, both files rewritten.
+        The time this takes is the record's `write_seconds` (on disk from the next rewrite:
+        the next test's, or the finish's)."""
+        t0 = time.perf_counter()
         r = asdict(result)
         with self.lock:
             self.record.tests.append(r)
@@ -353,6 +356,7 @@ class Output:
                 self._summarise_repeats(result.index)
             self._save()
             self.current = None
+            self.record.write_seconds.append(time.perf_counter() - t0)
 
     def finish(self, interrupted: str | None = None) -> None:
         """The summary, the charts, the final results. `interrupted` says why the tests

@@ -133,16 +133,45 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     eval_every), on every rank of the job, with the training clock stopped; True ends
     training there (the target reached)."""
     import horovod.tensorflow as hvd
-    import tensorflow as tf
 
-    from harness import optimizers   # TensorFlow at its top: here, after the devices are pinned
-    rank, size = hvd.rank(), hvd.size()
-    batch, epochs = recipe.batch, recipe.epochs
+    size, batch, epochs = hvd.size(), recipe.batch, recipe.epochs
     steps = len(indices) // (size * batch)
     if steps < 1:
         raise ValueError(f"job {job}: resample of {len(indices)} samples is smaller than "
                          f"P x B = {size} x {batch}; lower B or P, or use more data")
-    schedule = lambda s: learning_rate(s, steps * epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
+    step = _make_step(workload, model, recipe, steps, size)
+    concrete = step.get_concrete_function(*workload.input_signature(data, batch))
+    _refuse_hidden_random_state(concrete.graph, workload.NAME)
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
+    feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
+    if warmup_steps:  # on the first batches of epoch 1, read again by the timed epoch
+        _undone_warm_up(step, concrete.variables, workload, data, shards(0)[:warmup_steps * batch], batch, feed_seed)
+    # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
+    # feed reaches it; reading, decoding and augmenting are the workload's, inside the
+    # clock (MLPerf).
+    feed = workloads.training_feed(workload, data, shards, epochs, batch, feed_seed)
+    world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
+    loop = _epochs(step, feed, steps, epochs, job, hooks, on_step,
+                   evaluate and _evaluation(evaluate, model, hvd), eval_every)
+    del feed         # tearing a pipeline down can take seconds (ic): after the clock
+
+    diff, digest = _consistency(model, hvd)
+    if evaluate is None:   # else the last evaluation has broadcast them: the model is the root's already
+        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
+    return TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
+                       loop.clock, loop.trained)
+
+
+def _make_step(workload, model, recipe: Recipe, steps: int, size: int):
+    """The training step, a tf.function of (x, y) -> loss: forward and backward (by XLA
+    where line 33 says so), Horovod's gradient average on the job's ranks, the update at
+    the LR of the schedule (warm-up then cosine, scaled by P), loss scaling for fp16. The
+    job's ranks start from the root's weights."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from harness import optimizers   # TensorFlow at its top: here, after the devices are pinned
+    schedule = lambda s: learning_rate(s, steps * recipe.epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
                                        recipe.base_lr * size)
     opt = optimizers.make(recipe.optimizer, schedule(0), momentum=workload.MOMENTUM)
     fp16 = recipe.precision == "fp16"
@@ -186,37 +215,51 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
+    return step
 
-    # Set-up before the clock, like MLPerf's init phase: trace the step, then run
-    # WARMUP_STEPS real steps so that TensorFlow's graph optimisation (and XLA's
-    # compilation), the allocator's first growth and Horovod's first negotiation of
-    # every gradient all happen here, and put back every variable the step writes
-    # (weights, optimizer slots, step counters, loss scale, batch-norm statistics,
-    # random generators' states): the timed epochs then train exactly the samples they
-    # count, from exactly the state a run without warm-up would start from.
-    concrete = step.get_concrete_function(*workload.input_signature(data, batch))
-    _refuse_hidden_random_state(concrete.graph, workload.NAME)
-    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, rank, size, batch)  # noqa: E731
-    feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
-    if warmup_steps:  # on the first batches of epoch 1, read again by the timed epoch
-        state = [(v, v.numpy()) for v in concrete.variables]
-        warm = shards(0)[:warmup_steps * batch]
-        for x, y in workload.batches(data, warm, batch, training=True, seed=feed_seed):
-            step(x, y).numpy()
-        for v, value in state:
-            v.assign(value)
-        del state    # a host copy of the weights and slots: free it before training
-    # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
-    # feed reaches it; reading, decoding and augmenting are the workload's, inside the
-    # clock (MLPerf).
-    feed = workloads.training_feed(workload, data, shards, epochs, batch, feed_seed)
-    world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
+
+def _undone_warm_up(step, variables, workload, data, rows: np.ndarray, batch: int, feed_seed: int) -> None:
+    """Set-up before the clock, like MLPerf's init phase: run real steps on `rows` (the
+    first batches of epoch 1) so that TensorFlow's graph optimisation (and XLA's
+    compilation), the allocator's first growth and Horovod's first negotiation of every
+    gradient all happen here, then put back every variable the step writes (weights,
+    optimizer slots, step counters, loss scale, batch-norm statistics, random
+    generators' states): the timed epochs then train exactly the samples they count,
+    from exactly the state a run without warm-up would start from."""
+    state = [(v, v.numpy()) for v in variables]
+    for x, y in workload.batches(data, rows, batch, training=True, seed=feed_seed):
+        step(x, y).numpy()
+    for v, value in state:
+        v.assign(value)
+
+
+def _evaluation(evaluate, model, hvd):
+    """`evaluate` after the job's batch-norm statistics are made the root's: Horovod
+    averages gradients only, so they differ per replica, and every rank of the job
+    predicts with the root's (training never reads them)."""
+    def run(epoch: int) -> bool:
+        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
+        return evaluate(epoch)
+    return run
+
+
+@dataclass(frozen=True)
+class _Loop:
+    seconds: float               # training, evaluations excluded
+    trained: int                 # epochs trained
+    mean_loss: float             # over the last epoch's steps
+    clock: tuple[float, float]   # time.perf_counter() at the start and the end
+
+
+def _epochs(step, feed, steps: int, epochs: int, job: int, hooks, on_step, evaluate, eval_every: int) -> _Loop:
+    """The timed epochs: `steps` steps each from `feed`, hooks and heartbeats around them,
+    `evaluate` (if any) after each due epoch with the clock stopped; it ends the loop by
+    returning True (the target reached)."""
     start = time.perf_counter()
     if hooks:
         hooks.run_start()
-    due = set(evaluation_epochs(epochs, eval_every)) if evaluate is not None else set()
-    paused = 0.0     # s spent evaluating: outside the training clock
-    trained = epochs
+    due = set(evaluation_epochs(epochs, eval_every)) if evaluate else set()
+    paused, trained, mean_loss = 0.0, epochs, float("nan")     # paused: s spent evaluating, outside the clock
     for epoch in range(epochs):
         if hooks:
             hooks.epoch_start(epoch + 1)
@@ -233,23 +276,13 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
             hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start - paused)
         if epoch + 1 in due:
             t0 = time.perf_counter()
-            # Horovod averages gradients only: batch-norm statistics differ per replica.
-            # Every rank of the job predicts with the root's (training never reads them).
-            hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
             reached = evaluate(epoch + 1)
             paused += time.perf_counter() - t0
             if reached:
                 trained = epoch + 1
                 break
     stop = time.perf_counter()
-    seconds = stop - start - paused
-    del feed         # tearing a pipeline down can take seconds (ic): after the clock
-
-    diff, digest = _consistency(model, hvd)
-    if evaluate is None:   # else the last evaluation has broadcast them: the model is the root's already
-        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
-    return TrainResult(seconds, steps, steps * trained * batch * size, mean_loss, diff, digest, (start, stop),
-                       trained)
+    return _Loop(stop - start - paused, trained, mean_loss, (start, stop))
 
 
 def _refuse_hidden_random_state(graph, workload: str) -> None:

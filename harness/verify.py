@@ -286,7 +286,6 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     """The test's figures as run.measure derives them (Eq. 4-8 and the rest)."""
     name = _name(t)
     per_job = [s * t["epochs_trained"] * t["B"] * t["P"] for s in t["steps_per_epoch"]]
-    steps = [r["size"] // (t["P"] * t["B"]) for r in t["resample"]]
     samples = sum(per_job)
     total = metrics.total_flops(per_job, training)
     fl = metrics.flops(total, t["train_seconds"])
@@ -295,56 +294,65 @@ def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]
     higher = wl.HIGHER_IS_BETTER   # the workload's rule; the recorded direction is checked against it
     penalty = metrics.penalty(t["quality"], target, n, higher)
     vfl = metrics.vflops(fl, t["quality"], target, n, higher)
-    staging = (t["staging"] or {}).get("seconds", 0.0)
+    tts = (t["staging"] or {}).get("seconds", 0.0) + t["evaluations"][-1]["seconds"]
+    out = _curve_checks(t, name, target, higher) + [
+        _num(f"{name}: samples trained (steps x epochs trained x B x P, all jobs)", t["samples_trained"], samples),
+        _num(f"{name}: total FLOPs (samples x training FLOPs per sample)", t["total_flops"], total),
+        _num(f"{name}: FLOPS (total FLOPs / train_seconds)", t["flops"], fl),
+        _num(f"{name}: target quality (line 25)", t["target_quality"], target),
+        _num(f"{name}: penalty exponent n (line 26)", t["penalty_n"], n),
+        Check(f"{name}: quality direction ({wl.QUALITY}: {'higher' if higher else 'lower'} is better)",
+              results.higher_is_better(t) == higher, results.higher_is_better(t), higher),
+        _num(f"{name}: penalty ({'quality / target' if higher else 'target / quality'})^n", t["penalty"], penalty),
+        _num(f"{name}: VFLOPS (FLOPS x penalty)", t["vflops"], vfl),
+        _num(f"{name}: time to solution (staging + wall to the end of the last evaluation)",
+             t["time_to_solution"], tts)]
+    return out + _device_checks(t, name, fl, vfl, res), {"flops": fl, "vflops": vfl}
+
+
+def _curve_checks(t: dict, name: str, target: float, higher: bool) -> list[Check]:
+    """Steps, the evaluations along the way (lines 31-32), the epochs trained, and the
+    qualities and time to quality read from them."""
     curve = t["evaluations"]
-    tts = staging + curve[-1]["seconds"]
+    steps = [r["size"] // (t["P"] * t["B"]) for r in t["resample"]]
     reached = metrics.first_reaching(curve, target, higher)
     due = train.evaluation_epochs(t["epochs"], t["eval_every"])
-    stopped = bool(t["stop_at_target"] and reached)
-    epochs_trained = reached["epoch"] if stopped else t["epochs"]
+    epochs_trained = reached["epoch"] if t["stop_at_target"] and reached else t["epochs"]
     evaluated = [e for e in due if e <= epochs_trained]
+    ttq = (reached["seconds"], reached["epoch"]) if reached else (None, None)
+    return [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t["steps_per_epoch"] == steps,
+                  t["steps_per_epoch"], steps),
+            Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
+                  " (line 32)", [p["epoch"] for p in curve] == evaluated, [p["epoch"] for p in curve], evaluated),
+            Check(f"{name}: epochs trained (line 15, or the epoch the target stopped training)",
+                  t["epochs_trained"] == epochs_trained, t["epochs_trained"], epochs_trained),
+            _num(f"{name}: ensemble quality = the last evaluation's", t["quality"], curve[-1]["quality"]),
+            Check(f"{name}: base-model qualities = the last evaluation's",
+                  t["base_quality"] == curve[-1]["base_quality"], t["base_quality"], curve[-1]["base_quality"]),
+            Check(f"{name}: time to quality = the first evaluation reaching the target",
+                  (t["time_to_quality"], t["epochs_to_quality"]) == ttq, (t["time_to_quality"], t["epochs_to_quality"]),
+                  ttq)]
+
+
+def _device_checks(t: dict, name: str, fl: float, vfl: float, res: dict) -> list[Check]:
+    """Utilisation against the ranks' roofline, VFLOPS per watt, the consistency verdict."""
     ranks = [r for job in t["jobs"] for r in job]
     util = metrics.utilisation(fl, res["roofline"].get(t["precision"]), ranks)
-    per_watt = telemetry.per_joule(vfl, t["train_seconds"], t.get("telemetry") or {})
-    cons = t["consistency"]
-    out = [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t["steps_per_epoch"] == steps,
-                 t["steps_per_epoch"], steps),
-           Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
-                 " (line 32)", [p["epoch"] for p in curve] == evaluated, [p["epoch"] for p in curve], evaluated),
-           Check(f"{name}: epochs trained (line 15, or the epoch the target stopped training)",
-                 t["epochs_trained"] == epochs_trained, t["epochs_trained"], epochs_trained),
-           _num(f"{name}: ensemble quality = the last evaluation's", t["quality"], curve[-1]["quality"]),
-           Check(f"{name}: base-model qualities = the last evaluation's", t["base_quality"] == curve[-1]["base_quality"],
-                 t["base_quality"], curve[-1]["base_quality"]),
-           Check(f"{name}: time to quality = the first evaluation reaching the target",
-                 (t["time_to_quality"], t["epochs_to_quality"]) == ((reached["seconds"], reached["epoch"])
-                                                                    if reached else (None, None)),
-                 (t["time_to_quality"], t["epochs_to_quality"]),
-                 (reached["seconds"], reached["epoch"]) if reached else (None, None)),
-           _num(f"{name}: samples trained (steps x epochs trained x B x P, all jobs)", t["samples_trained"], samples),
-           _num(f"{name}: total FLOPs (samples x training FLOPs per sample)", t["total_flops"], total),
-           _num(f"{name}: FLOPS (total FLOPs / train_seconds)", t["flops"], fl),
-           _num(f"{name}: target quality (line 25)", t["target_quality"], target),
-           _num(f"{name}: penalty exponent n (line 26)", t["penalty_n"], n),
-           Check(f"{name}: quality direction ({wl.QUALITY}: {'higher' if higher else 'lower'} is better)",
-                 results.higher_is_better(t) == higher, results.higher_is_better(t), higher),
-           _num(f"{name}: penalty ({'quality / target' if higher else 'target / quality'})^n", t["penalty"], penalty),
-           _num(f"{name}: VFLOPS (FLOPS x penalty)", t["vflops"], vfl),
-           _num(f"{name}: time to solution (staging + wall to the end of the last evaluation)",
-                t["time_to_solution"], tts)]
     rec_util = t["utilisation"]
     if rec_util is None or util is None:
-        out.append(Check(f"{name}: utilisation", rec_util == util, rec_util, util,
-                         note="no roofline figures" if rec_util == util else
-                         "recorded for a run without roofline figures, or missing"))
+        out = [Check(f"{name}: utilisation", rec_util == util, rec_util, util,
+                     note="no roofline figures" if rec_util == util else
+                     "recorded for a run without roofline figures, or missing")]
     else:
-        out += [_num(f"{name}: utilisation of the {k.upper() + ' roofline' if k != 'peak' else 'theoretical peak'}"
-                     f" (ranks {ranks})", rec_util.get(k), util[k]) for k in ("gemm", "conv", "peak")]
+        out = [_num(f"{name}: utilisation of the {k.upper() + ' roofline' if k != 'peak' else 'theoretical peak'}"
+                    f" (ranks {ranks})", rec_util.get(k), util[k]) for k in ("gemm", "conv", "peak")]
+    per_watt = telemetry.per_joule(vfl, t["train_seconds"], t.get("telemetry") or {})
     out.append(_num(f"{name}: VFLOPS per watt (GPU boards)", t["vflops_per_watt"], per_watt))
+    cons = t["consistency"]
     again = metrics.consistency(cons["max_diff"])
     out.append(Check(f"{name}: replica consistency verdict (max diff {cons['max_diff']:g} <= {again['tolerance']:g})",
                      cons == again, cons["passed"], again["passed"]))
-    return out, {"flops": fl, "vflops": vfl}
+    return out
 
 
 def _sweep_check(t: dict, cfg) -> Check:

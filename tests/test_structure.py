@@ -1,5 +1,6 @@
-"""The import graph of harness/, read from the source (no import is run): no cycle, and
-a harness module imported inside a function only where start-up order needs it.
+"""The structure of harness/, read from the source (no import is run): no import cycle,
+a harness module imported inside a function only where start-up order needs it, and no
+function longer than LONGEST lines.
 
 Each allowed late import has its reason in LATE; a new one must join it with a reason,
 or move to the top of its module.
@@ -90,3 +91,13 @@ def test_harness_modules_are_imported_inside_functions_only_for_start_up_order()
     unexplained = [f"{a} line {n} imports {b}" for a, b, n in late if (a, b) not in LATE]
     assert not unexplained, "move to the top of the module, or add to LATE with the reason: " + "; ".join(unexplained)
     assert {(a, b) for a, b, _ in late} == set(LATE), "LATE names an import that is no longer late"
+
+
+LONGEST = 60   # lines of a function in harness/, its docstring included
+
+
+def test_no_harness_function_is_longer_than_a_screen():
+    long = [f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for path in sorted(HARNESS.rglob("*.py")) for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > LONGEST]
+    assert not long, f"split these (at most {LONGEST} lines): {long}"

@@ -110,34 +110,7 @@ def build(cfg: Config):
                          f"and a feature map of at least 2 x 2 (got {cfg.feature_hw})")
     images = tf.keras.Input((cfg.height, cfg.width, cfg.channels), name="images")
     gt = tf.keras.Input((cfg.max_boxes, 5), name="gt_boxes")
-
-    def conv_bn(x, filters, kernel, stride=1, relu=True):
-        x = L.Conv2D(filters, kernel, stride, padding="same", use_bias=False)(x)
-        x = L.BatchNormalization()(x)
-        return L.ReLU()(x) if relu else x
-
-    if cfg.backbone == "resnet50":
-        x = conv_bn(images, 64, 7, 2)
-        x = L.MaxPooling2D(3, 2, padding="same")(x)
-        for inner, blocks, stride in RESNET50:
-            for b in range(blocks):
-                s = stride if b == 0 else 1
-                # bottleneck, stride on the 3 x 3 (v1.5); projection shortcut on change
-                short = x if (s == 1 and x.shape[-1] == 4 * inner) else conv_bn(x, 4 * inner, 1, s, relu=False)
-                y = conv_bn(x, inner, 1)
-                y = conv_bn(y, inner, 3, s)
-                y = conv_bn(y, 4 * inner, 1, relu=False)
-                x = L.ReLU()(L.Add()([short, y]))
-    else:
-        x = conv_bn(images, cfg.widths[0], 3, 2)
-        for width, blocks in zip(cfg.widths, cfg.blocks):
-            for b in range(blocks):
-                stride = 2 if b == 0 else 1
-                short = x if (stride == 1 and x.shape[-1] == width) else conv_bn(x, width, 1, stride, relu=False)
-                y = conv_bn(x, width, 3, stride)
-                y = conv_bn(y, width, 3, relu=False)
-                x = L.ReLU()(L.Add()([short, y]))
-    features = x
+    features = _backbone(images, cfg)
 
     k = len(cfg.anchor_sizes) * len(cfg.anchor_ratios)
     anchors = cfg.anchors()
@@ -165,6 +138,40 @@ def build(cfg: Config):
                "rois": rois, "cls_logits": cls_logits, "box_deltas": box_deltas,
                "rpn_noise": rpn_noise, "roi_noise": roi_noise}
     return tf.keras.Model([images, gt], outputs, name="faster_rcnn")
+
+
+def _backbone(images, cfg: Config):
+    """The feature map at stride 16: ResNet-50's conv1 to conv4 (v1.5 bottlenecks), or
+    the narrow basic-block backbone of cfg.widths and cfg.blocks."""
+    L = tf.keras.layers
+
+    def conv_bn(x, filters, kernel, stride=1, relu=True):
+        x = L.Conv2D(filters, kernel, stride, padding="same", use_bias=False)(x)
+        x = L.BatchNormalization()(x)
+        return L.ReLU()(x) if relu else x
+
+    if cfg.backbone == "resnet50":
+        x = conv_bn(images, 64, 7, 2)
+        x = L.MaxPooling2D(3, 2, padding="same")(x)
+        for inner, blocks, stride in RESNET50:
+            for b in range(blocks):
+                s = stride if b == 0 else 1
+                # bottleneck, stride on the 3 x 3 (v1.5); projection shortcut on change
+                short = x if (s == 1 and x.shape[-1] == 4 * inner) else conv_bn(x, 4 * inner, 1, s, relu=False)
+                y = conv_bn(x, inner, 1)
+                y = conv_bn(y, inner, 3, s)
+                y = conv_bn(y, 4 * inner, 1, relu=False)
+                x = L.ReLU()(L.Add()([short, y]))
+        return x
+    x = conv_bn(images, cfg.widths[0], 3, 2)
+    for width, blocks in zip(cfg.widths, cfg.blocks):
+        for b in range(blocks):
+            stride = 2 if b == 0 else 1
+            short = x if (stride == 1 and x.shape[-1] == width) else conv_bn(x, width, 1, stride, relu=False)
+            y = conv_bn(x, width, 3, stride)
+            y = conv_bn(y, width, 3, relu=False)
+            x = L.ReLU()(L.Add()([short, y]))
+    return x
 
 
 class SamplingNoise(tf.keras.layers.Layer):
