@@ -34,6 +34,53 @@ class Context:
     submission: dict        # MLLOG's submission_org, _platform, _status (harness/settings.py)
 
 
+@dataclass(frozen=True)
+class Part:
+    """This rank's part in one test: what resampling, staging, training and measuring share."""
+    ctx: Context
+    planned: object         # harness/plan.Planned: the test, its layout, division, warnings
+    rep: int                # repetition, from 0
+    seed: int               # line 29's seed + rep
+    wl: object              # the workload's module (harness/workloads.get)
+    data: object            # its loaded data set
+    watchdog: object
+    job: int | None = None  # this rank's base model; None on an idle rank
+    comm: object = None     # the job's communicator (None on an idle rank)
+    indices: object = None  # the job's resample (numpy int array), every rank of the job
+    log: object = None      # the job's MLLOG (harness/mllog.BaseModelLog), on its root only
+
+    @property
+    def t(self):
+        return self.planned.test
+
+    @property
+    def M(self) -> int:
+        return self.planned.layout.M
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """What one rank tells world rank 0 about a test (gathered once, at its end)."""
+    rank: int
+    job: int | None                 # None: an idle rank
+    staging: dict | None = None     # the copy it trained from or wrote (staging.Staged's figures)
+    eval_seconds: float = 0.0       # s in the job's evaluations (0 on an idle rank)
+    seconds: float = 0.0            # s of training, evaluations excluded (0 on an idle rank)
+    samples: int = 0                # samples its job trained, all its ranks
+    steps_per_epoch: int = 0
+    epochs: int = 0                 # epochs trained
+    loss: float = 0.0               # the last epoch's mean loss
+    diff: float = 0.0               # max |w - w_root| of its trainable weights
+    weights: str = ""               # digest of its trainable weights
+    flops: object = None            # harness/flops.count of the model
+    telemetry: dict | None = None   # its sampler's summary over training
+    quality: float | None = None    # job root only: its model's quality at the last evaluation
+    resample_size: int = 0          # job root only
+    out_of_bag: float = 0.0         # job root only: fraction of the training set not drawn
+    index_digest: str = ""          # job root only: digest of the resample
+    mllog: list | None = None       # job root only: its MLLOG lines
+
+
 def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     """Repetition `rep` (seed + rep) of a test of the plan (harness/plan.Planned) on every
     rank. Rank 0 returns (TestResult, {job: MLLOG lines}); the other ranks None."""
@@ -47,9 +94,9 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train, cfg.sampler, seed, job_comm, job,
                                  wait=watchdog.wait)
     sampler_seconds = time.perf_counter() - t0
-    rec = {"rank": world.rank, "job": job, "seconds": 0.0, "eval_seconds": 0.0}
-    log = _log(ctx, planned, data, job, job_comm, indices, seed)
-    copy = _stage(ctx, t, rep, wl, data, job, job_comm, indices, rec, log, watchdog)
+    part = Part(ctx, planned, rep, seed, wl, data, watchdog, job, job_comm, indices)
+    part = replace(part, log=_log(part))
+    copy = _stage(part)
     evaluation = Evaluation(ctx, t, layout.M, wl, data, watchdog)
     if job is None:
         _start_barrier(world, watchdog, t)  # the one the jobs' ranks enter inside train()
@@ -59,8 +106,9 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
         for epoch in train.evaluation_epochs(cfg.epochs, cfg.eval_every):
             if evaluation.reduce(epoch, None, None, None):
                 break
+        record = RankRecord(world.rank, None, staging=_staged(copy))
     else:
-        _base_model(ctx, t, layout.M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed, evaluation)
+        record = _base_model(part, copy, evaluation)
     if cfg.staging != "none":
         # The node's copy serves every job on the node, and a job's ranks leave the last
         # evaluation's reduction before the others have read their validation samples:
@@ -68,40 +116,37 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
         watchdog.wait(world.Ibarrier(), f"test {t.index}: every job done, before the staged copies go")
         staging.cleanup(copy, cfg.staging_keep)
     t3 = time.perf_counter()
-    records = world.gather(rec, root=0)
+    records = world.gather(record, root=0)
     if world.rank != 0:
         return None
-    result = measure(ctx, planned, wl, data, records, evaluation, sampler_seconds, rep, seed)
-    # The control plane's cost at scale (bench/scale.py): rank 0's gather of every rank's
-    # record and its measure, and its peak memory so far (Linux: ru_maxrss in KiB).
-    result = replace(result, gather_seconds=time.perf_counter() - t3,
-                     rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    result = measure(part, records, evaluation, sampler_seconds, gathered_from=t3)
     # Each log ends on rank 0, where the ensemble's quality is known: MLPerf's success
     # is the target reached (by the ensemble: the benchmark's result), not a clean exit.
     reached = result.time_to_quality is not None
-    return result, {r["job"]: mllog.close(r["mllog"], ensemble_quality=result.quality, reached=reached,
-                                          instance_id=r["job"]) for r in records if "mllog" in r}
+    return result, {r.job: mllog.close(r.mllog, ensemble_quality=result.quality, reached=reached,
+                                       instance_id=r.job) for r in records if r.mllog is not None}
 
 
-def _log(ctx, planned, data, job, job_comm, indices, seed):
-    """The MLLOG of base model `job`, kept by the job's root (None elsewhere)."""
-    if job is None or job_comm.rank != 0:
+def _log(part: Part):
+    """The MLLOG of the rank's base model, kept by the job's root (None elsewhere)."""
+    if part.job is None or part.comm.rank != 0:
         return None
-    t, layout, nodes = planned.test, planned.layout, ctx.nodes
+    t, nodes, job = part.t, part.ctx.nodes, part.job
     # an error is logged as MLPerf logs CosmoFlow's MAE, eval_error (harness/mllog.py)
-    log = mllog.BaseModelLog(t.index, job, higher_is_better=workloads.get(t.workload).HIGHER_IS_BETTER)
-    log.init(seed=seed, global_batch=t.P * t.batch, train_samples=len(indices),
-             eval_samples=data.n_val, nodes=len({nodes.node_of_rank[r] for r in layout.jobs[job]}),
-             per_node=nodes.local_size, workload=t.workload, division=planned.division, **ctx.submission)
+    log = mllog.BaseModelLog(t.index, job, higher_is_better=part.wl.HIGHER_IS_BETTER)
+    log.init(seed=part.seed, global_batch=t.P * t.batch, train_samples=len(part.indices),
+             eval_samples=part.data.n_val, nodes=len({nodes.node_of_rank[r] for r in part.planned.layout.jobs[job]}),
+             per_node=nodes.local_size, workload=t.workload, division=part.planned.division, **part.ctx.submission)
     return log
 
 
-def _stage(ctx, t, rep, wl, data, job, job_comm, indices, rec, log, watchdog):
+def _stage(part: Part):
     """The Data Duplicator (line 28): one node-local copy per node of the union of the
     resamples of the jobs it serves, every rank of the node taking part (idle ranks too:
-    one of them may be the node's writer). Fills rec["staging"] on a rank that trains
-    from the copy or wrote it. A failure anywhere ends the run on every rank before
-    training (RunError)."""
+    one of them may be the node's writer). Returns this rank's copy (None without
+    staging, or on an idle rank that did not write one). A failure anywhere ends the run
+    on every rank before training (RunError)."""
+    ctx, t, watchdog = part.ctx, part.t, part.watchdog
     cfg, world = ctx.cfg, ctx.world
     if cfg.staging == "none":
         return None
@@ -110,10 +155,11 @@ def _stage(ctx, t, rep, wl, data, job, job_comm, indices, rec, log, watchdog):
     # since the node communicator's split below is a blocking collective.
     watchdog.wait(world.Ibarrier(), f"staging, test {t.index}: waiting for the resamples")
     node = topology.node_comm(world)
-    path = staging.folder(cfg.staging, ctx.run_id, t.index, rep, ctx.nodes.node_of_rank[world.rank])
+    path = staging.folder(cfg.staging, ctx.run_id, t.index, part.rep, ctx.nodes.node_of_rank[world.rank])
     copy, err = None, None
     try:
-        copy = staging.stage(wl, data, indices, job, node, cfg.staging, path, beat=watchdog.beat, wait=watchdog.wait)
+        copy = staging.stage(part.wl, part.data, part.indices, part.job, node, cfg.staging, path, beat=watchdog.beat,
+                             wait=watchdog.wait)
     except (staging.StagingError, OSError, ValueError) as e:  # ValueError: a DataError reading the copy
         err = str(e)
     finally:
@@ -124,15 +170,20 @@ def _stage(ctx, t, rep, wl, data, job, job_comm, indices, rec, log, watchdog):
         first_failure(world, err and f"test {t.index}: {err}")
     except RunError:
         staging.cleanup(copy, keep=False)
-        if job_comm is not None:
-            job_comm.Free()
+        if part.comm is not None:
+            part.comm.Free()
         raise
-    if copy is not None:
-        rec["staging"] = {"seconds": copy.seconds, "writer": copy.writer, "samples": copy.samples,
-                          "bytes": copy.bytes, "path": copy.path}
-    if log is not None:
-        log.staging(*copy.wall, copy.samples, copy.copy_bytes)
+    if part.log is not None:
+        part.log.staging(*copy.wall, copy.samples, copy.copy_bytes)
     return copy
+
+
+def _staged(copy) -> dict | None:
+    """A rank's record of the copy it trained from or wrote (staging.Staged)."""
+    if copy is None:
+        return None
+    return {"seconds": copy.seconds, "writer": copy.writer, "samples": copy.samples, "bytes": copy.bytes,
+            "path": copy.path}
 
 
 def _start_barrier(world, watchdog, t) -> None:
@@ -145,58 +196,72 @@ def _start_barrier(world, watchdog, t) -> None:
     watchdog.beat(phase)   # back to this rank's phase: training's steps beat without naming one
 
 
-def _base_model(ctx, t, M, wl, data, copy, job, job_comm, indices, rec, log, watchdog, seed, evaluation):
-    """Train and evaluate this rank's share of base model `job`; fills `rec`. With
+def _base_model(part: Part, copy, evaluation) -> RankRecord:
+    """Train and evaluate this rank's share of base model `part.job`; its record. With
     staging, the model trains and predicts from the node-local `copy`."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
+    ctx, t, job, watchdog, data, wl = part.ctx, part.t, part.job, part.watchdog, part.data, part.wl
     cfg, world = ctx.cfg, ctx.world
-    root = job_comm.rank == 0
-    local, local_indices = (copy.data, copy.indices) if copy else (data, indices)
+    local, local_indices = (copy.data, copy.indices) if copy else (data, part.indices)
     # Horovod reads its all-reduce algorithm from the environment at init
     os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
-    hvd.init(comm=job_comm)
-    model = train.build(wl, local, seed, job, t.precision)
+    hvd.init(comm=part.comm)
+    model = train.build(wl, local, part.seed, job, t.precision)
     watchdog.beat(f"training, test {t.index}")
     gpus = ctx.devices["gpus_on_node"]
     probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
     probe.start()
     recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                           t.precision, cfg.comm_precision, cfg.compiler)
-
-    def evaluate(epoch: int) -> bool:
-        """The job's predictions, its root's quality and term of the ensemble, the world's
-        reduction; True: the ensemble reached the target and line 32 says stop."""
-        watchdog.beat(f"evaluation, test {t.index}")
-        fault.point(world.rank, "eval")
-        t1, wall = time.perf_counter(), time.time()
-        full = ensemble.gather_job(job_comm, wl.predict(model, local, ensemble.my_rows(
-            data.n_val, job_comm.rank, job_comm.size)), data.n_val)
-        quality = scores = None
-        if root:
-            rec["quality"] = quality = wl.quality(full, data)
-            scores = ensemble.contribution(full, cfg.aggregation, job, M, ensemble.stacks(wl))
-            log.eval(epoch, quality, start_s=wall, stop_s=time.time())
-        stop = evaluation.reduce(epoch, scores, quality, job)
-        rec["eval_seconds"] += time.perf_counter() - t1
-        watchdog.beat(f"training, test {t.index}")
-        return stop
-
-    res = train.train(wl, local, model, local_indices, recipe, seed=seed, job=job,
+    evaluate = _Evaluate(part, model, local, evaluation)
+    res = train.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
                       world_barrier=lambda: _start_barrier(world, watchdog, t),
-                      hooks=_Hooks(t, ctx.n_tests, log, world.rank == 0, evaluation),
+                      hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
                       on_step=_on_step(watchdog, fault.injector(world.rank)), evaluate=evaluate,
                       eval_every=cfg.eval_every)
-    rec["telemetry"] = probe.stop(window=res.clock)
-    if root:
-        rec.update(index_digest=sampler.digest(indices), resample_size=int(len(indices)),
-                   out_of_bag=sampler.out_of_bag_fraction(indices, data.n_train), mllog=log.lines)
-    rec.update(seconds=res.seconds, samples=res.samples, steps_per_epoch=res.steps_per_epoch,
-               epochs=res.epochs, loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
-               flops=flops.count(model))
+    record = RankRecord(world.rank, job, staging=_staged(copy), eval_seconds=evaluate.seconds, seconds=res.seconds,
+                        samples=res.samples, steps_per_epoch=res.steps_per_epoch, epochs=res.epochs,
+                        loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
+                        flops=flops.count(model), telemetry=probe.stop(window=res.clock))
+    if part.comm.rank == 0:
+        record = replace(record, quality=evaluate.quality, resample_size=int(len(part.indices)),
+                         out_of_bag=sampler.out_of_bag_fraction(part.indices, data.n_train),
+                         index_digest=sampler.digest(part.indices), mllog=part.log.lines)
     hvd.shutdown()
     tf.keras.backend.clear_session()
-    job_comm.Free()
+    part.comm.Free()
+    return record
+
+
+class _Evaluate:
+    """One job's evaluation after an epoch (train.train's `evaluate`): the job's
+    predictions, its root's quality and term of the ensemble, the world's reduction.
+    Keeps the seconds it took and the root's last quality."""
+
+    def __init__(self, part: Part, model, local, evaluation):
+        self.part, self.model, self.local, self.evaluation = part, model, local, evaluation
+        self.seconds = 0.0              # s, all evaluations of the test
+        self.quality = None             # job root: its model's quality at the last evaluation
+
+    def __call__(self, epoch: int) -> bool:
+        """True: the ensemble reached the target and line 32 says stop."""
+        p, comm = self.part, self.part.comm
+        p.watchdog.beat(f"evaluation, test {p.t.index}")
+        fault.point(p.ctx.world.rank, "eval")
+        t1, wall = time.perf_counter(), time.time()
+        n_val = p.data.n_val
+        full = ensemble.gather_job(comm, p.wl.predict(self.model, self.local, ensemble.my_rows(
+            n_val, comm.rank, comm.size)), n_val)
+        scores = None
+        if comm.rank == 0:
+            self.quality = p.wl.quality(full, p.data)
+            scores = ensemble.contribution(full, p.ctx.cfg.aggregation, p.job, p.M, ensemble.stacks(p.wl))
+            p.log.eval(epoch, self.quality, start_s=wall, stop_s=time.time())
+        stop = self.evaluation.reduce(epoch, scores, self.quality if comm.rank == 0 else None, p.job)
+        self.seconds += time.perf_counter() - t1
+        p.watchdog.beat(f"training, test {p.t.index}")
+        return stop
 
 
 class Evaluation:
@@ -242,29 +307,29 @@ class Evaluation:
         return world.bcast(stop, root=0)
 
 
-def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_seconds, rep, seed) -> TestResult:
+def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampler_seconds: float,
+            gathered_from: float) -> TestResult:
     """The test's figures from every rank's record and the evaluations (rank 0): Eq. 4-8
-    and the rest."""
+    and the rest. `gathered_from`: perf_counter() before the records' gather, so that the
+    result holds the control plane's cost (the gather and this), as bench/scale.py reads."""
+    ctx, planned, wl, data = part.ctx, part.planned, part.wl, part.data
     cfg, t, layout = ctx.cfg, planned.test, planned.layout
-    roots = sorted((r for r in records if "quality" in r), key=lambda r: r["job"])
-    workers = [r for r in records if r["job"] is not None]
-    fc = workers[0]["flops"]
-    seconds = max(r["seconds"] for r in records)
-    total_flops = metrics.total_flops([r["samples"] for r in roots], fc.training)
+    roots = sorted((r for r in records if r.quality is not None), key=lambda r: r.job)
+    workers = [r for r in records if r.job is not None]
+    fc = workers[0].flops
+    seconds = max(r.seconds for r in records)
+    total_flops = metrics.total_flops([r.samples for r in roots], fc.training)
     curve = evaluation.curve
     quality = curve[-1]["quality"]
     target, n, higher = evaluation.target, evaluation.n, evaluation.higher
     reached = metrics.first_reaching(curve, target, higher)
-    staging_seconds = _staging_seconds(records)
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n, higher)
-    eval_seconds = max(r["eval_seconds"] for r in records)
-    tele = telemetry.reduce([r["telemetry"] for r in workers])
-    max_diff = max(r["diff"] for r in workers)
+    tele = telemetry.reduce([r.telemetry for r in workers])
     return TestResult(
         index=t.index, tv=t.tv(cfg), workload=t.workload, M=layout.M, P=layout.P, B=t.batch,
-        precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=rep, seed=seed,
-        epochs=cfg.epochs, epochs_trained=roots[0]["epochs"], eval_every=cfg.eval_every,
+        precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep, seed=part.seed,
+        epochs=cfg.epochs, epochs_trained=roots[0].epochs, eval_every=cfg.eval_every,
         stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
         warnings=list(planned.warnings), division=planned.division, open_reasons=list(planned.open_reasons),
         data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
@@ -272,43 +337,47 @@ def measure(ctx, planned, wl, data, records, evaluation: Evaluation, sampler_sec
         flops_by_operator=fc.by_operator, activations_per_sample=fc.activations, weights=fc.weights,
         intensity=metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch,
                                     4 if t.precision == "fp32" else 2),
-        steps_per_epoch=[r["steps_per_epoch"] for r in roots],
-        samples_trained=int(sum(r["samples"] for r in roots)), total_flops=total_flops,
-        train_seconds=seconds, train_seconds_min=min(r["seconds"] for r in workers),
-        staging=_staging_summary(cfg, records), time_to_solution=staging_seconds + curve[-1]["seconds"],
-        eval_seconds=eval_seconds, sampler_seconds=sampler_seconds, evaluations=curve,
+        steps_per_epoch=[r.steps_per_epoch for r in roots],
+        samples_trained=int(sum(r.samples for r in roots)), total_flops=total_flops,
+        train_seconds=seconds, train_seconds_min=min(r.seconds for r in workers),
+        staging=_staging_summary(cfg, records), time_to_solution=_staging_seconds(records) + curve[-1]["seconds"],
+        eval_seconds=max(r.eval_seconds for r in records), sampler_seconds=sampler_seconds, evaluations=curve,
         time_to_quality=reached and reached["seconds"], epochs_to_quality=reached and reached["epoch"],
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
-        base_quality=[r["quality"] for r in roots], target_quality=target, penalty_n=n,
-        penalty=metrics.penalty(quality, target, n, higher), final_loss=[r["loss"] for r in roots],
-        utilisation=metrics.utilisation(fl, ctx.ceilings.get(t.precision), [r["rank"] for r in workers]),
+        base_quality=[r.quality for r in roots], target_quality=target, penalty_n=n,
+        penalty=metrics.penalty(quality, target, n, higher), final_loss=[r.loss for r in roots],
+        utilisation=metrics.utilisation(fl, ctx.ceilings.get(t.precision), [r.rank for r in workers]),
         telemetry=tele, vflops_per_watt=telemetry.per_joule(vfl, seconds, tele),
-        consistency=metrics.consistency(max_diff),
-        resample=[{"job": r["job"], "size": r["resample_size"], "out_of_bag": r["out_of_bag"],
-                   "digest": r["index_digest"]} for r in roots],
+        consistency=metrics.consistency(max(r.diff for r in workers)),
+        resample=[{"job": r.job, "size": r.resample_size, "out_of_bag": r.out_of_bag, "digest": r.index_digest}
+                  for r in roots],
         weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
-        model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher)
+        model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher,
+        # the control plane's cost at scale: rank 0's gather of every rank's record and
+        # this measure, and its peak memory so far (Linux: ru_maxrss in KiB)
+        gather_seconds=time.perf_counter() - gathered_from,
+        rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
-def digests_by_job(workers: list[dict], M: int) -> list[list[str]]:
+def digests_by_job(workers: list[RankRecord], M: int) -> list[list[str]]:
     """Each job's ranks' weight digests, in rank order: one pass over the records, not
     one per job (M x W grows to 16.8 M steps, and M sorts, at M = W = 4,096)."""
     out = [[] for _ in range(M)]
-    for r in sorted(workers, key=lambda r: r["rank"]):
-        out[r["job"]].append(r["weights"])
+    for r in sorted(workers, key=lambda r: r.rank):
+        out[r.job].append(r.weights)
     return out
 
 
 def _staging_seconds(records) -> float:
     """Max over the ranks that trained from a copy or wrote one (staging.Staged.seconds)."""
-    return max((r["staging"]["seconds"] for r in records if "staging" in r), default=0.0)
+    return max((r.staging["seconds"] for r in records if r.staging), default=0.0)
 
 
 def _staging_summary(cfg, records) -> dict | None:
     """What the Data Duplicator did in a test: copies written (one per node serving a job;
     its writer may be an idle rank), their distinct samples and bytes, summed over nodes,
     and the time."""
-    staged = [r["staging"] for r in records if "staging" in r]
+    staged = [r.staging for r in records if r.staging]
     if not staged:
         return None
     writers = [s for s in staged if s["writer"]]

@@ -7,8 +7,8 @@ from tests.conftest import results
 
 def test_digests_grouped_by_job_in_rank_order():
     # PMAP round-robin, M = 2 jobs of 2 ranks: job 0 = ranks 0, 2; job 1 = ranks 1, 3; records unordered
-    workers = [{"rank": 3, "job": 1, "weights": "d"}, {"rank": 0, "job": 0, "weights": "a"},
-               {"rank": 2, "job": 0, "weights": "c"}, {"rank": 1, "job": 1, "weights": "b"}]
+    workers = [run.RankRecord(3, 1, weights="d"), run.RankRecord(0, 0, weights="a"),
+               run.RankRecord(2, 0, weights="c"), run.RankRecord(1, 1, weights="b")]
     assert run.digests_by_job(workers, 2) == [["a", "c"], ["b", "d"]]
     assert run.digests_by_job([], 3) == [[], [], []]
 
