@@ -33,6 +33,20 @@ def utilisation(flops_value: float, ceilings: dict | None, ranks: list[int]) -> 
             "peak": flops_value / (peak * len(ranks)) if peak else None}
 
 
+# A timed span shorter than this (s) gives FLOPS that repeat only loosely: on a quiet
+# 2-core machine the shipped test's FLOPS spread 5 % over 4 runs at 0.9 s and at most
+# 2.4 % from 2.4 s on (bench/span.py); other load widens both. The report says so.
+SHORT_SPAN = 2.0
+
+
+def short_span(seconds: float) -> str | None:
+    """The warning a test whose timed span is `seconds` carries, or None."""
+    if seconds >= SHORT_SPAN:
+        return None
+    return (f"timed span {seconds:.2f} s, under {SHORT_SPAN:g} s: its FLOPS repeat only within about 5 % "
+            "on a quiet machine (more epochs or data lengthen it)")
+
+
 def total_flops(samples_per_job: list[int], training_flops_per_sample: float) -> float:
     """Eq. 4 summed over the N/|B| iterations of Eq. 6: the analytic FLOPs of every
     sample every base model trained on (all jobs, all epochs)."""

@@ -158,18 +158,22 @@ def footer(tests: list[dict], skipped: int, summary: list[str], interrupted: boo
     return "\n".join(lines) + "\n"
 
 
-def scaling_lines(tests: list[dict], weak_scaling) -> list[str]:
+def scaling_lines(tests: list[dict], weak_scaling, mark_short: bool = True) -> list[str]:
     """Bagging weak scaling: one line per (workload, B, precision, P) group whose tests
-    span several M (so that data parallelism, a change of P, is never mixed in)."""
-    groups: dict[tuple, list[tuple[int, float]]] = {}
+    span several M (so that data parallelism, a change of P, is never mixed in); marked
+    when a test of the group trained for less than metrics.SHORT_SPAN (mark_short=False:
+    as reports of results schema 2.2 and before wrote it)."""
+    groups: dict[tuple, list[dict]] = {}
     for t in tests:
-        groups.setdefault((t["workload"], t["B"], t["precision"], t["P"]), []).append((t["M"] * t["P"], t["flops"]))
+        groups.setdefault((t["workload"], t["B"], t["precision"], t["P"]), []).append(t)
     out = []
-    for (wl, b, prec, p), pts in groups.items():
-        s = weak_scaling(pts)
+    for (wl, b, prec, p), ts in groups.items():
+        s = weak_scaling([(t["M"] * t["P"], t["flops"]) for t in ts])
         if s:
+            short = mark_short and any(t["train_seconds"] < metrics.SHORT_SPAN for t in ts)
             out.append(f"Scaling ({wl}, B {b}, {prec}, P {p}): Sys_scale {s.scale_from} -> {s.scale_to} :"
-                       f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}")
+                       f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}"
+                       + (f" (timed spans under {metrics.SHORT_SPAN:g} s: indicative)" if short else ""))
     return out
 
 
@@ -237,7 +241,9 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
     lines = [
         flops.CONVENTION,
         "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
-        " evaluations (and the waits for other jobs in them) and resampling timed apart",
+        " evaluations (and the waits for other jobs in them) and resampling timed apart; a test timed"
+        f" over less than {metrics.SHORT_SPAN:g} s carries a warning and marks its scaling line: on a quiet 2-core"
+        " machine such FLOPS repeated within about 5 %, from 2.4 s on within 2.5 % (bench/span.py)",
         f"Warm-up: before that barrier each job runs {train.WARMUP_STEPS} training step(s) and undoes them (every"
         " variable the step writes is restored): graph optimisation, XLA compilation and Horovod's first"
         " negotiation are set-up, as MLPerf's init; the timed epochs train exactly the samples counted;"

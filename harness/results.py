@@ -16,8 +16,15 @@ from dataclasses import asdict, dataclass, field
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.2"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.3"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
+                 # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
+
+
+def minor(schema: str) -> tuple[int, int]:
+    """A schema version as (major, minor): minor("2.3") == (2, 3)."""
+    major, _, rest = str(schema).partition(".")
+    return int(major), int(rest or 0)
 
 
 def higher_is_better(test: dict) -> bool:

@@ -331,7 +331,7 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep, seed=part.seed,
         epochs=cfg.epochs, epochs_trained=roots[0].epochs, eval_every=cfg.eval_every,
         stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
-        warnings=list(planned.warnings), division=planned.division, open_reasons=list(planned.open_reasons),
+        warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w], division=planned.division, open_reasons=list(planned.open_reasons),
         data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
         forward_flops_per_sample=fc.forward, training_flops_per_sample=fc.training,
         flops_by_operator=fc.by_operator, activations_per_sample=fc.activations, weights=fc.weights,

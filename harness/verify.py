@@ -151,7 +151,8 @@ def verify(run: Run) -> list[Check]:
         checks += c
         derived.append(d)
     checks += _guarded("repetition summaries", lambda: (repeats_checks(res, cfg), None))[0]
-    checks += _guarded("scaling", lambda: (scaling_checks(res["tests"], derived, run.report), None))[0]
+    checks += _guarded("scaling", lambda: (scaling_checks(res["tests"], derived, run.report,
+                                                          results.minor(res["schema"]) >= (2, 3)), None))[0]
     checks += _guarded("report.txt", lambda: (report_checks(res, cfg, run.report), None))[0]
     for t in res["tests"]:
         checks += _guarded(f"MLLOG of {_name(t)}", lambda t=t: (mllog_checks([t], run.mllogs), None))[0]
@@ -423,13 +424,13 @@ def repeats_checks(res: dict, cfg) -> list[Check]:
     return out
 
 
-def scaling_checks(tests: list, derived: list, report_text: str | None) -> list[Check]:
+def scaling_checks(tests: list, derived: list, report_text: str | None, mark_short: bool = True) -> list[Check]:
     """The report's Scaling lines, recomputed (report.scaling_lines, metrics.weak_scaling)
-    from the re-derived FLOPS of every test."""
+    from the re-derived FLOPS of every test; `mark_short` as the run's schema wrote them."""
     if report_text is None:
         return []
     mine = report.scaling_lines([{**t, "flops": d["flops"]} if d else t for t, d in zip(tests, derived)],
-                                metrics.weak_scaling)
+                                metrics.weak_scaling, mark_short)
     theirs = [ln for ln in report_text.splitlines() if ln.startswith("Scaling (")]
     out = [Check(f"scaling: {m.split(':')[0]}", m in theirs, _find(theirs, m), m) for m in mine]
     out += [Check("scaling: a Scaling line of report.txt", False, ln, None, note="no group of tests gives it")

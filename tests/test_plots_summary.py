@@ -54,8 +54,17 @@ def test_summarize_prints_runs_side_by_side(tmp_path):
 def test_scaling_line_keeps_bagging_apart_from_data_parallelism():
     from harness import metrics, report
     tests = [_test(1, 1, 1, 1e10), _test(2, 2, 1, 2e10), _test(3, 1, 2, 1.2e10)]
-    lines = report.scaling_lines(tests, metrics.weak_scaling)
-    assert lines == ["Scaling (digits, B 32, fp32, P 1): Sys_scale 1 -> 2 : FLOPS x2.00, efficiency 1.00"]
+    line = "Scaling (digits, B 32, fp32, P 1): Sys_scale 1 -> 2 : FLOPS x2.00, efficiency 1.00"
+    # their timed spans (1.5 s) are under metrics.SHORT_SPAN (2 s): the line says so
+    assert report.scaling_lines(tests, metrics.weak_scaling) == [line + " (timed spans under 2 s: indicative)"]
+    assert report.scaling_lines(tests, metrics.weak_scaling, mark_short=False) == [line]   # schema 2.2's reports
+    assert report.scaling_lines([dict(t, train_seconds=2.0) for t in tests], metrics.weak_scaling) == [line]
+
+
+def test_a_short_timed_span_warns_and_a_long_one_does_not():
+    from harness import metrics
+    assert metrics.short_span(2.0) is None and metrics.short_span(30.0) is None
+    assert metrics.short_span(0.84).startswith("timed span 0.84 s, under 2 s: its FLOPS repeat only within about 5 %")
 
 
 def _drawn(monkeypatch):

@@ -39,8 +39,14 @@ def test_shipped_file_end_to_end(tmp_path):
         assert t["flops"] == pytest.approx(t["total_flops"] / t["train_seconds"])
         assert t["total_flops"] == t["samples_trained"] * t["training_flops_per_sample"]
         assert t["training_flops_per_sample"] == 3 * t["forward_flops_per_sample"]
+        # the short-span rule, as timed: a warning in the record and the report iff under 2 s
+        short = [w for w in t["warnings"] if w.startswith("timed span ")]
+        assert len(short) == (t["train_seconds"] < 2.0), (t["train_seconds"], t["warnings"])
+        assert all(f"Warning     : {w}" in p.stdout for w in short)
     assert [t["M"] for t in res["tests"]] == [1, 2, 4]
-    assert "Scaling (digits, B 32, fp32, P 1): Sys_scale 1 -> 4" in p.stdout
+    scaling = next(ln for ln in p.stdout.splitlines() if ln.startswith("Scaling (digits, B 32, fp32, P 1)"))
+    assert "Sys_scale 1 -> 4" in scaling
+    assert scaling.endswith("(timed spans under 2 s: indicative)") == any(t["train_seconds"] < 2 for t in res["tests"])
     assert res["charts"] == ["scaling.png", "quality-test001.png", "quality-test002.png", "quality-test003.png",
                              "roofline.png"]   # no two layouts share a scale: no trade-off chart
     assert all((run_dir / c).read_bytes()[:4] == b"\x89PNG" for c in res["charts"])
