@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from harness import metrics, report  # noqa: E402
+from harness import metrics, report, results  # noqa: E402
 from harness.workloads import DataError, Dataset, cosmoflow as cf, cosmoflow_synthetic as cs, tfrecord  # noqa: E402
 
 SIDE = 32
@@ -338,7 +338,7 @@ def test_bagged_cosmoflow_trains_consistently_and_beats_the_trivial_baseline(cos
     assert f"{tests[0]['forward_flops_per_sample'] / 1e9:.3f} GFLOPs forward" in p.stdout
     assert tests[0]["model_deviations"] == ["32^3 volumes, not 128^3", "filters 8, 16, 32, 64, 128"
                                             " (HPCAI500_COSMO_WIDTH), not 32, 64, 128, 256, 512"]
-    assert res["schema"] == "2.2"
+    assert res["schema"] == results.SCHEMA
 
 
 @pytest.mark.mpi
