@@ -14,6 +14,9 @@ import argparse
 
 import common
 
+COLUMNS = ["epochs", "M=1 span s", "M=1 FLOPS spread", "M=2 span s", "M=2 FLOPS spread", "efficiency median",
+           "efficiency range", "range width"]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -45,8 +48,7 @@ def main() -> None:
         rows.append(cells)
     print(f"\nshipped digits, M=1 and M=2 of P=1 on 2 ranks; {args.runs} rounds alternating the epochs; "
           f"other processes used {min(loads):.2f}-{max(loads):.2f} cores during the runs")
-    print(common.table(["epochs", "M=1 span s", "M=1 FLOPS spread", "M=2 span s", "M=2 FLOPS spread",
-                        "efficiency median", "efficiency range", "range width"], rows))
+    print(common.table(COLUMNS, rows))
 
 
 if __name__ == "__main__":
