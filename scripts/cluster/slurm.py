@@ -152,13 +152,18 @@ class Slurm:
             all(s.rstrip("*~#$@") == "idle" for s in states.values())
 
     def _wait(self, ready, what: str, log: str) -> None:
+        """Until ready(); after UP_SECONDS a ClusterError with the end of the daemon's
+        log (or that it wrote none: it did not start)."""
         deadline = time.monotonic() + UP_SECONDS
         while not ready():
             if time.monotonic() > deadline:
-                with open(os.path.join(self.state, log), errors="replace") as f:
-                    tail = f.read()[-2000:]
-                raise cl.ClusterError(f"Slurm on cluster {self.cluster.name!r}: {what} within {UP_SECONDS} s; "
-                                      f"{log}:\n{tail}")
+                path = os.path.join(self.state, log)
+                try:
+                    with open(path, errors="replace") as f:
+                        said = f"{path}:\n{f.read()[-2000:]}"
+                except OSError:
+                    said = f"no {path}: the daemon did not start (its output: {self.cluster.state}/*.log)"
+                raise cl.ClusterError(f"Slurm on cluster {self.cluster.name!r}: {what} within {UP_SECONDS} s; {said}")
             time.sleep(0.2)
 
 
