@@ -199,9 +199,15 @@ def test_a_node_that_dies_ends_the_job_within_a_minute(tmp_path):
     print(f"node death: mpirun ended {launcher:.1f} s after it (exit {p.returncode}), the last rank {seconds:.1f} s")
     assert launcher < 60 and seconds < 60, (launcher, seconds, err.read_text()[-3000:])
     assert "lost communication with a remote daemon" in err.read_text()
-    # mpirun's own exit status after a lost daemon is Open MPI's: 247 once, 0 once here
-    # (README: read results.json's status); n1's ranks got its SIGTERM and rank 0 said so
-    _finished_test_intact(tmp_path, "SIGTERM received")
+    # What Open MPI does next is its own: mostly mpirun exits 247 and n1's ranks get its
+    # SIGTERM, which rank 0 records (`interrupted`); once in five fresh-clone runs it exited
+    # 0 and n1's ranks were gone at once (status stays `running`). Either way test 1 stands,
+    # and only `complete` says the run finished (README).
+    res = results(tmp_path / "runs")
+    if res["status"] == "interrupted":
+        _finished_test_intact(tmp_path, "SIGTERM received")
+    else:
+        _finished_test_intact(tmp_path)
 
 
 def test_a_cut_link_ends_every_rank_through_the_watchdog(tmp_path):
