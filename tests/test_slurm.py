@@ -10,6 +10,7 @@ with the reason. The other brings Slurm up itself on two simulated nodes
 elsewhere. Neither installs anything.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,9 @@ from harness import launcher
 from tests.conftest import ROOT, cluster_module, dat_text, results, simulated_cluster
 
 PMIX_BLOCK = ("Sorry!", "help file", "A requested component was not found", "Framework: psec", "PMIx")
+# srun's own notices when a step waits for the previous step's cores to be released (a
+# loaded machine): Slurm's scheduling, said by Slurm, not a message about the run
+SRUN_NOTICES = re.compile(r"srun: (Job \d+ step creation temporarily disabled, retrying|Step created for job \d+)")
 
 
 def foreign_lines(stderr: str) -> list[str]:
@@ -111,7 +115,7 @@ def _sbatch(tmp_path, dat, resources: list[str], env: dict | None = None, timeou
     report, stderr = out.read_text(), err.read_text()
     assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), f"job {job}: {state}\n{stderr[-3000:]}"
     assert not [ln for ln in stderr.splitlines() if any(s in ln for s in PMIX_BLOCK)], stderr[:3000]
-    assert foreign_lines(stderr) == [], stderr[:3000]
+    assert [ln for ln in foreign_lines(stderr) if not SRUN_NOTICES.match(ln)] == [], stderr[:3000]
     return report, stderr
 
 
