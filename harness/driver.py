@@ -23,7 +23,8 @@ import numpy as np
 
 from harness.errors import RunError, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import dat, fault, plan as planning, report, results, run, settings, signals, telemetry, topology, train, verify, workloads
+from harness import dat, fault, report, results, run, settings, signals, telemetry, topology, train, verify, workloads
+from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
 

@@ -97,7 +97,7 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     part = Part(ctx, planned, rep, seed, wl, data, watchdog, job, job_comm, indices)
     part = replace(part, log=_log(part))
     copy = _stage(part)
-    evaluation = Evaluation(ctx, t, layout.M, wl, data, watchdog)
+    evaluation = Evaluation(part)
     if job is None:
         _start_barrier(world, watchdog, t)  # the one the jobs' ranks enter inside train()
         evaluation.begin()
@@ -271,11 +271,13 @@ class Evaluation:
     curve, and every rank learns whether the target stops training. The clock of the
     curve is world rank 0's, from the start barrier of training."""
 
-    def __init__(self, ctx, t, M: int, wl, data, watchdog):
-        self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = ctx, t, M, wl, data, watchdog
-        self.shape = ensemble.reduced_shape(data.n_val, wl.score_width(data), M, ensemble.stacks(wl))
-        self.target, self.n = workloads.target_and_n(wl, ctx.cfg)
-        self.higher = wl.HIGHER_IS_BETTER
+    def __init__(self, part: Part):
+        self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = (part.ctx, part.t, part.M, part.wl, part.data,
+                                                                       part.watchdog)
+        self.shape = ensemble.reduced_shape(self.data.n_val, self.wl.score_width(self.data), self.M,
+                                            ensemble.stacks(self.wl))
+        self.target, self.n = workloads.target_and_n(self.wl, self.ctx.cfg)
+        self.higher = self.wl.HIGHER_IS_BETTER
         self.start = 0.0      # perf_counter() at the start barrier (rank 0)
         self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"}
         self.reduce_seconds = 0.0   # rank 0: the world's reductions (scores, base qualities), all evaluations

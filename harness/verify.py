@@ -31,7 +31,7 @@ import math
 import os
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from harness import dat, division, flops, metrics, mllog, report, results, settings, telemetry, train, workloads
 from harness.errors import say
