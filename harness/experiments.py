@@ -5,19 +5,22 @@
 * Quality against speed at a fixed scale (Fig. 7): every layout that shares a Sys_scale,
   side by side, the best VFLOPS and the shortest time to quality marked.
 
-Pure: plain dictionaries in, strings and plain records out; no MPI, no matplotlib, no
+Pure: typed results in, strings and plain records out; no MPI, no matplotlib, no
 file. The grouping lives here once, so the report's lines and the charts of
 `harness/plots.py` can never disagree about which tests belong together.
 
-Input: one dictionary per test index (the caller folds repetitions), with index,
-workload, B, precision, M, P, flops and vflops (FLOP/s), quality, quality_name,
-base_quality (one per base model), time_to_quality (s, None: target not reached) and
-target_quality. Only tests of one (workload, B, precision) are ever compared: a change
-of batch or precision changes the work, not the layout.
+Input: one `results.TestResult` per test index (the caller folds repetitions:
+report.fold), of which these read index, workload, B, precision, M, P, flops and
+vflops (FLOP/s), quality, quality_name, base_quality (one per base model),
+time_to_quality (s, None: target not reached) and target_quality. Only tests of one
+(workload, B, precision) are ever compared: a change of batch or precision changes
+the work, not the layout.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from harness.results import TestResult
 
 NOT_REACHED = "not reached"
 
@@ -29,7 +32,7 @@ class Group:
     B: int                    # per-rank batch (samples)
     precision: str
     scale: int                # Sys_scale = M x P (ranks)
-    tests: tuple              # the tests' dicts, M descending, then test index
+    tests: tuple              # TestResult, M descending, then test index
 
     @property
     def name(self) -> str:
@@ -38,14 +41,14 @@ class Group:
     @property
     def layouts(self) -> list[tuple[int, int]]:
         """The distinct (M, P) of the group, in the tests' order."""
-        return list(dict.fromkeys((t["M"], t["P"]) for t in self.tests))
+        return list(dict.fromkeys((t.M, t.P) for t in self.tests))
 
 
 @dataclass(frozen=True)
 class Comparison:
     """Experiment 1 at one Sys_scale: the data-parallel test and the bagging ones."""
     group: Group
-    dp: dict                  # M = 1, P = Sys_scale
+    dp: TestResult            # M = 1, P = Sys_scale
     bagging: tuple            # M > 1, M descending, then test index
 
 
@@ -61,57 +64,57 @@ class Series:
     tests: tuple              # Sys_scale ascending, then test index
 
 
-def _setting(t: dict) -> tuple:
-    return t["workload"], t["B"], t["precision"]
+def _setting(t: TestResult) -> tuple:
+    return t.workload, t.B, t.precision
 
 
-def _scale(t: dict) -> int:
-    return t["M"] * t["P"]
+def _scale(t: TestResult) -> int:
+    return t.M * t.P
 
 
-def groups(tests: list[dict]) -> list[Group]:
+def groups(tests: list[TestResult]) -> list[Group]:
     """Every (workload, B, precision, Sys_scale) of the tests, sorted by those four;
     within a group M descending (most base models first), ties by test index."""
-    by: dict[tuple, list[dict]] = {}
+    by: dict[tuple, list[TestResult]] = {}
     for t in tests:
         by.setdefault((*_setting(t), _scale(t)), []).append(t)
-    return [Group(*key, tuple(sorted(ts, key=lambda t: (-t["M"], t["index"]))))
+    return [Group(*key, tuple(sorted(ts, key=lambda t: (-t.M, t.index))))
             for key, ts in sorted(by.items(), key=lambda kv: kv[0])]
 
 
-def fixed_scale_groups(tests: list[dict]) -> list[Group]:
+def fixed_scale_groups(tests: list[TestResult]) -> list[Group]:
     """Experiment 2's groups: those holding two or more distinct (M, P). Repetitions of
     one layout (or a layout listed twice) are not a trade-off."""
     return [g for g in groups(tests) if len(g.layouts) > 1]
 
 
-def comparisons(tests: list[dict]) -> list[Comparison]:
+def comparisons(tests: list[TestResult]) -> list[Comparison]:
     """Experiment 1's pairs: each group that holds both the data-parallel layout and at
     least one bagging layout. A layout listed twice in the sweep gives one comparison per
     data-parallel test, so that every ratio names its two tests."""
     out = []
     for g in groups(tests):
-        bagging = tuple(t for t in g.tests if t["M"] > 1)
-        out += [Comparison(g, dp, bagging) for dp in sorted((t for t in g.tests if t["M"] == 1),
-                                                           key=lambda t: t["index"]) if bagging]
+        bagging = tuple(t for t in g.tests if t.M > 1)
+        out += [Comparison(g, dp, bagging) for dp in sorted((t for t in g.tests if t.M == 1),
+                                                           key=lambda t: t.index) if bagging]
     return out
 
 
-def scaling_series(tests: list[dict]) -> list[Series]:
+def scaling_series(tests: list[TestResult]) -> list[Series]:
     """The scaling curves spanning two or more Sys_scales, sorted by (workload, B,
     precision); bagging series first (P ascending), then data parallelism. A test with
     M = 1 is the first point of both its bagging series and the data-parallel one.
-    Several dicts of one layout (repetitions) stay separate points, as they were given."""
-    by: dict[tuple, list[dict]] = {}
+    Several results of one layout (repetitions) stay separate points, as they were given."""
+    by: dict[tuple, list[TestResult]] = {}
     for t in tests:
-        by.setdefault((*_setting(t), 0, t["P"]), []).append(t)          # 0: bagging before DP
-        if t["M"] == 1:
+        by.setdefault((*_setting(t), 0, t.P), []).append(t)          # 0: bagging before DP
+        if t.M == 1:
             by.setdefault((*_setting(t), 1, None), []).append(t)
     out = []
     for (wl, b, prec, dp, p), ts in sorted(by.items(), key=lambda kv: (kv[0][:4], kv[0][4] or 0)):
         if len({_scale(t) for t in ts}) > 1:
             out.append(Series(wl, b, prec, "data parallelism" if dp else "bagging", p,
-                              tuple(sorted(ts, key=lambda t: (_scale(t), t["index"])))))
+                              tuple(sorted(ts, key=lambda t: (_scale(t), t.index)))))
     return out
 
 
@@ -140,11 +143,11 @@ def ratio(numerator: float | None, denominator: float | None) -> str:
     return f"x{r:.2f}" if r < 1000 else f"x{r:.2e}"
 
 
-def mean_base(t: dict) -> float:
-    return sum(t["base_quality"]) / len(t["base_quality"])
+def mean_base(t: TestResult) -> float:
+    return sum(t.base_quality) / len(t.base_quality)
 
 
-def comparison_lines(tests: list[dict]) -> list[str]:
+def comparison_lines(tests: list[TestResult]) -> list[str]:
     """Experiment 1 (Fig. 9), one block per Sys_scale that holds both: the data-parallel
     row first (the denominator), then each bagging layout with its ratios to it.
     FLOPS and VFLOPS ratios are bagging / DP (above 1: bagging is faster); the time to
@@ -158,39 +161,39 @@ def comparison_lines(tests: list[dict]) -> list[str]:
         dp = c.dp
         out += [f"Bagging vs data parallelism ({c.group.name}, Sys_scale {c.group.scale}):", head,
                 _figures("DP", dp)]
-        out += [_figures("bagging", t) + f"  {ratio(t['flops'], dp['flops']):>9}"
-                f" {ratio(t['vflops'], dp['vflops']):>9}"
-                f" {ratio(t['time_to_quality'], dp['time_to_quality']):>14}" for t in c.bagging]
+        out += [_figures("bagging", t) + f"  {ratio(t.flops, dp.flops):>9}"
+                f" {ratio(t.vflops, dp.vflops):>9}"
+                f" {ratio(t.time_to_quality, dp.time_to_quality):>14}" for t in c.bagging]
         out.append("  Ratios x = bagging / DP; a TTQ ratio below 1: bagging reached the target sooner")
     return out
 
 
-def _figures(kind: str, t: dict) -> str:
+def _figures(kind: str, t: TestResult) -> str:
     """A comparison row's own figures, before the ratios."""
-    return (f"  {kind:<7} {t['index']:>4} {t['M']:>5} {t['P']:>5} {tflops(t['flops']):>11}"
-            f" {vtflops(t['vflops']):>10} {seconds(t['time_to_quality']):>11}")
+    return (f"  {kind:<7} {t.index:>4} {t.M:>5} {t.P:>5} {tflops(t.flops):>11}"
+            f" {vtflops(t.vflops):>10} {seconds(t.time_to_quality):>11}")
 
 
-def tradeoff_lines(tests: list[dict]) -> list[str]:
+def tradeoff_lines(tests: list[TestResult]) -> list[str]:
     """Experiment 2 (Fig. 7), one block per Sys_scale holding several layouts: what the
     choice of M (base models) against P (ranks per model) buys in quality and costs in
     speed. '*' marks the best VTflops and the shortest time to quality of the tests
     that reached the target (every tie marked); no time is marked when none reached it. Empty when no scale holds two layouts."""
     out = []
     for g in fixed_scale_groups(tests):
-        qn = g.tests[0]["quality_name"]
-        best_v = max(t["vflops"] for t in g.tests)
-        reached = [t["time_to_quality"] for t in g.tests if t["time_to_quality"] is not None]
+        qn = g.tests[0].quality_name
+        best_v = max(t.vflops for t in g.tests)
+        reached = [t.time_to_quality for t in g.tests if t.time_to_quality is not None]
         best_t = min(reached) if reached else None
         out += [f"Quality vs speed at Sys_scale {g.scale} ({g.name}):",
                 f"  {'Test':>4} {'M':>5} {'P':>5} {'Ens ' + qn:>12} {'Base mean':>10} {'Tflops':>11}"
                 f" {'VTflops':>10}  {'TTQ s':>11}"]
         for t in g.tests:
-            ttq = t["time_to_quality"]
-            out.append(f"  {t['index']:>4} {t['M']:>5} {t['P']:>5} {t['quality']:>12.4f} {mean_base(t):>10.4f}"
-                       f" {tflops(t['flops']):>11} {vtflops(t['vflops']):>10}{'*' if t['vflops'] == best_v else ' '}"
+            ttq = t.time_to_quality
+            out.append(f"  {t.index:>4} {t.M:>5} {t.P:>5} {t.quality:>12.4f} {mean_base(t):>10.4f}"
+                       f" {tflops(t.flops):>11} {vtflops(t.vflops):>10}{'*' if t.vflops == best_v else ' '}"
                        f" {seconds(ttq):>11}{'*' if ttq is not None and ttq == best_t else ''}".rstrip())
-        target = f"target {g.tests[0]['target_quality']:.4f}"
+        target = f"target {g.tests[0].target_quality:.4f}"
         out.append(f"  * best VTflops and shortest time to quality ({target})" if reached else
                    f"  * best VTflops (time to quality: no layout reached the {target})")
     return out

@@ -139,6 +139,7 @@ def first_reaching(curve: list[dict], target: float, higher_is_better: bool = Tr
 
 @dataclass(frozen=True)
 class Repeats:
+    index: int           # the test's position in the sweep
     runs: int
     kept: int            # runs summarised (olympic: all but the fastest and the slowest)
     ordered_by: str      # the time that decides fastest and slowest
@@ -152,10 +153,11 @@ class Repeats:
     cv_epochs_to_quality: float | None  # V2.0's repeatability measure; None unless every run reached
 
 
-def repeats(runs: list[dict], target: float, n: float, staged: bool = False,
-            higher_is_better: bool = True) -> Repeats:
-    """MLPerf HPC's olympic summary of repeated runs: with 3 or more, drop the fastest and
-    the slowest and summarise the rest; with fewer, all. Fastest by training time, or by
+def repeats(runs: list) -> Repeats:
+    """MLPerf HPC's olympic summary of the repeated runs of one test (results.TestResult;
+    target, exponent, quality direction and staging are the first run's: one test's
+    runs share them). With 3 or more, drop the fastest and the slowest and summarise
+    the rest; with fewer, all. Fastest by training time, or by
     time to solution when staging is on (times, so the quality's direction plays no
     part in the order; it prices the mean quality in VFLOPS) (staging is part of MLPerf's time to train).
     The kept runs' FLOPS is their total work over their total time (a mean of rates would
@@ -164,24 +166,26 @@ def repeats(runs: list[dict], target: float, n: float, staged: bool = False,
     The coefficients of variation (sample std / mean) use every run. Time to quality
     has its own olympic mean, runs ordered by it (MLPerf's time to train), when every
     run reached the target; a run that never did has no time to average."""
-    key = "time_to_solution" if staged else "train_seconds"
-    ordered = sorted(runs, key=lambda r: r[key])
+    first = runs[0]
+    key = "time_to_solution" if first.staging else "train_seconds"
+    ordered = sorted(runs, key=lambda r: getattr(r, key))
     kept = ordered[1:-1] if len(ordered) >= 3 else ordered
-    mean = lambda key, rs: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+    mean = lambda key, rs: sum(getattr(r, key) for r in rs) / len(rs)  # noqa: E731
 
     def cv(key):
         if len(runs) < 2:
             return 0.0
         m = mean(key, runs)
-        var = sum((r[key] - m) ** 2 for r in runs) / (len(runs) - 1)
+        var = sum((getattr(r, key) - m) ** 2 for r in runs) / (len(runs) - 1)
         return var ** 0.5 / m if m else 0.0
-    fl = flops(sum(r["total_flops"] for r in kept), sum(r["train_seconds"] for r in kept))
+    fl = flops(sum(r.total_flops for r in kept), sum(r.train_seconds for r in kept))
     quality = mean("quality", kept)
-    reached = sum(r["time_to_quality"] is not None for r in runs)
+    reached = sum(r.time_to_quality is not None for r in runs)
     ttq = cv_epochs = None
     if reached == len(runs):
-        by_ttq = sorted(runs, key=lambda r: r["time_to_quality"])
+        by_ttq = sorted(runs, key=lambda r: r.time_to_quality)
         ttq = mean("time_to_quality", by_ttq[1:-1] if len(by_ttq) >= 3 else by_ttq)
         cv_epochs = cv("epochs_to_quality")
-    return Repeats(len(runs), len(kept), key, fl, vflops(fl, quality, target, n, higher_is_better), quality,
+    return Repeats(first.index, len(runs), len(kept), key, fl,
+                   vflops(fl, quality, first.target_quality, first.penalty_n, first.higher_is_better), quality,
                    cv("flops"), cv("quality"), reached, ttq, cv_epochs)

@@ -79,7 +79,7 @@ def read(world, path: str, resume: str | None) -> Input:
                 previous = resumed(resume, cfg, len(tests), values)
         except (dat.DatError, settings.SettingError, RunError) as e:
             err = str(e)
-    done = {(t["index"], t.get("repetition", 0)) for t in previous["tests"]} if previous else set()
+    done = {(t.index, t.repetition) for t in previous.tests} if previous else set()
     cfg, tests, values, err, done = world.bcast((cfg, tests, values, err, done), root=0)
     if err:
         raise RunError(err)
@@ -184,7 +184,7 @@ def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
                            f"{t.workload} has {n} training samples and a job's step takes P x B")
 
 
-def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> dict:
+def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> results.Record:
     """The results of the invocation to resume, checked against the input file and the
     settings in force now (`values`, as settings.read gives them)."""
     path = os.path.join(run_dir, "results.json")
@@ -192,14 +192,14 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> dict:
         previous = results.load(path)
     except (OSError, ValueError) as e:
         raise RunError(f"--resume {run_dir}: cannot read {path} ({e})") from None
-    if previous.get("input", {}).get("sha256") != results.sha256(cfg.text):
+    if previous.input.get("sha256") != results.sha256(cfg.text):
         raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
                        f"(SHA-256 differs); resume with the same file, or start a new run")
-    if previous.get("settings", {}) != values:
+    if previous.settings != values:
         raise RunError(f"--resume {run_dir}: the HPCAI500_* settings differ from that run's "
-                       f"({previous.get('settings', {})} there, {values} now); resume with the same "
+                       f"({previous.settings} there, {values} now); resume with the same "
                        "settings, or start a new run")
-    if len(previous.get("tests", [])) >= n_tests * cfg.repetitions:
+    if len(previous.tests) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
     return previous
 

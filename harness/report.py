@@ -1,6 +1,6 @@
 """Output: the HPL-like report, results.json, MLLOG files and charts, written whole or not at all.
 
-Text rendering is pure (strings from the results' dictionaries); `Output` is world
+Text rendering is pure (strings from the typed results, harness/results.py); `Output` is world
 rank 0's writer, and every file goes through `files.atomic_write`, so a crash at any
 moment leaves the previous complete file. After each finished test the report and
 results.json are rewritten: the finished tests survive whatever happens next.
@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import replace
 
 from harness import experiments, files, flops, metrics, mllog, results, train
 
@@ -41,56 +41,56 @@ def header(version: str, tv_legend: str, params: list[str], conventions: list[st
     return "\n".join(lines) + "\n"
 
 
-def row(t: dict) -> str:
+def row(t: results.TestResult) -> str:
     """One test's result block, like HPL's result line and residual check."""
-    q = t["quality"]
-    base = t["base_quality"]
+    q = t.quality
+    base = t.base_quality
     mean_base = sum(base) / len(base)
-    higher = results.higher_is_better(t)
+    higher = t.higher_is_better
     # "+x pts" of a percentage; an error (lower is better) in its own units, signed so + is better too
     gain = metrics.gain(q, mean_base, higher)
     gain = f"ensemble {100 * gain:+.1f} pts" if higher else f"ensemble {gain:+.4f} better (lower is better)"
-    verdict = "PASSED" if t["consistency"]["passed"] else "FAILED"
+    verdict = "PASSED" if t.consistency["passed"] else "FAILED"
     lines = [
         HEADER, THIN,
-        f"{t['tv']:<15} {t['workload']:<8} {t['M']:>4} {t['P']:>4} {t['B']:>5} "
-        f"{t['train_seconds']:>12.2f} {t['flops'] / 1e12:>12.4e} {t['vflops'] / 1e12:>11.3e} {q:>9.4f}",
-        f"Base models : {t['quality_name']} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ; {gain}",
-        f"Quality     : target {t['target_quality']:.4f}, n {t['penalty_n']:g}, penalty {t['penalty']:.4f} ;"
-        f" {t['aggregation']} of {t['M']} model(s) on {t['val_samples']} samples",
-        f"Work        : {t['samples_trained']} samples trained, {t['total_flops']:.4e} FLOPs ;"
-        f" resample {t['sampler_seconds']:.2f} s",
-        f"Solution    : time to solution {t['time_to_solution']:.2f} s = staging "
-        f"{(t['staging'] or {}).get('seconds', 0.0):.2f} + wall {t['evaluations'][-1]['seconds']:.2f} s to the last"
-        f" evaluation (training {t['train_seconds']:.2f} s, evaluations {t['eval_seconds']:.2f} s)",
+        f"{t.tv:<15} {t.workload:<8} {t.M:>4} {t.P:>4} {t.B:>5} "
+        f"{t.train_seconds:>12.2f} {t.flops / 1e12:>12.4e} {t.vflops / 1e12:>11.3e} {q:>9.4f}",
+        f"Base models : {t.quality_name} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ; {gain}",
+        f"Quality     : target {t.target_quality:.4f}, n {t.penalty_n:g}, penalty {t.penalty:.4f} ;"
+        f" {t.aggregation} of {t.M} model(s) on {t.val_samples} samples",
+        f"Work        : {t.samples_trained} samples trained, {t.total_flops:.4e} FLOPs ;"
+        f" resample {t.sampler_seconds:.2f} s",
+        f"Solution    : time to solution {t.time_to_solution:.2f} s = staging "
+        f"{(t.staging or {}).get('seconds', 0.0):.2f} + wall {t.evaluations[-1]['seconds']:.2f} s to the last"
+        f" evaluation (training {t.train_seconds:.2f} s, evaluations {t.eval_seconds:.2f} s)",
         ttq_line(t),
         division_line(t),
-        *([staging_line(t)] if t.get("staging") else []),
-        *([f"Utilisation : {t['utilisation']['gemm']:.3f} of the GEMM roofline,"
-            f" {t['utilisation']['conv']:.3f} of the CONV roofline"
-            + (f", {t['utilisation']['peak']:.3f} of the theoretical peak" if t["utilisation"]["peak"] else "")]
-          if t.get("utilisation") else []),
+        *([staging_line(t)] if t.staging else []),
+        *([f"Utilisation : {t.utilisation['gemm']:.3f} of the GEMM roofline,"
+            f" {t.utilisation['conv']:.3f} of the CONV roofline"
+            + (f", {t.utilisation['peak']:.3f} of the theoretical peak" if t.utilisation["peak"] else "")]
+          if t.utilisation else []),
         telemetry_line(t),
-        *[f"Warning     : {w}" for w in t["warnings"]],
+        *[f"Warning     : {w}" for w in t.warnings],
         THIN,
-        f"Replica consistency = {t['consistency']['max_diff']:.8e} ...... {verdict}",
+        f"Replica consistency = {t.consistency['max_diff']:.8e} ...... {verdict}",
         RULE,
     ]
     return "\n".join(lines) + "\n"
 
 
-def ttq_line(t: dict) -> str:
+def ttq_line(t: results.TestResult) -> str:
     """Time to quality: when the ensemble first reached the target (line 25), or not."""
-    ev, every = t["evaluations"], t["eval_every"]
+    ev, every = t.evaluations, t.eval_every
     how = (f"{len(ev)} evaluation{'s' if len(ev) > 1 else ''}, "
            + (_every(every) if every else "at the end only")
-           + (", stop at target" if t["stop_at_target"] else ""))
-    if t["time_to_quality"] is None:
+           + (", stop at target" if t.stop_at_target else ""))
+    if t.time_to_quality is None:
         best = next(p for p in ev if p["quality"] == metrics.best([p["quality"] for p in ev],
-                                                                  results.higher_is_better(t)))
+                                                                  t.higher_is_better))
         return (f"Time to Q   : not reached (best {best['quality']:.4f} after epoch {best['epoch']} of"
-                f" {t['epochs_trained']}) ; {how}")
-    return (f"Time to Q   : {t['time_to_quality']:.2f} s, epoch {t['epochs_to_quality']} of {t['epochs']}"
+                f" {t.epochs_trained}) ; {how}")
+    return (f"Time to Q   : {t.time_to_quality:.2f} s, epoch {t.epochs_to_quality} of {t.epochs}"
             f" (training and evaluations, staging apart) ; {how}")
 
 
@@ -98,36 +98,36 @@ def _every(k: int) -> str:
     return "every epoch" if k == 1 else f"every {k} epochs"
 
 
-def repeats_block(t: dict, s: dict) -> str:
+def repeats_block(t: results.TestResult, s: metrics.Repeats) -> str:
     """The summary of a test's repetitions, after its last one."""
-    how = (f"olympic: fastest and slowest by {s['ordered_by']} dropped" if s["kept"] < s["runs"] else "all runs")
-    lines = [f"{t['tv']:<15} {t['workload']:<8} {t['M']:>4} {t['P']:>4} {t['B']:>5} {'(summary)':>12}"
-             f" {s['flops'] / 1e12:>12.4e} {s['vflops'] / 1e12:>11.3e} {s['quality']:>9.4f}",
-             f"Repeats     : test {s['index']}, {s['runs']} runs (seeds differ), {how} ({s['kept']} runs) ;"
-             f" CV of FLOPS {100 * s['cv_flops']:.1f} %, of quality {100 * s['cv_quality']:.1f} %",
-             (f"Time to Q   : {s['time_to_quality']:.2f} s (olympic by time to quality) ; CV of epochs to quality"
-              f" {100 * s['cv_epochs_to_quality']:.1f} %" if s["time_to_quality"] is not None else
-              f"Time to Q   : reached in {s['reached']} of {s['runs']} runs: no mean"),
+    how = (f"olympic: fastest and slowest by {s.ordered_by} dropped" if s.kept < s.runs else "all runs")
+    lines = [f"{t.tv:<15} {t.workload:<8} {t.M:>4} {t.P:>4} {t.B:>5} {'(summary)':>12}"
+             f" {s.flops / 1e12:>12.4e} {s.vflops / 1e12:>11.3e} {s.quality:>9.4f}",
+             f"Repeats     : test {s.index}, {s.runs} runs (seeds differ), {how} ({s.kept} runs) ;"
+             f" CV of FLOPS {100 * s.cv_flops:.1f} %, of quality {100 * s.cv_quality:.1f} %",
+             (f"Time to Q   : {s.time_to_quality:.2f} s (olympic by time to quality) ; CV of epochs to quality"
+              f" {100 * s.cv_epochs_to_quality:.1f} %" if s.time_to_quality is not None else
+              f"Time to Q   : reached in {s.reached} of {s.runs} runs: no mean"),
              "Summary     : Tflops = the kept runs' FLOPs / their training time; VTflops from it and their"
              " mean quality (Eq. 7-8)", division_line(t), RULE]
     return "\n".join(lines) + "\n"
 
 
-def division_line(t: dict) -> str:
-    if t["division"] == "closed":
+def division_line(t: results.TestResult) -> str:
+    if t.division == "closed":
         return "Division    : closed (a ranking result: harness/division.py)"
-    return "Division    : open, not a ranking result: " + "; ".join(t["open_reasons"])
+    return "Division    : open, not a ranking result: " + "; ".join(t.open_reasons)
 
 
-def staging_line(t: dict) -> str:
-    st = t["staging"]
+def staging_line(t: results.TestResult) -> str:
+    st = t.staging
     return (f"Staging     : {st['copies']} {'copy' if st['copies'] == 1 else 'copies'} (one per node),"
             f" {st['samples']} samples, {st['bytes'] / 2**20:.1f} MiB, {st['seconds']:.2f} s")
 
 
-def telemetry_line(t: dict) -> str:
+def telemetry_line(t: results.TestResult) -> str:
     """What the devices did during training, from the telemetry reduced over ranks."""
-    tel = t.get("telemetry") or {}
+    tel = t.telemetry or {}
     cpu, rss = tel.get("cpu_process_percent"), tel.get("rss_bytes")
     parts = [f"CPU {cpu['mean']:.0f} % per rank (process, 100 = 1 core)" if cpu else "CPU n/a",
              f"RSS max {rss['max_of_max'] / 2**30:.2f} GiB" if rss else "RSS n/a"]
@@ -135,8 +135,8 @@ def telemetry_line(t: dict) -> str:
     parts.append(f"GPU util {gpu['mean']:.0f} %" if gpu else "GPU n/a (no NVIDIA driver)")
     if tel.get("power_watts_total"):
         parts.append(f"power {tel['power_watts_total']:.0f} W")
-    if t.get("vflops_per_watt"):
-        parts.append(f"{t['vflops_per_watt'] / 1e9:.3f} VGflops/W (GPU boards, timed window)")
+    if t.vflops_per_watt:
+        parts.append(f"{t.vflops_per_watt / 1e9:.3f} VGflops/W (GPU boards, timed window)")
     return "Telemetry   : " + " ; ".join(parts)
 
 
@@ -144,10 +144,10 @@ def skipped_line(index: int, reason: str) -> str:
     return f"Test {index} skipped: {reason}"
 
 
-def footer(tests: list[dict], skipped: int, summary: list[str], interrupted: bool = False) -> str:
+def footer(tests: list[results.TestResult], skipped: int, summary: list[str], interrupted: bool = False) -> str:
     """The counts, then `summary` (summary_lines: scaling and the paper's experiments)."""
-    passed = sum(t["consistency"]["passed"] for t in tests)
-    closed = sum(t["division"] == "closed" for t in tests)
+    passed = sum(t.consistency["passed"] for t in tests)
+    closed = sum(t.division == "closed" for t in tests)
     lines = ["", f"Finished {len(tests):6d} tests with the following results:",
              f"         {passed:6d} tests completed and passed consistency checks,",
              f"         {len(tests) - passed:6d} tests completed and failed consistency checks,",
@@ -158,43 +158,43 @@ def footer(tests: list[dict], skipped: int, summary: list[str], interrupted: boo
     return "\n".join(lines) + "\n"
 
 
-def scaling_lines(tests: list[dict], weak_scaling, mark_short: bool = True) -> list[str]:
+def scaling_lines(tests: list[results.TestResult], weak_scaling, mark_short: bool = True) -> list[str]:
     """Bagging weak scaling: one line per (workload, B, precision, P) group whose tests
     span several M (so that data parallelism, a change of P, is never mixed in); marked
     when a test of the group trained for less than metrics.SHORT_SPAN (mark_short=False:
     as reports of results schema 2.2 and before wrote it)."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[results.TestResult]] = {}
     for t in tests:
-        groups.setdefault((t["workload"], t["B"], t["precision"], t["P"]), []).append(t)
+        groups.setdefault((t.workload, t.B, t.precision, t.P), []).append(t)
     out = []
     for (wl, b, prec, p), ts in groups.items():
-        s = weak_scaling([(t["M"] * t["P"], t["flops"]) for t in ts])
+        s = weak_scaling([(t.M * t.P, t.flops) for t in ts])
         if s:
-            short = mark_short and any(t["train_seconds"] < metrics.SHORT_SPAN for t in ts)
+            short = mark_short and any(t.train_seconds < metrics.SHORT_SPAN for t in ts)
             out.append(f"Scaling ({wl}, B {b}, {prec}, P {p}): Sys_scale {s.scale_from} -> {s.scale_to} :"
                        f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}"
                        + (f" (timed spans under {metrics.SHORT_SPAN:g} s: indicative)" if short else ""))
     return out
 
 
-def fold(tests: list[dict], summaries: list[dict]) -> list[dict]:
-    """One dict per test index for the sweep-wide comparisons: a repeated test's first run
-    with the figures of its repetition summary (FLOPS, VFLOPS, quality, time to quality)
-    and the base models of all its runs."""
-    runs: dict[int, list[dict]] = {}
+def fold(tests: list[results.TestResult], summaries: list[metrics.Repeats]) -> list[results.TestResult]:
+    """One result per test index for the sweep-wide comparisons: a repeated test's first
+    run with the figures of its repetition summary (FLOPS, VFLOPS, quality, time to
+    quality) and the base models of all its runs."""
+    runs: dict[int, list[results.TestResult]] = {}
     for t in tests:
-        runs.setdefault(t["index"], []).append(t)
-    by_index = {s["index"]: s for s in summaries}
+        runs.setdefault(t.index, []).append(t)
+    by_index = {s.index: s for s in summaries}
     out = []
     for index, rs in runs.items():
         s = by_index.get(index)
-        out.append(rs[0] if not s else {
-            **rs[0], "flops": s["flops"], "vflops": s["vflops"], "quality": s["quality"],
-            "time_to_quality": s["time_to_quality"], "base_quality": [q for r in rs for q in r["base_quality"]]})
+        out.append(rs[0] if not s else replace(
+            rs[0], flops=s.flops, vflops=s.vflops, quality=s.quality, time_to_quality=s.time_to_quality,
+            base_quality=[q for r in rs for q in r.base_quality]))
     return out
 
 
-def summary_lines(tests: list[dict], summaries: list[dict]) -> list[str]:
+def summary_lines(tests: list[results.TestResult], summaries: list[metrics.Repeats]) -> list[str]:
     """The lines after the footer's counts: bagging weak scaling, then the paper's two
     experiments (harness/experiments.py: bagging against data parallelism, quality
     against speed at a fixed scale), on the tests folded over repetitions."""
@@ -217,19 +217,19 @@ def summarize(run_dirs: list[str]) -> str:
         except FileNotFoundError:
             raise ValueError(f"{d}: no results.json (not a runs/<id> folder?)") from None
         name = os.path.basename(os.path.normpath(d))
-        if not res.get("tests"):
-            lines.append(f"{name:<24} (no finished test; status {res.get('status', '?')})")
-        for t in res.get("tests", []):
-            check = "PASSED" if t["consistency"]["passed"] else "FAILED"
-            lines.append(f"{name:<24} {t['tv']:<10} {t['workload']:<7} {t['M']:>4} {t['P']:>4} {t['B']:>5} "
-                         f"{t['train_seconds']:>9.2f} {t['time_to_solution']:>9.2f} {_ttq(t):>9}"
-                         f" {t['flops'] / 1e12:>11.4e} {t['vflops'] / 1e12:>10.3e} "
-                         f"{t['quality']:>8.4f} {check}")
+        if not res.tests:
+            lines.append(f"{name:<24} (no finished test; status {res.status})")
+        for t in res.tests:
+            check = "PASSED" if t.consistency["passed"] else "FAILED"
+            lines.append(f"{name:<24} {t.tv:<10} {t.workload:<7} {t.M:>4} {t.P:>4} {t.B:>5} "
+                         f"{t.train_seconds:>9.2f} {t.time_to_solution:>9.2f} {_ttq(t):>9}"
+                         f" {t.flops / 1e12:>11.4e} {t.vflops / 1e12:>10.3e} "
+                         f"{t.quality:>8.4f} {check}")
     return "\n".join(lines + [RULE]) + "\n"
 
 
-def _ttq(t: dict) -> str:
-    return "-" if t["time_to_quality"] is None else f"{t['time_to_quality']:.2f}"
+def _ttq(t: results.TestResult) -> str:
+    return "-" if t.time_to_quality is None else f"{t.time_to_quality:.2f}"
 
 
 # -- what the report states about how it measures --------------------------------------
@@ -327,9 +327,9 @@ class Output:
     signal thread may call `finish` while the main thread writes: one lock."""
 
     def __init__(self, cfg, record: results.Record, params: list[str], tv_legend: str,
-                 previous: dict | None = None):
-        """`previous`: the results.json of the invocation being resumed; its finished
-        tests stand as they were and the report shows them again."""
+                 previous: results.Record | None = None):
+        """`previous`: the results of the invocation being resumed; its finished tests
+        stand as they were and the report shows them again."""
         self.cfg, self.record = cfg, record
         self.text = ""
         self.current: tuple[int, int] | None = None   # (test, repetition) under way
@@ -338,9 +338,9 @@ class Output:
         for s in record.skipped:
             self._emit(skipped_line(s["index"], s["reason"]) + "\n")
         if previous:
-            record.tests.extend(previous["tests"])
-            record.repeats.extend(previous.get("repeats", []))
-            record.resumed = previous.get("resumed", []) + [time.strftime("%Y-%m-%dT%H:%M:%S")]
+            record.tests.extend(previous.tests)
+            record.repeats.extend(previous.repeats)
+            record.resumed = previous.resumed + [time.strftime("%Y-%m-%dT%H:%M:%S")]
             for r in record.tests:
                 self._emit(row(r))
         self._save()
@@ -353,11 +353,10 @@ class Output:
         The time this takes is the record's `write_seconds` (on disk from the next rewrite:
         the next test's, or the finish's)."""
         t0 = time.perf_counter()
-        r = asdict(result)
         with self.lock:
-            self.record.tests.append(r)
+            self.record.tests.append(result)
             self._write_mllogs(result.index, result.repetition, mllogs)
-            self._emit(row(r))
+            self._emit(row(result))
             if result.repetition == self.cfg.repetitions - 1 and result.repetition > 0:
                 self._summarise_repeats(result.index)
             self._save()
@@ -403,10 +402,8 @@ class Output:
             files.atomic_write(self.cfg.output_file, self.text)
 
     def _summarise_repeats(self, index: int) -> None:
-        runs = [r for r in self.record.tests if r["index"] == index]
-        summary = {"index": index, **vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
-                                                         staged=bool(runs[0]["staging"]),
-                                                         higher_is_better=results.higher_is_better(runs[0])))}
+        runs = [r for r in self.record.tests if r.index == index]
+        summary = metrics.repeats(runs)
         self.record.repeats.append(summary)
         self._emit(repeats_block(runs[0], summary))
 
@@ -419,11 +416,11 @@ class Output:
         if rec.tests and plots.tradeoff(fold(rec.tests, rec.repeats), os.path.join(rec.run_dir, "tradeoff.png")):
             rec.charts.append("tradeoff.png")
         for t in rec.tests:   # the ensemble's and the base models' quality against time, each test
-            name = f"quality-test{t['index']:03d}" + (f"-rep{t['repetition']:02d}" if self.cfg.repetitions > 1 else "")
+            name = f"quality-test{t.index:03d}" + (f"-rep{t.repetition:02d}" if self.cfg.repetitions > 1 else "")
             if plots.quality_curve(t, os.path.join(rec.run_dir, name + ".png")):
                 rec.charts.append(name + ".png")
         for prec, ceil in rec.roofline.items():
-            tests = [t for t in rec.tests if t["precision"] == prec]
+            tests = [t for t in rec.tests if t.precision == prec]
             name = "roofline.png" if len(rec.roofline) == 1 else f"roofline-{prec}.png"
             if tests and plots.roofline(tests, ceil, os.path.join(rec.run_dir, name)):
                 rec.charts.append(name)

@@ -1,9 +1,11 @@
 """The results record: what results.json holds, as typed records with a schema version.
 
-`TestResult` is one finished test (one repetition); `Record` the whole invocation.
-results.json is `Record` as JSON, and every reader of it (the report's `--summarize`,
-`--resume`) goes through `load`, which refuses a file of another major schema version
-with a message naming both versions instead of failing on a missing key.
+`TestResult` is one finished test (one repetition); `Record` the whole invocation, its
+tests as `TestResult`s and its repetition summaries as `metrics.Repeats`. results.json
+is `Record` as JSON, and every reader of it (the report's `--summarize`, `--resume`,
+`--verify`) goes through `load`, which gives the same typed `Record` back: it refuses a
+file of another major schema version with a message naming both versions, and a record
+missing a key naming the key and the test, instead of failing later on a lookup.
 
 Pure data: no MPI, no TensorFlow. World rank 0 builds the records (harness/run.py
 measures a test, harness/report.py writes the record).
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
@@ -25,12 +29,6 @@ def minor(schema: str) -> tuple[int, int]:
     """A schema version as (major, minor): minor("2.3") == (2, 3)."""
     major, _, rest = str(schema).partition(".")
     return int(major), int(rest or 0)
-
-
-def higher_is_better(test: dict) -> bool:
-    """A test result's quality direction; a 2.1 file predates the key, and every
-    workload it could hold was higher-is-better."""
-    return test.get("higher_is_better", True)
 
 
 def sha256(text: str) -> str:
@@ -100,7 +98,10 @@ class TestResult:
     weights_digest: list              # per job, per rank: digest of the trained weights
     model_layers: list = field(default_factory=list)      # harness/flops.walk's records (harness/verify.py)
     model_deviations: list = field(default_factory=list)  # from the reference model (describe_model)
-    higher_is_better: bool = True     # the quality's direction (False: an error, e.g. MAE); a 2.1 file lacks it: True
+    # Keys added by a later minor version have a default: what a file of an earlier minor,
+    # which lacks the key, meant (harness/results.load fills it).
+    higher_is_better: bool = True     # the quality's direction (False: an error, e.g. MAE); a 2.1 file lacks it, and
+                                      #   every workload it could hold was higher-is-better
     reduce_seconds: float = 0.0       # s, rank 0: the world's reductions of the ensemble (scores, base qualities),
                                       #   all evaluations; the wait for the other jobs apart
     gather_seconds: float = 0.0       # s, rank 0: gathering every rank's record and measuring the test from them
@@ -121,8 +122,8 @@ class Record:
     schema: str = SCHEMA
     status: str = "running"           # running | complete | interrupted
     skipped: list = field(default_factory=list)   # tests that need more ranks: index, reason
-    tests: list = field(default_factory=list)     # TestResult as dicts, in finishing order
-    repeats: list = field(default_factory=list)   # repetition summaries (harness/metrics.Repeats)
+    tests: list = field(default_factory=list)     # TestResult, in finishing order
+    repeats: list = field(default_factory=list)   # metrics.Repeats: each repeated test's summary, when its last run ends
     charts: list = field(default_factory=list)
     resumed: list = field(default_factory=list)   # times of each --resume
     interrupted: dict | None = None   # reason, test, repetition
@@ -133,9 +134,10 @@ class Record:
         return asdict(self)
 
 
-def load(path: str) -> dict:
-    """A results.json as a dict, refused (ValueError) if its schema's major version is
-    not ours: the keys this version reads may not be there or mean something else."""
+def load(path: str) -> Record:
+    """A results.json as a `Record`, refused (ValueError) if its schema's major version
+    is not ours (the keys this version reads may not be there or mean something else),
+    or if it lacks a key that its version always writes."""
     with open(path) as f:
         try:
             res = json.load(f)
@@ -147,4 +149,36 @@ def load(path: str) -> dict:
     if found.split(".")[0] != SCHEMA.split(".")[0]:
         raise ValueError(f"{path}: found results schema {found}, expected {SCHEMA.split('.')[0]}.x "
                          f"(this is hpcai500 with results schema {SCHEMA}; read it with the version that wrote it)")
-    return res
+    record = _typed(Record, res, path)
+    for key, cls in (("tests", TestResult), ("repeats", Repeats)):   # lists: _typed checked
+        setattr(record, key, [_typed(cls, x, f"{path}: {key}[{i}]") for i, x in enumerate(getattr(record, key))])
+    return record
+
+
+def _typed(cls, obj, where: str):
+    """`cls` from a JSON object: a key of a later minor version (unknown here) is left
+    out, a key of ours missing takes its default (an earlier minor lacked it) or is
+    refused, naming it, when it has none; a value of another JSON type than the field's
+    is refused naming the field."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: found a JSON {type(obj).__name__}, expected an object")
+    known = fields(cls)
+    test = f" (test {obj.get('index')} rep {obj.get('repetition')})" if cls is TestResult else ""
+    missing = [f.name for f in known if f.name not in obj and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ValueError(f"{where}{test}: found no {', '.join(missing)}, expected every key of a"
+                         f" {cls.__name__} of results schema {SCHEMA.split('.')[0]}.x")
+    for f in known:
+        if f.name in obj and not _fits(f.type, obj[f.name]):
+            raise ValueError(f"{where}{test}: found {f.name} = {json.dumps(obj[f.name])[:60]}, expected {f.type}")
+    return cls(**{f.name: obj[f.name] for f in known if f.name in obj})
+
+
+_JSON = {"int": int, "float": (int, float), "str": str, "bool": bool, "list": list, "dict": dict}
+
+
+def _fits(annotation: str, value) -> bool:
+    """Whether a JSON value is of a field's annotated type ("float | None": a number or
+    null; a whole number is a float too: another writer may write 2.0 as 2)."""
+    return any(value is None if k == "None" else isinstance(value, _JSON[k])
+               for k in (part.strip() for part in annotation.split("|")))

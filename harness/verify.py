@@ -31,7 +31,7 @@ import math
 import os
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness import dat, division, flops, metrics, mllog, report, results, settings, telemetry, train, workloads
 from harness.errors import say
@@ -65,16 +65,13 @@ class Check:
 class Run:
     """A run folder as read from disk: everything the checks need, no file handles."""
     dir: str
-    res: dict                       # results.json
+    res: results.Record             # results.json
     report: str | None              # report.txt (None: missing)
     input_file: dict                # path, found (bool), text or error
     mllogs: dict                    # file name -> {"messages": [...], "lines": [...]} or None if missing
 
 
 # -- reading (the I/O edge) --------------------------------------------------------------
-REQUIRED = ("hpcai500", "input", "config", "settings", "conventions", "roofline", "status", "tests")
-
-
 def load(run_dir: str, checker=None) -> Run:
     """Read a run folder; NotARun if it is not one. `checker(path) -> [messages]` checks
     one MLLOG file (default harness.mllog.check)."""
@@ -87,11 +84,8 @@ def load(run_dir: str, checker=None) -> Run:
         res = results.load(path)
     except (OSError, UnicodeDecodeError) as e:
         raise NotARun(f"{path}: unreadable ({e})") from None
-    except ValueError as e:
+    except ValueError as e:   # another major schema, or not a results record (results.load names what)
         raise NotARun(str(e)) from None
-    missing = [k for k in REQUIRED if k not in res]
-    if missing or not isinstance(res["tests"], list) or not isinstance(res["input"], dict):
-        raise NotARun(f"{path}: not a results record of hpcai500 (no {', '.join(missing) or 'tests list'})")
     try:
         with open(os.path.join(run_dir, "report.txt"), encoding="utf-8") as f:
             text = f.read()
@@ -111,7 +105,7 @@ def load(run_dir: str, checker=None) -> Run:
         except Exception as e:  # noqa: BLE001 - an unreadable log or a checker crash fails the check
             lines, messages = [], [f"{type(e).__name__}: {e}"]
         mllogs[name] = {"messages": messages, "lines": lines}
-    return Run(run_dir, res, text, _read_input(res["input"].get("path")), mllogs)
+    return Run(run_dir, res, text, _read_input(res.input.get("path")), mllogs)
 
 
 def _read_input(path) -> dict:
@@ -127,11 +121,9 @@ def _read_input(path) -> dict:
     return {"path": path, "found": True, "text": text}
 
 
-def expected_mllogs(res: dict) -> list[str]:
+def expected_mllogs(res: results.Record) -> list[str]:
     """The MLLOG file of every base model of every finished test and repetition."""
-    return [mllog.filename(t["index"], t["repetition"], j) for t in res["tests"]
-            if isinstance(t, dict) and all(isinstance(t.get(k), int) for k in ("index", "repetition", "M"))
-            for j in range(t["M"])]
+    return [mllog.filename(t.index, t.repetition, j) for t in res.tests for j in range(t.M)]
 
 
 # -- the checks (pure) ----------------------------------------------------------------------
@@ -139,22 +131,22 @@ def verify(run: Run) -> list[Check]:
     """Every check of the run, in order: input, configuration, each test, repetitions,
     scaling, report.txt, MLLOG."""
     res = run.res
-    checks = input_checks(res["input"], run.input_file)
+    checks = input_checks(res.input, run.input_file)
     cfg, more = configuration(res)
     checks += more
-    checks += _guarded("settings", lambda: (settings_checks(res["settings"]), None))[0]
-    checks += _guarded("roofline", lambda: (roofline_checks(res["roofline"]), None))[0]
-    checks += _guarded("conventions", lambda: (conventions_checks(res["conventions"], cfg, res["roofline"]), None))[0]
+    checks += _guarded("settings", lambda: (settings_checks(res.settings), None))[0]
+    checks += _guarded("roofline", lambda: (roofline_checks(res.roofline), None))[0]
+    checks += _guarded("conventions", lambda: (conventions_checks(res.conventions, cfg, res.roofline), None))[0]
     derived = []
-    for t in res["tests"]:
+    for t in res.tests:
         c, d = _guarded(_name(t), lambda t=t: test_checks(t, cfg, res))
         checks += c
         derived.append(d)
     checks += _guarded("repetition summaries", lambda: (repeats_checks(res, cfg), None))[0]
-    checks += _guarded("scaling", lambda: (scaling_checks(res["tests"], derived, run.report,
-                                                          results.minor(res["schema"]) >= (2, 3)), None))[0]
+    checks += _guarded("scaling", lambda: (scaling_checks(res.tests, derived, run.report,
+                                                          results.minor(res.schema) >= (2, 3)), None))[0]
     checks += _guarded("report.txt", lambda: (report_checks(res, cfg, run.report), None))[0]
-    for t in res["tests"]:
+    for t in res.tests:
         checks += _guarded(f"MLLOG of {_name(t)}", lambda t=t: (mllog_checks([t], run.mllogs), None))[0]
     return checks
 
@@ -186,11 +178,11 @@ def input_checks(recorded: dict, found: dict) -> list[Check]:
     return out
 
 
-def configuration(res: dict):
+def configuration(res: results.Record):
     """(cfg, checks): the configuration parsed again from the recorded input text, and
     whether it is the recorded one. If the text does not parse, the recorded one."""
-    text, path = res["input"].get("text", ""), res["input"].get("path", "HPCAI500.dat")
-    recorded = res["config"]
+    text, path = res.input.get("text", ""), res.input.get("path", "HPCAI500.dat")
+    recorded = res.config
     try:
         cfg = dat.parse_text(text, path)
     except dat.DatError as e:
@@ -245,11 +237,11 @@ def _contains(seq, sub) -> bool:
     return not sub or any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
-def _name(t: dict) -> str:
-    return f"test {t.get('index')} rep {t.get('repetition')}" if isinstance(t, dict) else f"test {t!r}"
+def _name(t: results.TestResult) -> str:
+    return f"test {t.index} rep {t.repetition}"
 
 
-def test_checks(t: dict, cfg, res: dict) -> tuple[list[Check], dict | None]:
+def test_checks(t: results.TestResult, cfg, res: results.Record) -> tuple[list[Check], dict | None]:
     """Every figure of one test (one repetition) re-derived: (checks, derived figures).
     Each group is guarded apart, so that a missing key fails its group only."""
     name = _name(t)
@@ -257,89 +249,89 @@ def test_checks(t: dict, cfg, res: dict) -> tuple[list[Check], dict | None]:
     more, training = _guarded(f"{name}: FLOPs per sample", lambda: flops_checks(t))
     out += more
     if training is None:   # still check the rest, from the recorded figure
-        training = t.get("training_flops_per_sample")
+        training = t.training_flops_per_sample
     more, derived = _guarded(f"{name}: figures", lambda: figure_checks(t, cfg, res, training))
     out += more
-    resumed = bool(res.get("resumed"))
-    out += _guarded(f"{name}: division", lambda: ([division_check(t, cfg, res["settings"], resumed)], None))[0]
+    resumed = bool(res.resumed)
+    out += _guarded(f"{name}: division", lambda: ([division_check(t, cfg, res.settings, resumed)], None))[0]
     return out, derived
 
 
-def flops_checks(t: dict) -> tuple[list[Check], int]:
+def flops_checks(t: results.TestResult) -> tuple[list[Check], int]:
     """FLOPs per sample from the recorded layer records and Table 3's rules (flops.rule)."""
     name = _name(t)
-    if not t.get("model_layers"):
+    if not t.model_layers:   # a 2.0 file: no layer records to re-derive from
         raise KeyError("model_layers")
-    by_op = flops.by_operator(t["model_layers"])
+    by_op = flops.by_operator(t.model_layers)
     forward = sum(by_op.values())
     training = (1 + flops.BACKWARD_FACTOR) * forward
-    return [_num(f"{name}: forward FLOPs per sample (sum of flops.rule over {len(t['model_layers'])} layer"
-                 " records)", t["forward_flops_per_sample"], forward),
-            _num(f"{name}: training FLOPs per sample (3 x forward)", t["training_flops_per_sample"], training),
-            Check(f"{name}: FLOPs per sample by operator", t["flops_by_operator"] == by_op,
-                  t["flops_by_operator"], by_op),
-            _num(f"{name}: arithmetic intensity", t["intensity"],
-                 metrics.intensity(forward, t["activations_per_sample"], t["weights"], t["B"],
-                                   4 if t["precision"] == "fp32" else 2))], training
+    return [_num(f"{name}: forward FLOPs per sample (sum of flops.rule over {len(t.model_layers)} layer"
+                 " records)", t.forward_flops_per_sample, forward),
+            _num(f"{name}: training FLOPs per sample (3 x forward)", t.training_flops_per_sample, training),
+            Check(f"{name}: FLOPs per sample by operator", t.flops_by_operator == by_op,
+                  t.flops_by_operator, by_op),
+            _num(f"{name}: arithmetic intensity", t.intensity,
+                 metrics.intensity(forward, t.activations_per_sample, t.weights, t.B,
+                                   4 if t.precision == "fp32" else 2))], training
 
 
-def figure_checks(t: dict, cfg, res: dict, training) -> tuple[list[Check], dict]:
+def figure_checks(t: results.TestResult, cfg, res: results.Record, training) -> tuple[list[Check], dict]:
     """The test's figures as run.measure derives them (Eq. 4-8 and the rest)."""
     name = _name(t)
-    per_job = [s * t["epochs_trained"] * t["B"] * t["P"] for s in t["steps_per_epoch"]]
+    per_job = [s * t.epochs_trained * t.B * t.P for s in t.steps_per_epoch]
     samples = sum(per_job)
     total = metrics.total_flops(per_job, training)
-    fl = metrics.flops(total, t["train_seconds"])
-    wl = workloads.get(t["workload"])
+    fl = metrics.flops(total, t.train_seconds)
+    wl = workloads.get(t.workload)
     target, n = workloads.target_and_n(wl, cfg)
     higher = wl.HIGHER_IS_BETTER   # the workload's rule; the recorded direction is checked against it
-    penalty = metrics.penalty(t["quality"], target, n, higher)
-    vfl = metrics.vflops(fl, t["quality"], target, n, higher)
-    tts = (t["staging"] or {}).get("seconds", 0.0) + t["evaluations"][-1]["seconds"]
+    penalty = metrics.penalty(t.quality, target, n, higher)
+    vfl = metrics.vflops(fl, t.quality, target, n, higher)
+    tts = (t.staging or {}).get("seconds", 0.0) + t.evaluations[-1]["seconds"]
     out = _curve_checks(t, name, target, higher) + [
-        _num(f"{name}: samples trained (steps x epochs trained x B x P, all jobs)", t["samples_trained"], samples),
-        _num(f"{name}: total FLOPs (samples x training FLOPs per sample)", t["total_flops"], total),
-        _num(f"{name}: FLOPS (total FLOPs / train_seconds)", t["flops"], fl),
-        _num(f"{name}: target quality (line 25)", t["target_quality"], target),
-        _num(f"{name}: penalty exponent n (line 26)", t["penalty_n"], n),
+        _num(f"{name}: samples trained (steps x epochs trained x B x P, all jobs)", t.samples_trained, samples),
+        _num(f"{name}: total FLOPs (samples x training FLOPs per sample)", t.total_flops, total),
+        _num(f"{name}: FLOPS (total FLOPs / train_seconds)", t.flops, fl),
+        _num(f"{name}: target quality (line 25)", t.target_quality, target),
+        _num(f"{name}: penalty exponent n (line 26)", t.penalty_n, n),
         Check(f"{name}: quality direction ({wl.QUALITY}: {'higher' if higher else 'lower'} is better)",
-              results.higher_is_better(t) == higher, results.higher_is_better(t), higher),
-        _num(f"{name}: penalty ({'quality / target' if higher else 'target / quality'})^n", t["penalty"], penalty),
-        _num(f"{name}: VFLOPS (FLOPS x penalty)", t["vflops"], vfl),
+              t.higher_is_better == higher, t.higher_is_better, higher),
+        _num(f"{name}: penalty ({'quality / target' if higher else 'target / quality'})^n", t.penalty, penalty),
+        _num(f"{name}: VFLOPS (FLOPS x penalty)", t.vflops, vfl),
         _num(f"{name}: time to solution (staging + wall to the end of the last evaluation)",
-             t["time_to_solution"], tts)]
+             t.time_to_solution, tts)]
     return out + _device_checks(t, name, fl, vfl, res), {"flops": fl, "vflops": vfl}
 
 
-def _curve_checks(t: dict, name: str, target: float, higher: bool) -> list[Check]:
+def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool) -> list[Check]:
     """Steps, the evaluations along the way (lines 31-32), the epochs trained, and the
     qualities and time to quality read from them."""
-    curve = t["evaluations"]
-    steps = [r["size"] // (t["P"] * t["B"]) for r in t["resample"]]
+    curve = t.evaluations
+    steps = [r["size"] // (t.P * t.B) for r in t.resample]
     reached = metrics.first_reaching(curve, target, higher)
-    due = train.evaluation_epochs(t["epochs"], t["eval_every"])
-    epochs_trained = reached["epoch"] if t["stop_at_target"] and reached else t["epochs"]
+    due = train.evaluation_epochs(t.epochs, t.eval_every)
+    epochs_trained = reached["epoch"] if t.stop_at_target and reached else t.epochs
     evaluated = [e for e in due if e <= epochs_trained]
     ttq = (reached["seconds"], reached["epoch"]) if reached else (None, None)
-    return [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t["steps_per_epoch"] == steps,
-                  t["steps_per_epoch"], steps),
+    return [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t.steps_per_epoch == steps,
+                  t.steps_per_epoch, steps),
             Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
                   " (line 32)", [p["epoch"] for p in curve] == evaluated, [p["epoch"] for p in curve], evaluated),
             Check(f"{name}: epochs trained (line 15, or the epoch the target stopped training)",
-                  t["epochs_trained"] == epochs_trained, t["epochs_trained"], epochs_trained),
-            _num(f"{name}: ensemble quality = the last evaluation's", t["quality"], curve[-1]["quality"]),
+                  t.epochs_trained == epochs_trained, t.epochs_trained, epochs_trained),
+            _num(f"{name}: ensemble quality = the last evaluation's", t.quality, curve[-1]["quality"]),
             Check(f"{name}: base-model qualities = the last evaluation's",
-                  t["base_quality"] == curve[-1]["base_quality"], t["base_quality"], curve[-1]["base_quality"]),
+                  t.base_quality == curve[-1]["base_quality"], t.base_quality, curve[-1]["base_quality"]),
             Check(f"{name}: time to quality = the first evaluation reaching the target",
-                  (t["time_to_quality"], t["epochs_to_quality"]) == ttq, (t["time_to_quality"], t["epochs_to_quality"]),
+                  (t.time_to_quality, t.epochs_to_quality) == ttq, (t.time_to_quality, t.epochs_to_quality),
                   ttq)]
 
 
-def _device_checks(t: dict, name: str, fl: float, vfl: float, res: dict) -> list[Check]:
+def _device_checks(t: results.TestResult, name: str, fl: float, vfl: float, res: results.Record) -> list[Check]:
     """Utilisation against the ranks' roofline, VFLOPS per watt, the consistency verdict."""
-    ranks = [r for job in t["jobs"] for r in job]
-    util = metrics.utilisation(fl, res["roofline"].get(t["precision"]), ranks)
-    rec_util = t["utilisation"]
+    ranks = [r for job in t.jobs for r in job]
+    util = metrics.utilisation(fl, res.roofline.get(t.precision), ranks)
+    rec_util = t.utilisation
     if rec_util is None or util is None:
         out = [Check(f"{name}: utilisation", rec_util == util, rec_util, util,
                      note="no roofline figures" if rec_util == util else
@@ -347,45 +339,43 @@ def _device_checks(t: dict, name: str, fl: float, vfl: float, res: dict) -> list
     else:
         out = [_num(f"{name}: utilisation of the {k.upper() + ' roofline' if k != 'peak' else 'theoretical peak'}"
                     f" (ranks {ranks})", rec_util.get(k), util[k]) for k in ("gemm", "conv", "peak")]
-    per_watt = telemetry.per_joule(vfl, t["train_seconds"], t.get("telemetry") or {})
-    out.append(_num(f"{name}: VFLOPS per watt (GPU boards)", t["vflops_per_watt"], per_watt))
-    cons = t["consistency"]
+    per_watt = telemetry.per_joule(vfl, t.train_seconds, t.telemetry or {})
+    out.append(_num(f"{name}: VFLOPS per watt (GPU boards)", t.vflops_per_watt, per_watt))
+    cons = t.consistency
     again = metrics.consistency(cons["max_diff"])
     out.append(Check(f"{name}: replica consistency verdict (max diff {cons['max_diff']:g} <= {again['tolerance']:g})",
                      cons == again, cons["passed"], again["passed"]))
     return out
 
 
-def _sweep_check(t: dict, cfg) -> Check:
+def _sweep_check(t: results.TestResult, cfg) -> Check:
     """The test is the sweep's test of its index, run with the input's parameters."""
     tests = dat.expand(cfg)
-    if not 1 <= t["index"] <= len(tests):
-        return Check(f"{_name(t)}: a test of the input's sweep", False, t["index"], len(tests),
+    if not 1 <= t.index <= len(tests):
+        return Check(f"{_name(t)}: a test of the input's sweep", False, t.index, len(tests),
                      note="no such test in the sweep")
-    s = tests[t["index"] - 1]
+    s = tests[t.index - 1]
     want = {"workload": s.workload, "P": s.P, "B": s.batch, "precision": s.precision, "tv": s.tv(cfg),
             "sampler": cfg.sampler, "aggregation": cfg.aggregation, "epochs": cfg.epochs,
             "eval_every": cfg.eval_every, "stop_at_target": cfg.stop_at_target,
-            "seed": cfg.seed + t["repetition"], "M": s.M or t["M"]}
-    diff = {k: v for k, v in want.items() if t.get(k) != v}
+            "seed": cfg.seed + t.repetition, "M": s.M or t.M}
+    diff = {k: v for k, v in want.items() if getattr(t, k) != v}
     return Check(f"{_name(t)}: test {s.index} of the input's sweep, with its parameters", not diff,
-                 {k: t.get(k) for k in diff} or None, diff or None,
-                 note="" if diff else f"{s.workload} M {t['M']} P {s.P} B {s.batch} {s.precision} seed {want['seed']}")
+                 {k: getattr(t, k) for k in diff} or None, diff or None,
+                 note="" if diff else f"{s.workload} M {t.M} P {s.P} B {s.batch} {s.precision} seed {want['seed']}")
 
 
-def division_check(t: dict, cfg, values: dict, resumed: bool = False) -> Check:
-    if "model_deviations" not in t:
-        raise KeyError("model_deviations")
-    wl = workloads.get(t["workload"])
+def division_check(t: results.TestResult, cfg, values: dict, resumed: bool = False) -> Check:
+    wl = workloads.get(t.workload)
     known = {k: v for k, v in values.items() if k in settings.TABLE}
     verdict, reasons = division.judge(
-        workload=t["workload"], dataset_kind=cfg.dataset.kind, deviations=t["model_deviations"],
+        workload=t.workload, dataset_kind=cfg.dataset.kind, deviations=t.model_deviations,
         test_only=settings.test_only(known), target=cfg.target_quality, default_target=wl.TARGET_QUALITY,
         n=cfg.penalty_n, default_n=wl.PENALTY_N, repetitions=cfg.repetitions)
-    recorded = [t["division"], list(t["open_reasons"])]
+    recorded = [t.division, list(t.open_reasons)]
     ok = recorded == [verdict, reasons]
     note = ""
-    if not ok and t["division"] == "closed" and verdict == "open":
+    if not ok and t.division == "closed" and verdict == "open":
         note = "claimed closed, but the rules make it open: " + "; ".join(reasons)
     if not ok and resumed:
         note = "; ".join(n for n in (note, "the run was resumed: results.json's settings are the last invocation's,"
@@ -394,30 +384,29 @@ def division_check(t: dict, cfg, values: dict, resumed: bool = False) -> Check:
                  verdict if ok else [verdict, reasons], note)
 
 
-def repeats_checks(res: dict, cfg) -> list[Check]:
+def repeats_checks(res: results.Record, cfg) -> list[Check]:
     """Each repetition summary recomputed (metrics.repeats); every test whose repetitions
     all finished has exactly one."""
-    tests, out = res["tests"], []
+    tests, out = res.tests, []
     by_index = {}
     for t in tests:
-        by_index.setdefault(t["index"], []).append(t)
-    summaries = res.get("repeats", [])
+        by_index.setdefault(t.index, []).append(t)
+    summaries = res.repeats
     for s in summaries:
-        runs = by_index.get(s["index"], [])
-        what = f"test {s['index']}: repetition summary"
+        runs = by_index.get(s.index, [])
+        what = f"test {s.index}: repetition summary"
         if not runs:
             out.append(Check(what, False, note="a summary of a test with no finished repetition"))
             continue
-        d = vars(metrics.repeats(runs, runs[0]["target_quality"], runs[0]["penalty_n"],
-                                 staged=bool(runs[0]["staging"]),
-                                 higher_is_better=results.higher_is_better(runs[0])))
-        for key, value in d.items():
-            out.append(_num(f"{what}: {key}", s.get(key), value) if isinstance(value, float) else
-                       Check(f"{what}: {key}", s.get(key) == value, s.get(key), value))
+        again = metrics.repeats(runs)
+        for key, value in vars(again).items():
+            mine = getattr(s, key)
+            out.append(_num(f"{what}: {key}", mine, value) if isinstance(value, float) else
+                       Check(f"{what}: {key}", mine == value, mine, value))
     if cfg.repetitions > 1:
         for index, runs in by_index.items():
-            done = sorted(t["repetition"] for t in runs) == list(range(cfg.repetitions))
-            count = sum(s["index"] == index for s in summaries)
+            done = sorted(t.repetition for t in runs) == list(range(cfg.repetitions))
+            count = sum(s.index == index for s in summaries)
             if done or count:
                 out.append(Check(f"test {index}: one repetition summary once all {cfg.repetitions} runs finished",
                                  count == int(done), count, int(done)))
@@ -429,7 +418,7 @@ def scaling_checks(tests: list, derived: list, report_text: str | None, mark_sho
     from the re-derived FLOPS of every test; `mark_short` as the run's schema wrote them."""
     if report_text is None:
         return []
-    mine = report.scaling_lines([{**t, "flops": d["flops"]} if d else t for t, d in zip(tests, derived)],
+    mine = report.scaling_lines([replace(t, flops=d["flops"]) if d else t for t, d in zip(tests, derived)],
                                 metrics.weak_scaling, mark_short)
     theirs = [ln for ln in report_text.splitlines() if ln.startswith("Scaling (")]
     out = [Check(f"scaling: {m.split(':')[0]}", m in theirs, _find(theirs, m), m) for m in mine]
@@ -443,37 +432,37 @@ def _find(lines, line):
     return next((ln for ln in lines if ln.split(":")[0] == head), None)
 
 
-def report_segments(res: dict, cfg) -> list[tuple[str, str, bool]]:
+def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     """report.txt as the report's own rendering functions make it from results.json:
     (label, text, optional) in order. A resumed run's report repeats the earlier rows
     without their repetition summaries, so after a resume a summary is optional."""
-    tests = res["tests"]
-    params = dat.describe(cfg) + settings.describe(res["settings"])
-    segs = [("header", report.header(res["hpcai500"], dat.TV_LEGEND, params, res["conventions"]), False)]
+    tests = res.tests
+    params = dat.describe(cfg) + settings.describe(res.settings)
+    segs = [("header", report.header(res.hpcai500, dat.TV_LEGEND, params, res.conventions), False)]
     segs += [(f"test {s['index']} skipped", report.skipped_line(s["index"], s["reason"]) + "\n", False)
-             for s in res.get("skipped", [])]
-    summaries = {s["index"]: s for s in res.get("repeats", [])}
+             for s in res.skipped]
+    summaries = {s.index: s for s in res.repeats}
     for t in tests:
         segs.append((f"{_name(t)} block", report.row(t), False))
-        s = summaries.get(t["index"])
-        if s and t["repetition"] == cfg.repetitions - 1 and t["repetition"] > 0:
-            first = next(r for r in tests if r["index"] == t["index"])
-            segs.append((f"test {t['index']} repetition summary", report.repeats_block(first, s),
-                         bool(res.get("resumed"))))
-    status, stop = res["status"], res.get("interrupted") or {}
+        s = summaries.get(t.index)
+        if s and t.repetition == cfg.repetitions - 1 and t.repetition > 0:
+            first = next(r for r in tests if r.index == t.index)
+            segs.append((f"test {t.index} repetition summary", report.repeats_block(first, s),
+                         bool(res.resumed)))
+    status, stop = res.status, res.interrupted or {}
     if status == "interrupted":
         test = stop.get("test")
         segs.append(("interruption", f"\nInterrupted: {stop.get('reason')}" +
                      (f" during test {test}; its result is lost, the finished tests' stand.\n" if test else ".\n"),
                      False))
     if status in ("complete", "interrupted"):
-        segs.append(("footer", report.footer(tests, len(res.get("skipped", [])),
-                                             report.summary_lines(tests, res.get("repeats", [])),
+        segs.append(("footer", report.footer(tests, len(res.skipped),
+                                             report.summary_lines(tests, res.repeats),
                                              status == "interrupted"), False))
     return segs
 
 
-def report_checks(res: dict, cfg, text: str | None) -> list[Check]:
+def report_checks(res: results.Record, cfg, text: str | None) -> list[Check]:
     """report.txt line by line against its re-rendering: one check per block; a line that
     differs fails, naming its number and both texts."""
     if text is None:
@@ -508,8 +497,8 @@ def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
     eval_accuracy, the ensemble's quality, the division), for the keys it has."""
     out = []
     for t in tests:
-        for j in range(t["M"]):
-            name = mllog.filename(t["index"], t["repetition"], j)
+        for j in range(t.M):
+            name = mllog.filename(t.index, t.repetition, j)
             what = f"MLLOG mllog/{name}"
             log = mllogs.get(name)
             if log is None:
@@ -523,25 +512,25 @@ def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
     return out
 
 
-def _mllog_figures(what: str, t: dict, job: int, lines: list[str]) -> Check:
+def _mllog_figures(what: str, t: results.TestResult, job: int, lines: list[str]) -> Check:
     events = [json.loads(ln.split(MLLOG_TOKEN, 1)[1]) for ln in lines if MLLOG_TOKEN in ln]
     last = {e["key"]: e["value"] for e in events}   # the last value of each key
-    want = {"seed": t["seed"], "global_batch_size": t["P"] * t["B"],
-            "train_samples": t["resample"][job]["size"], "eval_samples": t["val_samples"],
-            mllog.eval_key(results.higher_is_better(t)): t["base_quality"][job],
-            "hpcai500_ensemble_quality": t["quality"],
-            "submission_division": t["division"]}
+    want = {"seed": t.seed, "global_batch_size": t.P * t.B,
+            "train_samples": t.resample[job]["size"], "eval_samples": t.val_samples,
+            mllog.eval_key(t.higher_is_better): t.base_quality[job],
+            "hpcai500_ensemble_quality": t.quality,
+            "submission_division": t.division}
     want = {k: v for k, v in want.items() if k in last}
     stops = [e.get("metadata", {}).get("status") for e in events if e["key"] == "run_stop"]
     if stops:   # MLPerf's success: the target reached (by the ensemble, harness/run.py)
         last["run_stop status"] = stops[-1]
         # success: the target reached at some evaluation (harness/run.py), as the time to quality says
-        want["run_stop status"] = "success" if t["time_to_quality"] is not None else "aborted"
+        want["run_stop status"] = "success" if t.time_to_quality is not None else "aborted"
     diff = {k: last[k] for k, v in want.items() if not _close(last[k], v)}
-    wrong = mllog.eval_key(not results.higher_is_better(t))   # an error logged as an accuracy, or the reverse
+    wrong = mllog.eval_key(not t.higher_is_better)   # an error logged as an accuracy, or the reverse
     if wrong in last:
         diff[wrong] = last[wrong]
-        want[wrong] = f"no {wrong}: the quality is {'an accuracy' if results.higher_is_better(t) else 'an error'}"
+        want[wrong] = f"no {wrong}: the quality is {'an accuracy' if t.higher_is_better else 'an error'}"
     return Check(f"{what}: figures = results.json's", bool(events) and not diff,
                  diff or None, {k: want[k] for k in diff} or None,
                  note=("no MLLOG events" if not events else "" if diff else ", ".join(want)))
@@ -584,7 +573,7 @@ def main(run_dir: str, out=None) -> int:
     for c in checks:
         print(c.line(), file=out)
     failed = sum(not c.ok for c in checks)
-    print(f"Verified {run_dir} (status {run.res['status']}, {len(run.res['tests'])} test result(s)): {len(checks)}"
+    print(f"Verified {run_dir} (status {run.res.status}, {len(run.res.tests)} test result(s)): {len(checks)}"
           f" checks, {len(checks) - failed} passed, {failed} failed ...... {'PASSED' if not failed else 'FAILED'}",
           file=out, flush=True)
     return 0 if not failed else 1

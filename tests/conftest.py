@@ -65,6 +65,28 @@ def results(results_dir: Path) -> dict:
     return json.loads((runs[0] / "results.json").read_text())
 
 
+def result(**fields):
+    """A hand-made results.TestResult for the pure readers' tests (report, experiments,
+    plots, metrics.repeats): one digits test, M=1 P=1 B=32, one epoch, quality 0.95 at
+    the target, FLOPS 1e12 over 1 s; `fields` replace any of it."""
+    from harness.results import TestResult
+    base = dict(
+        index=1, tv="B32C32SR", workload="digits", M=1, P=1, B=32, precision="fp32", sampler="bootstrap",
+        aggregation="mean", repetition=0, seed=42, epochs=1, epochs_trained=1, eval_every=0, stop_at_target=False,
+        jobs=[[0]], idle_ranks=[], warnings=[], division="closed", open_reasons=[], data="synthetic",
+        train_samples=320, val_samples=100, forward_flops_per_sample=10, training_flops_per_sample=30,
+        flops_by_operator={"dense": 10}, activations_per_sample=5, weights=7, intensity=1.0,
+        steps_per_epoch=[10], samples_trained=320, total_flops=1e12, train_seconds=1.0, train_seconds_min=1.0,
+        staging=None, time_to_solution=1.0, eval_seconds=0.1,
+        evaluations=[{"epoch": 1, "seconds": 1.0, "quality": 0.95, "base_quality": [0.95]}],
+        time_to_quality=1.0, epochs_to_quality=1, sampler_seconds=0.0, flops=1e12, vflops=1e12,
+        quality_name="Top-1", quality=0.95, base_quality=[0.95], target_quality=0.95, penalty_n=10, penalty=1.0,
+        final_loss=[0.1], utilisation=None, telemetry={}, vflops_per_watt=None,
+        consistency={"max_diff": 0.0, "tolerance": 1e-6, "passed": True},
+        resample=[{"job": 0, "size": 320, "out_of_bag": 0.37, "digest": "x"}], weights_digest=[["y"]])
+    return TestResult(**{**base, **fields})
+
+
 @pytest.fixture
 def run_dat(tmp_path):
     """Write a dat file in tmp_path (results under tmp_path/runs) and run it.

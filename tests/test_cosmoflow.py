@@ -2,7 +2,6 @@
 back by TensorFlow's own reader too), bad files named, staging, the model's FLOPs by
 hand, by the walk and by TensorFlow's profiler, lower-is-better wording, and one real
 bagged run under mpirun (M = 2, P = 1 and M = 1, P = 2)."""
-import gzip
 import json
 import os
 import shutil
@@ -15,7 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from harness import metrics, report, results  # noqa: E402
+from harness import report, results  # noqa: E402
+from tests.conftest import result  # noqa: E402
 from harness.workloads import DataError, Dataset, cosmoflow as cf, cosmoflow_synthetic as cs, tfrecord  # noqa: E402
 
 SIDE = 32
@@ -233,10 +233,10 @@ def test_report_words_an_error_so_that_plus_means_better():
          "eval_seconds": 0.1, "eval_every": 1, "stop_at_target": False, "time_to_quality": None,
          "epochs_to_quality": None, "epochs_trained": 3, "epochs": 3, "division": "open", "open_reasons": ["x"],
          "warnings": [], "telemetry": {}}
-    text = report.row(t)
+    text = report.row(result(**t))
     assert "ensemble +0.0500 better (lower is better)" in text
     assert "not reached (best 0.2000 after epoch 2 of 3)" in text   # the lowest error, not the highest
-    higher = report.row({**t, "higher_is_better": True, "quality": 0.9, "base_quality": [0.85, 0.85]})
+    higher = report.row(result(**{**t, "higher_is_better": True, "quality": 0.9, "base_quality": [0.85, 0.85]}))
     assert "ensemble +5.0 pts" in higher
 
 

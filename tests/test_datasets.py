@@ -15,7 +15,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from harness.workloads import DataError, Dataset, ewa, ic  # noqa: E402
-from harness.workloads import extreme_weather as ew  # noqa: E402
 from harness.workloads import weather_synthetic  # noqa: E402
 from tests.conftest import results  # noqa: E402
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from harness import dat
-from tests.conftest import ROOT
+from tests.conftest import ROOT, result
 
 README = (ROOT / "README.md").read_text()
 DESIGN = (ROOT / "DESIGN.md").read_text()
@@ -174,7 +174,7 @@ def test_readme_groups_the_scaling_lines_by_the_fields_the_report_groups_by():
     fields = re.search(r"a scaling line for every \(([^)]*)\)", README).group(1).split(", ")
     base = {"workload": "digits", "B": 32, "precision": "fp32", "P": 1}
     def tests(ms=(1, 2), **change):
-        return [dict(base, M=m, flops=m * 1.0, train_seconds=5.0, **change) for m in ms]
+        return [result(**{**base, "M": m, "flops": m * 1.0, "train_seconds": 5.0, **change}) for m in ms]
     assert len(report.scaling_lines(tests((1, 2, 4)), metrics.weak_scaling)) == 1   # M alone: one line
     other = {"workload": "ic", "B": 64, "precision": "fp16", "P": 2}
     for field in base:

@@ -1,8 +1,11 @@
 """Aggregation and the paper's metrics as pure functions."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from harness import ensemble, metrics
+from tests.conftest import result
 
 
 def _ensemble(per_model, method):
@@ -67,38 +70,41 @@ def test_weak_scaling_averages_repeated_runs_at_a_scale():
     assert s.speedup == pytest.approx(2.0) and s.efficiency == pytest.approx(1.0)
 
 
-def _runs(rows, ttq=None):
-    """ttq: per run (time to quality s, epochs to quality), or None: every run reached at its end."""
+def _runs(rows, ttq=None, target=0.7, n=2, **same):
+    """One test's runs (results.TestResult): rows of (train s, FLOPs, quality, time to
+    solution s); ttq: per run (time to quality s, epochs to quality), or None: every run
+    reached at its end; `same`: fields every run shares."""
     ttq = ttq or [(tts, 10) for *_, tts in rows]
-    return [{"train_seconds": t, "total_flops": w, "flops": w / t, "quality": q, "time_to_solution": tts,
-             "time_to_quality": tq, "epochs_to_quality": eq} for (t, w, q, tts), (tq, eq) in zip(rows, ttq)]
+    return [result(train_seconds=t, total_flops=w, flops=w / t, quality=q, time_to_solution=tts,
+                   time_to_quality=tq, epochs_to_quality=eq, target_quality=target, penalty_n=n, **same)
+            for (t, w, q, tts), (tq, eq) in zip(rows, ttq)]
 
 
 def test_olympic_repeats_sum_the_kept_runs_work_over_their_time():
     runs = _runs([(10, 1000, 0.90, 10), (9, 990, 0.92, 9), (30, 1200, 0.10, 30), (5, 2500, 0.99, 5),
                   (11, 990, 0.91, 11)])                     # rates 100, 110, 40, 500, 90
-    r = metrics.repeats(runs, target=0.7, n=2)
-    assert (r.runs, r.kept, r.ordered_by) == (5, 3, "train_seconds")   # 5 s and 30 s dropped
+    r = metrics.repeats(runs)
+    assert (r.index, r.runs, r.kept, r.ordered_by) == (1, 5, 3, "train_seconds")   # 5 s and 30 s dropped
     assert r.flops == pytest.approx(2980 / 30)              # 99.33, where the mean of rates says 100
     assert r.quality == pytest.approx(0.91)
     assert r.vflops == pytest.approx(2980 / 30 * (0.91 / 0.7) ** 2)   # Eq. 7-8 of the summary's own figures
     import numpy as np
     assert r.cv_flops == pytest.approx(np.std([100, 110, 40, 500, 90], ddof=1) / np.mean([100, 110, 40, 500, 90]))
-    two = metrics.repeats(runs[:2], target=0.7, n=2)
+    two = metrics.repeats(runs[:2])
     assert (two.kept, two.flops) == (2, pytest.approx(1990 / 19))     # fewer than 3: all kept
-    assert metrics.repeats(runs[:1], target=0.7, n=2).cv_flops == 0.0
+    assert metrics.repeats(runs[:1]).cv_flops == 0.0
 
 
 def test_time_to_quality_has_its_own_olympic_order_and_v2s_cv_of_epochs():
     rows = [(10, 1000, 0.9, 10)] * 5
-    runs = _runs(rows, [(8.0, 4), (6.0, 3), (20.0, 9), (7.0, 3), (2.0, 1)])
-    r = metrics.repeats(runs, target=0.9, n=1)
+    runs = _runs(rows, [(8.0, 4), (6.0, 3), (20.0, 9), (7.0, 3), (2.0, 1)], target=0.9, n=1)
+    r = metrics.repeats(runs)
     assert r.reached == 5
     assert r.time_to_quality == pytest.approx((8.0 + 6.0 + 7.0) / 3)   # 2 s and 20 s dropped
     import numpy as np
     assert r.cv_epochs_to_quality == pytest.approx(np.std([4, 3, 9, 3, 1], ddof=1) / np.mean([4, 3, 9, 3, 1]))
-    runs[2].update(time_to_quality=None, epochs_to_quality=None)       # one run never reached the target
-    r = metrics.repeats(runs, target=0.9, n=1)
+    runs[2] = replace(runs[2], time_to_quality=None, epochs_to_quality=None)   # one run never reached the target
+    r = metrics.repeats(runs)
     assert (r.reached, r.time_to_quality, r.cv_epochs_to_quality) == (4, None, None)
 
 
@@ -119,8 +125,9 @@ def test_evaluation_epochs_every_k_and_always_the_last():
 
 def test_with_staging_the_olympic_order_is_time_to_solution():
     # by training time run 0 is the fastest; with its staging it is the slowest
-    runs = _runs([(5, 500, 0.9, 50), (10, 1000, 0.9, 12), (11, 1100, 0.9, 13), (12, 1200, 0.9, 14)])
-    r = metrics.repeats(runs, target=0.9, n=1, staged=True)
+    runs = _runs([(5, 500, 0.9, 50), (10, 1000, 0.9, 12), (11, 1100, 0.9, 13), (12, 1200, 0.9, 14)],
+                 target=0.9, n=1, staging={"seconds": 1.0})
+    r = metrics.repeats(runs)
     assert r.ordered_by == "time_to_solution"
     assert r.flops == pytest.approx((1100 + 1200) / (11 + 12))        # runs 1 (12 s) and 0 (50 s) dropped
 
@@ -179,9 +186,9 @@ def test_first_reaching_an_error_target_is_the_first_at_or_below_it():
 
 
 def test_repeats_price_an_error_by_its_direction():
-    runs = [{"train_seconds": s, "time_to_solution": s, "total_flops": 1e12, "flops": 1e12 / s, "quality": q,
-             "time_to_quality": None, "epochs_to_quality": None} for s, q in ((1.0, 0.3), (2.0, 0.2), (4.0, 0.1))]
-    r = metrics.repeats(runs, 0.124, 5, higher_is_better=False)
+    runs = _runs([(s, 1e12, q, s) for s, q in ((1.0, 0.3), (2.0, 0.2), (4.0, 0.1))], [(None, None)] * 3,
+                 target=0.124, n=5, higher_is_better=False)
+    r = metrics.repeats(runs)
     # olympic by time: the 2 s run alone; FLOPS 1e12 / 2; VFLOPS x (0.124 / 0.2)^5
     assert (r.kept, r.quality) == (1, 0.2)
     assert r.vflops == pytest.approx(0.5e12 * (0.124 / 0.2) ** 5)

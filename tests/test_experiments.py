@@ -1,16 +1,19 @@
 """The paper's two experiments (harness/experiments.py) and their charts, from hand-made
-test dictionaries: bagging against data parallelism (Fig. 9), quality against speed at
+results (tests/conftest.result): bagging against data parallelism (Fig. 9), quality against speed at
 a fixed scale (Fig. 7). No MPI, no TensorFlow."""
+from dataclasses import replace
+
 from harness import experiments, plots
+from tests.conftest import result
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _t(index, M, P, flops, vflops=None, ttq=None, quality=0.95, base=None, wl="digits", B=32, prec="fp32"):
     """One folded test, as the report's caller gives it."""
-    return {"index": index, "workload": wl, "B": B, "precision": prec, "M": M, "P": P, "flops": flops,
-            "vflops": flops if vflops is None else vflops, "quality": quality, "quality_name": "Top-1",
-            "base_quality": base or [quality] * M, "time_to_quality": ttq, "target_quality": 0.95}
+    return result(index=index, workload=wl, B=B, precision=prec, M=M, P=P, flops=flops,
+                  vflops=flops if vflops is None else vflops, quality=quality, base_quality=base or [quality] * M,
+                  time_to_quality=ttq, target_quality=0.95)
 
 
 # -- experiment 1: bagging against data parallelism -------------------------------------
@@ -110,7 +113,7 @@ def test_blocks_ordered_by_workload_batch_precision_scale():
 def test_lines_fit_in_100_characters():
     big = [_t(101, 1, 1024, 1.23456e18, 9.87e17, ttq=None, quality=0.5), _t(102, 1024, 1, 1e20, 1e20, ttq=99999.99),
            _t(103, 512, 2, 1e12, 1e12, ttq=123456.78, quality=1.0)]
-    big = [dict(t, quality_name="mAP@0.5", workload="ewa") for t in big]
+    big = [replace(t, quality_name="mAP@0.5", workload="ewa") for t in big]
     for ln in experiments.comparison_lines(big) + experiments.tradeoff_lines(big):
         assert len(ln) <= 100, ln
         assert ln == ln.rstrip()
@@ -118,13 +121,13 @@ def test_lines_fit_in_100_characters():
 
 def test_grouping_helpers():
     tests = [_t(1, 1, 1, 1e12), _t(2, 2, 1, 2e12), _t(3, 1, 2, 1.5e12), _t(4, 4, 1, 4e12), _t(5, 1, 4, 2e12)]
-    assert [(g.scale, [t["index"] for t in g.tests]) for g in experiments.groups(tests)] == [
+    assert [(g.scale, [t.index for t in g.tests]) for g in experiments.groups(tests)] == [
         (1, [1]), (2, [2, 3]), (4, [4, 5])]
     assert [g.layouts for g in experiments.fixed_scale_groups(tests)] == [[(2, 1), (1, 2)], [(4, 1), (1, 4)]]
-    assert [(c.dp["index"], [t["index"] for t in c.bagging]) for c in experiments.comparisons(tests)] == [
+    assert [(c.dp.index, [t.index for t in c.bagging]) for c in experiments.comparisons(tests)] == [
         (3, [2]), (5, [4])]
     # bagging P=1 over scales 1, 2, 4; data parallelism M=1 over 1, 2, 4; P=2 and P=4 hold one scale each
-    assert [(s.kind, s.P, [t["index"] for t in s.tests]) for s in experiments.scaling_series(tests)] == [
+    assert [(s.kind, s.P, [t.index for t in s.tests]) for s in experiments.scaling_series(tests)] == [
         ("bagging", 1, [1, 2, 4]), ("data parallelism", None, [1, 3, 5])]
 
 
@@ -150,30 +153,33 @@ def test_tradeoff_chart(tmp_path):
 
 
 def test_quality_curve_chart(tmp_path):
-    test = dict(_t(1, 2, 1, 1e12), evaluations=[
+    test = replace(_t(1, 2, 1, 1e12), evaluations=[
         {"epoch": 1, "seconds": 1.5, "quality": 0.90, "base_quality": [0.85, 0.86]},
         {"epoch": 2, "seconds": 3.0, "quality": 0.96, "base_quality": [0.93, 0.94]}])
     out = tmp_path / "quality.png"
     assert plots.quality_curve(test, str(out)) == 6      # 2 evaluations x (ensemble + 2 base models)
     assert out.read_bytes()[:8] == PNG
-    assert plots.quality_curve(dict(test, evaluations=[]), str(tmp_path / "none.png")) == 0
+    assert plots.quality_curve(replace(test, evaluations=[]), str(tmp_path / "none.png")) == 0
     assert not (tmp_path / "none.png").exists()
 
 
 # ---- the report's use: repetitions folded, the footer's lines ----------------------
 
 def test_fold_gives_a_repeated_test_its_summary_figures():
-    from harness import report
-    runs = [dict(index=1, repetition=r, M=2, P=1, flops=f, vflops=f, quality=q, time_to_quality=s,
-                 base_quality=[q - 0.01, q - 0.02]) for r, f, q, s in ((0, 1e12, 0.9, 3.0), (1, 2e12, 0.8, None))]
-    other = dict(index=2, repetition=0, M=1, P=2, flops=5e11, vflops=4e11, quality=0.7, time_to_quality=None,
-                 base_quality=[0.7])
-    summary = {"index": 1, "flops": 1.5e12, "vflops": 1.2e12, "quality": 0.85, "time_to_quality": None}
+    from harness import metrics, report
+    runs = [result(index=1, repetition=r, M=2, P=1, flops=f, vflops=f, quality=q, time_to_quality=s,
+                   base_quality=[q - 0.01, q - 0.02]) for r, f, q, s in ((0, 1e12, 0.9, 3.0), (1, 2e12, 0.8, None))]
+    other = result(index=2, repetition=0, M=1, P=2, flops=5e11, vflops=4e11, quality=0.7, time_to_quality=None,
+                   base_quality=[0.7])
+    summary = metrics.Repeats(index=1, runs=2, kept=2, ordered_by="train_seconds", flops=1.5e12, vflops=1.2e12,
+                              quality=0.85, cv_flops=0.0, cv_quality=0.0, reached=1, time_to_quality=None,
+                              cv_epochs_to_quality=None)
     folded = report.fold(runs + [other], [summary])
-    assert [t["index"] for t in folded] == [1, 2] and folded[1] is other
-    assert (folded[0]["flops"], folded[0]["vflops"], folded[0]["quality"], folded[0]["time_to_quality"]) == \
+    assert [t.index for t in folded] == [1, 2] and folded[1] is other
+    assert (folded[0].flops, folded[0].vflops, folded[0].quality, folded[0].time_to_quality) == \
         (1.5e12, 1.2e12, 0.85, None)
-    assert folded[0]["base_quality"] == [0.89, 0.88, 0.79, 0.78]     # every run's base models
+    assert folded[0].base_quality == [0.89, 0.88, 0.79, 0.78]     # every run's base models
+    assert folded[0].repetition == 0 and runs[0].flops == 1e12      # the first run's record, itself unchanged
 
 
 def test_a_huge_ratio_keeps_its_column():

@@ -100,9 +100,9 @@ def test_resume_refuses_other_settings(tmp_path):
 
     from harness import results
     cfg = dat.parse_text(dat_text(), "x.dat")
-    (tmp_path / "results.json").write_text(json.dumps({
-        "schema": results.SCHEMA, "input": {"sha256": results.sha256(cfg.text)},
-        "settings": {"HPCAI500_IC_WIDTH": "8"}, "tests": []}))
+    record = results.Record("x", str(tmp_path), {"sha256": results.sha256(cfg.text)}, {},
+                            {"HPCAI500_IC_WIDTH": "8"}, {}, [], {})
+    (tmp_path / "results.json").write_text(json.dumps(record.json()))
     with pytest.raises(RunError, match=r"the HPCAI500_\* settings differ from that run's"):
         plan.resumed(str(tmp_path), cfg, 3, {})
-    assert plan.resumed(str(tmp_path), cfg, 3, {"HPCAI500_IC_WIDTH": "8"})["settings"] == {"HPCAI500_IC_WIDTH": "8"}
+    assert plan.resumed(str(tmp_path), cfg, 3, {"HPCAI500_IC_WIDTH": "8"}).settings == {"HPCAI500_IC_WIDTH": "8"}

@@ -1,22 +1,21 @@
-"""Charts and --summarize, drawn from results dictionaries alone."""
+"""Charts and --summarize, drawn from the typed results alone."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from harness import plots
-from harness.results import SCHEMA
-from tests.conftest import ROOT
+from harness import plots, results
+from tests.conftest import ROOT, result
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _test(index, M, P, flops, wl="digits", B=32):
-    return {"index": index, "tv": "B32C32SR", "workload": wl, "M": M, "P": P, "B": B, "precision": "fp32",
-            "flops": flops, "vflops": flops * 0.9, "intensity": 10.0 * index, "train_seconds": 1.5,
-            "quality": 0.95, "consistency": {"passed": index != 2}, "time_to_solution": 2.0,
-            "time_to_quality": None if index == 2 else 1.25}
+    return result(index=index, workload=wl, M=M, P=P, B=B, flops=flops, vflops=flops * 0.9, intensity=10.0 * index,
+                  train_seconds=1.5, consistency={"passed": index != 2}, time_to_solution=2.0,
+                  time_to_quality=None if index == 2 else 1.25)
 
 
 def test_scaling_chart(tmp_path):
@@ -38,8 +37,9 @@ def test_roofline_chart(tmp_path):
 def test_summarize_prints_runs_side_by_side(tmp_path):
     for name, tests in (("run-a", [_test(1, 1, 1, 1e10), _test(2, 2, 1, 2e10)]), ("run-b", [])):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text(json.dumps({"schema": SCHEMA, "status": "interrupted",
-                                                                  "tests": tests}))
+        record = results.Record("x", str(tmp_path / name), {}, {}, {}, {}, [], {}, status="interrupted",
+                                tests=tests)
+        (tmp_path / name / "results.json").write_text(json.dumps(record.json()))
     cmd = [sys.executable, str(ROOT / "hpcai500.py"), "--summarize", str(tmp_path / "run-a"), str(tmp_path / "run-b")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -58,7 +58,7 @@ def test_scaling_line_keeps_bagging_apart_from_data_parallelism():
     # their timed spans (1.5 s) are under metrics.SHORT_SPAN (2 s): the line says so
     assert report.scaling_lines(tests, metrics.weak_scaling) == [line + " (timed spans under 2 s: indicative)"]
     assert report.scaling_lines(tests, metrics.weak_scaling, mark_short=False) == [line]   # schema 2.2's reports
-    assert report.scaling_lines([dict(t, train_seconds=2.0) for t in tests], metrics.weak_scaling) == [line]
+    assert report.scaling_lines([replace(t, train_seconds=2.0) for t in tests], metrics.weak_scaling) == [line]
 
 
 def test_a_short_timed_span_warns_and_a_long_one_does_not():
@@ -82,8 +82,7 @@ def test_quality_curve_of_thousands_of_models_is_a_band(tmp_path, monkeypatch):
     M = 4096
     ev = [{"epoch": e, "seconds": 2.0 * e, "quality": 0.6 + 0.1 * e,
            "base_quality": [0.5 + 0.1 * e + (0.05 if j % 2 else -0.05) for j in range(M)]} for e in (1, 2, 3)]
-    test = {"index": 1, "workload": "ic", "M": M, "P": 1, "B": 32, "precision": "fp32",
-            "target_quality": 0.763, "quality_name": "Top-1", "evaluations": ev}
+    test = result(workload="ic", M=M, target_quality=0.763, evaluations=ev)
     figs = _drawn(monkeypatch)
     assert plots.quality_curve(test, str(tmp_path / "q.png")) == 3 * (1 + 3)   # ensemble + min, mean, max
     assert (tmp_path / "q.png").read_bytes()[:8] == PNG
@@ -100,7 +99,7 @@ def test_quality_curve_of_thousands_of_models_is_a_band(tmp_path, monkeypatch):
 def test_quality_curve_of_a_few_models_keeps_a_line_each(tmp_path, monkeypatch):
     ev = [{"epoch": 1, "seconds": 1.0, "quality": 0.9, "base_quality": [0.8 + 0.01 * j for j in range(plots.BAND_ABOVE)]}]
     figs = _drawn(monkeypatch)
-    test = {"target_quality": 0.95, "evaluations": ev}
+    test = result(M=plots.BAND_ABOVE, evaluations=ev)
     assert plots.quality_curve(test, str(tmp_path / "q.png")) == 1 + plots.BAND_ABOVE
     (ax,) = figs[0].axes
     assert len(ax.lines) == plots.BAND_ABOVE + 2 and not ax.collections   # a line a model, ensemble, target

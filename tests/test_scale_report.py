@@ -7,6 +7,7 @@ import json
 import pytest
 
 from harness import report
+from harness.results import TestResult as Result   # not "Test...": pytest would collect it
 from tests.conftest import results
 
 RANKS = 4096
@@ -28,24 +29,23 @@ def _at_scale(t: dict, M: int, P: int) -> dict:
 def test_report_and_summarize_do_not_grow_with_the_ranks(bagging_run, tmp_path):
     folder, p = bagging_run
     assert p.returncode == 0, p.stderr[-2000:]
-    small = results(folder / "runs")["tests"][0]
-    big = _at_scale(small, RANKS, 1)
+    record = results(folder / "runs")
+    small = record["tests"][0]
+    big = Result(**_at_scale(small, RANKS, 1))
     # one test's block: the same lines, each at most a few digits longer
-    a, b = report.row(small).splitlines(), report.row(big).splitlines()
+    a, b = report.row(Result(**small)).splitlines(), report.row(big).splitlines()
     assert len(a) == len(b)
     assert all(len(y) <= len(x) + 8 for x, y in zip(a, b)), [y for x, y in zip(a, b) if len(y) > len(x) + 8]
     assert f"{small['aggregation']} of {RANKS} model(s)" in report.row(big)
     # the footer of a sweep of 4,096-rank layouts: the paper's experiments, a line a layout
     sweep = [{**_at_scale(small, m, RANKS // m), "index": i} for i, m in enumerate((RANKS, 64, 1), 1)]
-    lines = report.summary_lines(sweep, [])
+    lines = report.summary_lines([Result(**t) for t in sweep], [])
     assert any(f"Sys_scale {RANKS}" in ln for ln in lines) and len(lines) <= 2 * (3 + 3) + 2, lines
     assert max(map(len, lines)) <= 100
     # --summarize: one row a test, as wide as a 4-rank run's
-    schema = results(folder / "runs")["schema"]
     for name, tests in (("run-4", [small]), ("run-4096", sweep)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text(json.dumps({"schema": schema, "status": "complete",
-                                                                  "tests": tests}))
+        (tmp_path / name / "results.json").write_text(json.dumps({**record, "tests": tests}))
     text = report.summarize([str(tmp_path / "run-4"), str(tmp_path / "run-4096")])
     rows = [ln for ln in text.splitlines() if ln.startswith("run-")]
     assert len(rows) == 4 and len({len(r) for r in rows}) == 1, rows

@@ -234,3 +234,17 @@ def test_another_schema_major_is_refused_with_one_message(run_copy):
     assert proc.returncode == 1 and proc.stdout == ""
     (message,) = proc.stderr.strip().splitlines()
     assert "found results schema 3.0, expected 2.x" in message and message.startswith("hpcai500: error: --verify:")
+
+
+@pytest.mark.mpi
+def test_a_test_record_missing_a_key_is_refused_naming_it(run_copy, capsys):
+    """results.load reads the record typed: a test without `flops`, or with a word for
+    it, is not a record of this schema: said once, naming the key and the test."""
+    _edit_results(run_copy, lambda r: r["tests"][0].pop("flops"))
+    head = f"hpcai500: error: --verify: {run_copy / 'results.json'}: tests[0] (test 1 rep 0): found "
+    assert _verify(run_copy) == (1, [])
+    assert capsys.readouterr().err.strip() == head + "no flops, expected every key of a TestResult of results" \
+                                                     " schema 2.x"
+    _edit_results(run_copy, lambda r: r["tests"][0].update(flops="fast"))
+    assert _verify(run_copy) == (1, [])
+    assert capsys.readouterr().err.strip() == head + 'flops = "fast", expected float'
