@@ -206,6 +206,14 @@ def bare_step(model, opt, loss, distributed: bool = True):
     return step
 
 
+def fit(xs, ys) -> tuple[float, float]:
+    """Least-squares (intercept, slope); slope 0 when every x is the same."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
 def table(header: list[str], rows: list[list]) -> str:
     """A markdown table."""
     cells = [header] + [[str(c) for c in r] for r in rows]

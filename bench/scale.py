@@ -126,14 +126,6 @@ class Constants:
     reduce_0: float                 # s, the reduction's small-W cost (part 1, median at W = 1)
 
 
-def fit(xs, ys) -> tuple[float, float]:
-    """Least-squares (intercept, slope)."""
-    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-    return my - slope * mx, slope
-
-
 def model(W: int, c: Constants, d: Data = Data(), m: Machine = Machine(), P: int = 1) -> dict:
     """Predicted control-plane costs at W ranks, M = W / P jobs (s, or bytes for memory)."""
     M = W // P
@@ -177,7 +169,7 @@ def constants(s: dict) -> Constants:
     blob = b"\0" * (8 * Data().params)
     rec = _resnet_record()
     ws = sorted(s)
-    _, j1 = fit(ws, [s[w]["json"][0] for w in ws])
+    _, j1 = common.fit(ws, [s[w]["json"][0] for w in ws])
     mllog_file, json_per_byte = _writes()
     return Constants(
         draw_bootstrap=best(lambda: sampler.resample(n, "bootstrap", 42, 0)),

@@ -4,7 +4,9 @@ Both aggregations are a sum over models of a per-model score matrix, so the worl
 needs one reduction, never a gather of all M models' predictions on one rank:
   mean: scores = class probabilities; ensemble = argmax of their average;
   vote: scores = one-hot of each model's predicted class; ensemble = majority class
-        (ties go to the lowest class index).
+        (ties go to the lowest class index). A row may hold many predictions (deepcam:
+        a class per pixel): the workload's VOTE_GROUP says how many adjacent columns
+        one vote chooses among (default: the whole row).
 A detection workload (ENSEMBLE = "stack") fuses the models' detections itself: each
 model writes into its own columns of the reduced array, so the sum is their union.
 """
@@ -17,14 +19,16 @@ AGGREGATIONS = {"mean": ("", "mean of the models' probabilities"), "vote": ("", 
 _REDUCE_ROWS_ELEMENTS = 1 << 22   # reduce in slices of ~32 MB (float64) to bound memory
 
 
-def model_scores(probs: np.ndarray, method: str) -> np.ndarray:
-    """One base model's contribution to the ensemble sum."""
+def model_scores(probs: np.ndarray, method: str, group: int | None = None) -> np.ndarray:
+    """One base model's contribution to the ensemble sum; `group`: the columns a vote
+    chooses among (None: the whole row)."""
     if method == "mean":
         return probs.astype(np.float64)
     if method == "vote":
-        votes = np.zeros(probs.shape, np.float64)
-        votes[np.arange(len(probs)), np.argmax(probs, axis=1)] = 1.0
-        return votes
+        choices = probs.reshape(-1, group or probs.shape[1])
+        votes = np.zeros(choices.shape, np.float64)
+        votes[np.arange(len(choices)), np.argmax(choices, axis=1)] = 1.0
+        return votes.reshape(probs.shape)
     raise ValueError(f"unknown aggregation {method!r} (expected one of {', '.join(AGGREGATIONS)})")
 
 
@@ -38,10 +42,12 @@ def reduced_shape(n: int, width: int, M: int, stack: bool) -> tuple[int, int]:
     return (n, M * width) if stack else (n, width)
 
 
-def contribution(scores: np.ndarray, method: str, job: int, M: int, stack: bool) -> np.ndarray:
-    """Base model `job`'s term of the world sum (zeros outside its own slot if `stack`)."""
+def contribution(scores: np.ndarray, method: str, job: int, M: int, stack: bool,
+                 group: int | None = None) -> np.ndarray:
+    """Base model `job`'s term of the world sum (zeros outside its own slot if `stack`);
+    `group` as model_scores'."""
     if not stack:
-        return model_scores(scores, method)
+        return model_scores(scores, method, group)
     width = scores.shape[1]
     out = np.zeros(reduced_shape(len(scores), width, M, True), np.float64)
     out[:, job * width:(job + 1) * width] = scores

@@ -256,7 +256,8 @@ class _Evaluate:
         scores = None
         if comm.rank == 0:
             self.quality = p.wl.quality(full, p.data)
-            scores = ensemble.contribution(full, p.ctx.cfg.aggregation, p.job, p.M, ensemble.stacks(p.wl))
+            scores = ensemble.contribution(full, p.ctx.cfg.aggregation, p.job, p.M, ensemble.stacks(p.wl),
+                                           p.wl.VOTE_GROUP)
             p.log.eval(epoch, self.quality, start_s=wall, stop_s=time.time())
         stop = self.evaluation.reduce(epoch, scores, self.quality if comm.rank == 0 else None, p.job)
         self.seconds += time.perf_counter() - t1

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
+import shutil
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from harness.files import node_once
+
 # Line 7's choices: name (the module harness/workloads/<name>.py) -> (T/V code (none), meaning)
 CHOICES = {"digits": ("", "small CNN on handwritten digits (demonstration)"),
            "ic": ("", "Image Classification: ResNet-50 v1.5 on ImageNet"),
            "ewa": ("", "Extreme Weather Analytics: Faster-RCNN on Extreme Weather"),
-           "cosmoflow": ("", "CosmoFlow: 3D CNN regressing 4 cosmological parameters (MLPerf HPC)")}
+           "cosmoflow": ("", "CosmoFlow: 3D CNN regressing 4 cosmological parameters (MLPerf HPC)"),
+           "deepcam": ("", "DeepCAM: DeepLabv3+ segmenting cyclones and rivers in climate data (MLPerf HPC)")}
 
 
 class DataError(ValueError):
@@ -104,6 +109,33 @@ def _nothing() -> None:
     pass
 
 
+def synthetic_once(path: str, write, read, node_rank: int, node_barrier):
+    """A workload's data set on every rank of a node: the node's rank 0 first runs
+    `write()` if `write` is given and `path` is not there yet (synthetic data: a
+    directory there is a whole set, renamed into place), then `read()`; the node's
+    other ranks read after it (files.node_once). The writer's own read is not repeated."""
+    first = {}
+
+    def prepare():
+        if write is not None and not os.path.isdir(path):
+            write()
+        first["data"] = read()
+
+    node_once(node_rank, node_barrier, prepare)
+    return first["data"] if first else read()
+
+
+def staging_folders(workload: str, rows, n_train: int, path: str, splits, progress):
+    """The start of a stage(): (rows checked by staged_rows, progress or a no-op), and
+    `path` emptied with one folder a split: an earlier copy's files would mix with
+    this one's."""
+    rows = staged_rows(workload, rows, n_train)
+    shutil.rmtree(path, ignore_errors=True)
+    for split in splits:
+        os.makedirs(os.path.join(path, split))
+    return rows, progress_or_nothing(progress)
+
+
 def staged_rows(workload: str, rows, n_train: int) -> np.ndarray:
     """A stage() function's `rows` as int64, checked: sorted, unique, non-empty, each a
     training sample (0..n_train-1); ValueError naming the workload otherwise."""
@@ -144,6 +176,9 @@ class Workload(Protocol):
     # Optional (DEFAULTS): False for an error (cosmoflow's MAE): the target is reached at or
     # below it, and every comparison of qualities (harness/metrics.py) turns round.
     HIGHER_IS_BETTER: bool
+    # Optional (DEFAULTS: None, the whole row): the adjacent score columns one vote chooses
+    # among, when a row holds many predictions (deepcam: 3 classes a pixel).
+    VOTE_GROUP: int | None
 
     def load(self, dataset: Dataset, cache_dir: str, node_rank: int, node_barrier): ...
     def read(self, path: str): ...    # the one reader of real, synthetic and staged data
@@ -188,7 +223,7 @@ class Workload(Protocol):
         column order and validation years, ic's label base. Default: no lines."""
 
 
-DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True,
+DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "VOTE_GROUP": None,
             "describe_model": lambda data: (None, []), "describe_data": lambda data: []}
 REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)

@@ -53,8 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import settings
-from harness.files import node_once
-from harness.workloads import DataError, Dataset, cosmoflow_synthetic, progress_or_nothing, staged_rows, tfrecord
+from harness.workloads import DataError, Dataset, cosmoflow_synthetic, staging_folders, synthetic_once, tfrecord
 
 NAME = "cosmoflow"
 QUALITY = "MAE"
@@ -104,15 +103,9 @@ def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lamb
             raise DataError(f"cosmoflow {dataset.text!r}: SIDE {side} is not a multiple of {SIDE_MULTIPLE} "
                             "(the model's 5 max-poolings of 2)")
         path = os.path.join(cache_dir, cosmoflow_synthetic.directory_name(samples, side))
-    first = {}
-
-    def prepare():
-        if kind == "synthetic" and not os.path.isdir(path):
-            cosmoflow_synthetic.write_synthetic(path, samples, side)
-        first["data"] = read(path, cache_dir=cache_dir, source=dataset.text)
-
-    node_once(node_rank, node_barrier, prepare)
-    return first["data"] if first else read(path, cache_dir=cache_dir, source=dataset.text)
+    write = (lambda: cosmoflow_synthetic.write_synthetic(path, samples, side)) if kind == "synthetic" else None
+    return synthetic_once(path, write, lambda: read(path, cache_dir=cache_dir, source=dataset.text), node_rank,
+                          node_barrier)
 
 
 def list_files(path: str, split: str) -> list[str]:
@@ -267,11 +260,7 @@ def stage(data: CosmoData, rows, path: str, progress=None) -> int:
     In the copy, training sample k is rows[k]. Returns the bytes written; `progress()`
     after each file."""
     import gzip
-    progress = progress_or_nothing(progress)
-    rows = staged_rows("cosmoflow", rows, data.n_train)
-    shutil.rmtree(path, ignore_errors=True)   # an earlier copy's files would mix with this one's
-    for split in SPLITS:
-        os.makedirs(os.path.join(path, split))
+    rows, progress = staging_folders("cosmoflow", rows, data.n_train, path, SPLITS, progress)
     idx = data.train
     per_file = np.bincount(idx.shard, minlength=len(idx.files))
     written = 0

@@ -45,8 +45,7 @@ import os
 import numpy as np
 
 from harness import settings
-from harness.files import node_once
-from harness.workloads import DataError, Dataset, each_epoch
+from harness.workloads import DataError, Dataset, each_epoch, synthetic_once
 from harness.workloads import detection as det
 from harness.workloads import extreme_weather as ew
 from harness.workloads import weather_synthetic
@@ -83,15 +82,10 @@ def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lamb
                             "the detector's feature map is 1/8 of the image and needs 4 x 6 cells")
         written = _order() or ew.PAGE_ORDER   # unset: the page's order, detected back on reading
         path = os.path.join(cache_dir, weather_synthetic.directory_name(samples, side, written))
-    first = {}  # the writer's own read, not repeated
-
-    def prepare():
-        if kind == "synthetic" and not os.path.isdir(path):
-            weather_synthetic.write_synthetic(path, samples, side, order=written)
-        first["data"] = read(path, source=dataset.text, cache_dir=cache_dir)
-
-    node_once(node_rank, node_barrier, prepare)
-    return first["data"] if first else read(path, source=dataset.text, cache_dir=cache_dir)
+    write = (lambda: weather_synthetic.write_synthetic(path, samples, side, order=written)) \
+        if kind == "synthetic" else None
+    return synthetic_once(path, write, lambda: read(path, source=dataset.text, cache_dir=cache_dir), node_rank,
+                          node_barrier)
 
 
 def read(path: str, source: str | None = None, cache_dir: str | None = None) -> Data:

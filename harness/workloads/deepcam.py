@@ -1,0 +1,196 @@
+"""deepcam: DeepCAM, MLPerf HPC's climate segmentation (DeepLabv3+ on CAM5 data), bagged.
+
+Each base model segments every pixel of a 16-channel climate snapshot into background,
+tropical cyclone and atmospheric river (MLPerf HPC, mlcommons/hpc `deepcam/`); the
+ensemble's quality is the IoU the reference scores (`utils/metric.py`): per validation
+sample, the mean over the 3 classes of |prediction & label| / |prediction | label|, a
+class absent from both scoring 1; then the mean over samples. Target 0.82 (MLPerf HPC).
+
+Data: harness/workloads/climate.py (the reference's HDF5 layout, one sample a file, a
+stats.h5 for the min-max normalisation), `synthetic[:SAMPLES[:HEIGHT]]` written by
+climate_synthetic.py in that layout and read back by the same reader; no embedded set.
+Model: harness/workloads/deeplab.py, the reference's DeepLabv3+ with an Xception
+encoder ported layer for layer; HPCAI500_DEEPCAM_WIDTH and HPCAI500_DEEPCAM_MIDDLE
+(test-only) shrink it.
+
+Loss: the reference's per-pixel cross entropy weighted by class, w_c = f_c^-0.125 with
+f_c the classes' pixel frequencies in the published training set (CLASS_WEIGHTS), and
+its reduction: the plain mean of the weighted per-pixel losses (PyTorch's
+CrossEntropyLoss(weight, reduction='none') then torch.mean), not a mean normalised by
+the weights.
+
+Ensemble: `predict` gives each validation sample's per-pixel class probabilities
+(softmax in FP32), H x W x 3 a row. mean: the M models' probabilities averaged, the
+class their argmax; vote: each model's per-pixel class one-hot (VOTE_GROUP = 3 columns
+a vote), the class with most votes (ties to the lowest class index).
+
+VFLOPS: (IoU / 0.82)^n with n = 5 (PENALTY_N): no paper defines n for DeepCAM; IoU is
+a higher-is-better fraction as Top-1 is, so the n of HPC AI500 V2.0's image
+classification (an IoU r times the target prices FLOPS at r^5).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from harness import settings
+from harness.workloads import DataError, Dataset, climate, climate_synthetic, deeplab, synthetic_once
+
+NAME = "deepcam"
+QUALITY = "IoU"
+TARGET_QUALITY = 0.82          # MLPerf HPC's DeepCAM target
+PENALTY_N = 5                  # ours (no paper defines one): as image classification's, see the docstring
+AGGREGATIONS = ("mean", "vote")
+VOTE_GROUP = climate.CLASSES   # a vote chooses among each pixel's 3 class columns
+REFERENCE_SIZE = (768, 1152)   # the published samples' height and width
+SYNTHETIC_DEFAULT = (128, 64)  # samples, height in pixels (width = 1.5 x height)
+SYNTHETIC_MULTIPLE = 32        # a synthetic height: 1.5 x it must be a multiple of the output stride 16
+# The reference's class weights (train.py): pixel frequencies of background, cyclone and
+# river in the published training set, to the power -0.125.
+CLASS_FREQUENCIES = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
+CLASS_WEIGHTS = tuple(f ** -0.125 for f in CLASS_FREQUENCIES)
+EVAL_PIXELS = 1 << 22          # pixels a prediction step holds, at most (4 M: ~270 MB of logits and features)
+WIDTH_ENV, MIDDLE_ENV = "HPCAI500_DEEPCAM_WIDTH", "HPCAI500_DEEPCAM_MIDDLE"
+
+
+# ---- data ---------------------------------------------------------------------------
+
+def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> climate.Data:
+    """Every rank's data set; the node's rank 0 writes synthetic data first (a directory
+    there is a whole set, renamed into place), the others read after it."""
+    kind = dataset.kind
+    if kind == "embedded":
+        raise DataError("deepcam: there is no embedded data set; give 'synthetic[:SAMPLES[:HEIGHT]]' or the path of"
+                        " a directory with train/*.h5, validation/*.h5 and stats.h5 (MLPerf HPC's DeepCAM layout)")
+    path = dataset.text
+    if kind == "synthetic":
+        samples, height = dataset.size(SYNTHETIC_DEFAULT)
+        if height % SYNTHETIC_MULTIPLE:
+            raise DataError(f"deepcam {dataset.text!r}: HEIGHT {height} is not a multiple of {SYNTHETIC_MULTIPLE}"
+                            f" (the width, 1.5 x the height, must be a multiple of the model's output stride"
+                            f" {climate.SIDE_MULTIPLE})")
+        path = os.path.join(cache_dir, climate_synthetic.directory_name(samples, height))
+    write = (lambda: climate_synthetic.write_synthetic(path, samples, height)) if kind == "synthetic" else None
+    return synthetic_once(path, write, lambda: climate.read(path, source=dataset.text), node_rank, node_barrier)
+
+
+def read(path: str, source: str | None = None) -> climate.Data:
+    return climate.read(path, source=source)
+
+
+def stage(data: climate.Data, rows, path: str, progress=None) -> int:
+    """The Data Duplicator's copy, in the published layout (climate.stage)."""
+    return climate.stage(data, rows, path, progress)
+
+
+def describe_data(data: climate.Data) -> list[str]:
+    return [f"{data.n_train} training and {data.n_val} validation samples of {data.height} x {data.width} x"
+            f" {climate.CHANNELS}, one HDF5 file a sample ({climate.DATA_KEY}, {climate.LABEL_KEY});"
+            f" min-max normalisation from stats.h5, as the reference"]
+
+
+# ---- model and training ----------------------------------------------------------
+
+def shape() -> tuple[float, int]:
+    """(channel scale, middle-flow blocks) of the model built: the reference's (1, 16)
+    unless the test-only settings shrink it."""
+    width = settings.value(WIDTH_ENV)
+    middle = settings.value(MIDDLE_ENV)
+    return ((width or deeplab.ENTRY[0]) / deeplab.ENTRY[0],
+            deeplab.MIDDLE_BLOCKS if middle is None else middle)
+
+
+def build_model(data: climate.Data):
+    scale, middle = shape()
+    return deeplab.build(data.height, data.width, climate.CHANNELS, climate.CLASSES, scale=scale, middle=middle)
+
+
+def describe_model(data: climate.Data) -> tuple[str, list[str]]:
+    """The FLOP note of the model built, and how it differs from the reference."""
+    scale, middle = shape()
+    deviations = []
+    if (data.height, data.width) != REFERENCE_SIZE:
+        deviations.append(f"{data.height} x {data.width} samples, not {REFERENCE_SIZE[0]} x {REFERENCE_SIZE[1]}")
+    if scale != 1:
+        deviations.append(f"channels x {scale:g} ({WIDTH_ENV}), entry convolution"
+                          f" {deeplab.channels(deeplab.ENTRY[0], scale)} filters, not {deeplab.ENTRY[0]}")
+    if middle != deeplab.MIDDLE_BLOCKS:
+        deviations.append(f"{middle} middle-flow blocks ({MIDDLE_ENV}), not {deeplab.MIDDLE_BLOCKS}")
+    note = ("DeepLabv3+ (Xception encoder, ASPP, transposed-convolution decoder) by Table 3's rules: separable"
+            " convolutions as depthwise 2 x 9 x C x H x W + pointwise, dilated ones as undilated (the taps"
+            " multiplied are the same), transposed ones per input pixel (TensorFlow's convention); the"
+            " softmax and the loss are not counted")
+    return note, deviations
+
+
+def loss(y, outputs):
+    """Per-sample loss: the mean over pixels of the class-weighted cross entropy."""
+    import tensorflow as tf
+    labels = tf.cast(y, tf.int32)
+    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(outputs, tf.float32))
+    weighted = ce * tf.gather(tf.constant(CLASS_WEIGHTS, tf.float32), labels)
+    return tf.reduce_mean(weighted, axis=[1, 2])
+
+
+def input_signature(data: climate.Data, batch: int):
+    import tensorflow as tf
+    return (tf.TensorSpec((batch, data.height, data.width, climate.CHANNELS), tf.float32),
+            tf.TensorSpec((batch, data.height, data.width), tf.int32))
+
+
+def batches(data: climate.Data, rows, batch: int, *, training: bool = True, seed: int = 0):
+    """len(rows) // batch batches (x, y) of training samples `rows`, in that order, read
+    and normalised (the reference does not augment: `training` and `seed` change
+    nothing)."""
+    order = np.asarray(rows, np.int64)
+    for s in range(len(order) // batch):
+        yield climate.samples(data, "train", order[s * batch:(s + 1) * batch])
+
+
+# ---- prediction and quality ------------------------------------------------------
+
+def score_width(data: climate.Data) -> int:
+    return data.height * data.width * climate.CLASSES
+
+
+def predict(model, data: climate.Data, rows: slice) -> np.ndarray:
+    """Per-pixel class probabilities (softmax of the logits in FP32) of validation
+    samples `rows`, each flattened H x W x 3 (pixel-major: a pixel's 3 columns are
+    adjacent, VOTE_GROUP)."""
+    import tensorflow as tf
+    index = np.arange(data.n_val)[rows]
+    batch = max(1, EVAL_PIXELS // (data.height * data.width))
+    out = []
+    for lo in range(0, len(index), batch):
+        x, _ = climate.samples(data, "validation", index[lo:lo + batch])
+        probs = tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy()
+        out.append(probs.reshape(len(x), -1))
+    return np.concatenate(out) if out else np.zeros((0, score_width(data)), np.float32)
+
+
+def iou(predicted: np.ndarray, labels: np.ndarray, classes: int = climate.CLASSES) -> np.ndarray:
+    """Each sample's IoU as the reference's utils/metric.compute_score: the mean over
+    classes of TP / (TP + FP + FN), a class absent from both prediction and label
+    scoring 1. predicted, labels: (n, H, W) class indices; returns (n,)."""
+    n = len(labels)
+    p, t = predicted.reshape(n, -1), labels.reshape(n, -1)
+    out = np.zeros(n)
+    for c in range(classes):
+        pc, tc = p == c, t == c
+        tp = np.sum(pc & tc, axis=1)
+        union = tp + np.sum(pc & ~tc, axis=1) + np.sum(~pc & tc, axis=1)
+        out += np.where(union > 0, tp / np.maximum(union, 1), 1.0)
+    return out / classes
+
+
+def quality(scores: np.ndarray, data: climate.Data) -> float:
+    """The IoU of the (ensemble's) per-pixel scores over the validation set: the mean
+    of each sample's IoU (iou), the class of a pixel the argmax of its 3 scores (ties
+    to the lowest class index)."""
+    scores = np.asarray(scores)
+    if scores.shape != (data.n_val, score_width(data)):
+        raise ValueError(f"deepcam.quality: scores of shape {scores.shape}, expected"
+                         f" ({data.n_val}, {score_width(data)})")
+    predicted = np.argmax(scores.reshape(data.n_val, data.height, data.width, climate.CLASSES), axis=-1)
+    return float(np.mean(iou(predicted, climate.labels(data, np.arange(data.n_val)))))
