@@ -6,8 +6,10 @@ process's peak resident memory (ru_maxrss) is read. Memory grows with the pixels
 holds (B x H x W: activations and their gradients) over a fixed part (weights, their
 gradients and LAMB's two slots, TensorFlow itself), so a least-squares line through the
 small sizes, peak = fixed + per_pixel x B x H x W, is extrapolated to 768 x 1152 at B = 1
-and 2, printed beside the analytic floor: 4 bytes x (the forward activations x 2, kept
-for the backward pass and their gradients, + weights x 4: values, gradients, 2 slots).
+and 2, printed beside a bound from above: 4 bytes x (every layer's output x 2, as if
+each were kept for the backward pass with its gradient, + weights x 4: values,
+gradients, LAMB's 2 slots); TensorFlow keeps fewer (a ReLU or batch norm reuses or
+recomputes), so the measured figure is lower.
 
     .venv/bin/python bench/deepcam_memory.py            # ~3 min on 2 cores
     .venv/bin/python bench/deepcam_memory.py --sizes 64x96 128x192 --batches 1 2 --steps 3
@@ -81,9 +83,9 @@ def main() -> None:
     act_per_pixel = ref["activations"] / (32 * 48)
     for b in (1, 2):
         pixels = b * REFERENCE[0] * REFERENCE[1]
-        floor = 4 * (2 * act_per_pixel * pixels + 4 * ref["weights"])
+        kept = 4 * (2 * act_per_pixel * pixels + 4 * ref["weights"])
         rows.append([f"{REFERENCE[0]} x {REFERENCE[1]} (extrapolated)", b, f"{pixels:,}",
-                     f"{(fixed + per_pixel * pixels) / 2**30:.1f} (floor {floor / 2**30:.1f})"])
+                     f"{(fixed + per_pixel * pixels) / 2**30:.1f} (all outputs kept: {kept / 2**30:.1f})"])
     print(f"# deepcam memory, {machine().rsplit(', ', 1)[0]}, one process")
     print(f"# fit: peak = {fixed / 2**30:.2f} GiB + {per_pixel:.0f} bytes x B x H x W")
     print(table(["size", "B", "pixels a step", "peak RSS GiB"], rows))

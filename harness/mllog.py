@@ -8,6 +8,7 @@ the job roots need not see the results directory.
 A base model's log, in the order MLPerf HPC v3.0's rules expect:
   init_start, submission_* and cache_clear, the run's figures   BaseModelLog.init
   staging_start, staging_stop (the Data Duplicator's copy)      BaseModelLog.staging
+  the recipe as built: opt_*, scheduler_*, ... (recipe())       BaseModelLog.recipe
   init_stop, run_start                                          BaseModelLog.run_start
   epoch_start, epoch_stop per epoch                             BaseModelLog.epoch_*
   eval_start, eval_accuracy (an error: eval_error), eval_stop   BaseModelLog.eval
@@ -40,6 +41,38 @@ ENSEMBLE_QUALITY = "hpcai500_ensemble_quality"  # our own key: the rules let unk
 # CosmoFlow's mean absolute error as eval_error (its rules check eval_error <= 0.124);
 # the package has no constant for the latter.
 EVAL_KEYS = {True: K.EVAL_ACCURACY, False: "eval_error"}
+
+
+# Line 18's optimizers by MLPerf's names (MLPerf HPC's DeepCAM rules admit Adam, AdamW
+# and LAMB; ours admit the others too, harness/mllog_rules/deepcam.yaml).
+OPT_NAMES = {"sgd": "SGD", "adam": "Adam", "adagrad": "AdaGrad", "lars": "LARS", "lamb": "LAMB"}
+
+
+def recipe(name: str, config: dict, peak_lr: float, warmup_steps: int, total_steps: int) -> dict:
+    """The recipe of a base model as built, under the keys of MLPerf HPC's DeepCAM rules
+    (closed_deepcam.yaml and its LAMB and scheduler files), for every workload: line 18's
+    optimizer `name` with its Keras `config` (get_config(); fp16's loss-scale wrapper
+    unwrapped), the peak LR (base x P), the harness's schedule (linear warm-up over
+    `warmup_steps` from peak / warmup_steps, MLPerf's warm-up factor 1, then cosine to 0
+    over the remaining steps, MLPerf's cosine_annealing). Adam with weight decay is
+    Keras' decoupled kind: AdamW. Pure."""
+    config = config.get("inner_optimizer", {}).get("config", config)
+    wd = float(config.get("weight_decay") or 0.0)
+    keys = {"gradient_accumulation_frequency": 1,   # one batch a step, no accumulation
+            "batchnorm_group_size": 1,              # each replica's own statistics in training
+            "opt_name": "AdamW" if name == "adam" and wd else OPT_NAMES[name],
+            "opt_lr": float(peak_lr), "opt_weight_decay": wd,
+            "scheduler_type": "cosine_annealing", "scheduler_lr_warmup_steps": int(warmup_steps),
+            "scheduler_lr_warmup_factor": 1.0, "scheduler_t_max": max(1, int(total_steps - warmup_steps)),
+            "scheduler_eta_min": 0.0}
+    if name in ("adam", "lamb"):
+        keys.update(opt_betas=[float(config["beta_1"]), float(config["beta_2"])], opt_eps=float(config["epsilon"]))
+    if name == "lamb":   # ours: Adam's bias-corrected moments (harness/optimizers.LAMB)
+        keys.update(opt_bias_correction=True, opt_grad_averaging=True,
+                    opt_max_grad_norm=float(config.get("global_clipnorm") or 0.0))
+    if name in ("sgd", "lars"):
+        keys["opt_momentum"] = float(config["momentum"])
+    return keys
 
 
 def eval_key(higher_is_better: bool) -> str:
@@ -144,6 +177,11 @@ class BaseModelLog(_Events):
         HPC v3.0 leaves staging out of the timed run."""
         self.start(K.STAGING_START, time_ms=_ms(start_s))
         self.end(K.STAGING_STOP, time_ms=_ms(stop_s), staging_samples=samples, staging_bytes=nbytes)
+
+    def recipe(self, keys: dict):
+        """The recipe's keys (recipe()), inside init."""
+        for key, value in keys.items():
+            self.event(key, value)
 
     def run_start(self):
         self.end(K.INIT_STOP)

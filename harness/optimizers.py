@@ -133,20 +133,25 @@ class LAMB(_LayerwiseOptimizer):
                 "epsilon": self.epsilon}
 
 
-def make(name: str, learning_rate, *, momentum: float = 0.9,
-         weight_decay: float = 0.0) -> tf.keras.optimizers.Optimizer:
+def make(name: str, learning_rate, *, momentum: float = 0.9, weight_decay: float = 0.0,
+         epsilon: float | None = None, global_clipnorm: float | None = None) -> tf.keras.optimizers.Optimizer:
     """The optimizer `name` (one of harness/train.OPTIMIZERS). `momentum` is used by sgd
     and lars; adam, adagrad and lamb keep their own defaults (lamb: beta_1 0.9, beta_2
-    0.999, eps 1e-6)."""
+    0.999, eps 1e-6) unless `epsilon` is given. `global_clipnorm`: the gradients (the
+    job's average) are scaled to that global norm when theirs is larger, before the
+    update (Keras' own clipping; apex's FusedLAMB max_grad_norm)."""
     key = name.lower()
     made = {"sgd": lambda **kw: tf.keras.optimizers.SGD(momentum=momentum, **kw),
             "adam": tf.keras.optimizers.Adam, "adagrad": tf.keras.optimizers.Adagrad,
             "lars": lambda **kw: LARS(momentum=momentum, **kw), "lamb": LAMB}
     if key not in made:
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(made)}")
+    extra = {"global_clipnorm": global_clipnorm} if global_clipnorm else {}
+    if epsilon is not None and key in ("adam", "adagrad", "lamb"):
+        extra["epsilon"] = epsilon
     if key in ("lars", "lamb"):
-        return made[key](learning_rate=learning_rate, weight_decay=weight_decay)
-    opt = made[key](learning_rate=learning_rate, weight_decay=weight_decay or None)
+        return made[key](learning_rate=learning_rate, weight_decay=weight_decay, **extra)
+    opt = made[key](learning_rate=learning_rate, weight_decay=weight_decay or None, **extra)
     if weight_decay:
         opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
     return opt

@@ -398,6 +398,10 @@ class _Hooks:
     def __init__(self, t, total, log, progress: bool, evaluation: Evaluation):
         self.t, self.total, self.log, self.progress, self.evaluation = t, total, log, progress, evaluation
 
+    def recipe(self, name, optimizer, peak_lr, warmup_steps, total_steps):
+        if self.log:
+            self.log.recipe(mllog.recipe(name, optimizer.get_config(), peak_lr, warmup_steps, total_steps))
+
     def run_start(self):
         self.evaluation.begin()
         if self.log:

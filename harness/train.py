@@ -126,8 +126,10 @@ def evaluation_epochs(epochs: int, every: int) -> list[int]:
 def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
           world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
           warmup_steps: int = WARMUP_STEPS) -> TrainResult:
-    """Train one base model. `hooks` (optional) gets run_start(), epoch_start(epoch) and
-    epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted from 1; `on_step(step)`
+    """Train one base model. `hooks` (optional) gets recipe(name, optimizer, peak_lr,
+    warmup_steps, total_steps) once the optimizer is built, then run_start(),
+    epoch_start(epoch) and epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted
+    from 1; `on_step(step)`
     (optional) runs before every step (watchdog heartbeat, fault injection).
     `evaluate(epoch) -> stop` (optional) runs after each of evaluation_epochs(epochs,
     eval_every), on every rank of the job, with the training clock stopped; True ends
@@ -139,7 +141,10 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     if steps < 1:
         raise ValueError(f"job {job}: resample of {len(indices)} samples is smaller than "
                          f"P x B = {size} x {batch}; lower B or P, or use more data")
-    step = _make_step(workload, model, recipe, steps, size)
+    step, opt = _make_step(workload, model, recipe, steps, size)
+    if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
+        hooks.recipe(recipe.optimizer, opt, recipe.base_lr * size, int(round(recipe.warmup_epochs * steps)),
+                     steps * epochs)
     concrete = step.get_concrete_function(*workload.input_signature(data, batch))
     _refuse_hidden_random_state(concrete.graph, workload.NAME)
     shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
@@ -163,17 +168,19 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
 
 
 def _make_step(workload, model, recipe: Recipe, steps: int, size: int):
-    """The training step, a tf.function of (x, y) -> loss: forward and backward (by XLA
-    where line 33 says so), Horovod's gradient average on the job's ranks, the update at
-    the LR of the schedule (warm-up then cosine, scaled by P), loss scaling for fp16. The
-    job's ranks start from the root's weights."""
+    """(step, optimizer): the training step, a tf.function of (x, y) -> loss: forward and
+    backward (by XLA where line 33 says so), Horovod's gradient average on the job's
+    ranks, the update at the LR of the schedule (warm-up then cosine, scaled by P), loss
+    scaling for fp16; and the optimizer it updates with. The job's ranks start from the
+    root's weights."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from harness import optimizers   # TensorFlow at its top: here, after the devices are pinned
     schedule = lambda s: learning_rate(s, steps * recipe.epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
-                                       recipe.base_lr * size)
-    opt = optimizers.make(recipe.optimizer, schedule(0), momentum=workload.MOMENTUM)
+                                       recipe.base_lr * size)   # the same three figures as hooks.recipe's
+    opt = optimizers.make(recipe.optimizer, schedule(0), momentum=workload.MOMENTUM,
+                          **workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}))
     fp16 = recipe.precision == "fp16"
     if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
@@ -215,7 +222,7 @@ def _make_step(workload, model, recipe: Recipe, steps: int, size: int):
             grads = opt.get_unscaled_gradients(grads)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
-    return step
+    return step, opt
 
 
 def _undone_warm_up(step, variables, workload, data, rows: np.ndarray, batch: int, feed_seed: int) -> None:

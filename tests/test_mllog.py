@@ -15,12 +15,17 @@ PACKAGE_RULES = os.path.join(os.path.dirname(mlp_compliance.__file__), "hpc_3.0.
 T0 = 1_700_000_000.0  # wall-clock seconds of a made-up run
 
 
-def build(division="closed", workload="digits", evals=(2,), epochs=2):
+LAMB = {"name": "LAMB", "learning_rate": 0.01, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-6, "weight_decay": 0.01,
+        "global_clipnorm": 1.0}   # an optimizer's get_config(), as train.py's hooks pass it
+
+
+def build(division="closed", workload="digits", evals=(2,), epochs=2, optimizer=("lamb", LAMB)):
     """A base model's log up to its last evaluation, in run.py's order (before close)."""
     log = mllog.BaseModelLog(test=3, job=1)
     log.init(seed=42, global_batch=64, train_samples=480, eval_samples=120, nodes=1, per_node=2,
              workload=workload, division=division, org="Test Org", platform="1 x test CPU", status="onprem")
     log.staging(T0 + 1, T0 + 2, 480, 12345)
+    log.recipe(mllog.recipe(*optimizer, peak_lr=0.02, warmup_steps=10, total_steps=100))
     log.run_start()
     for e in range(1, epochs + 1):
         log.epoch_start(e)
@@ -198,22 +203,45 @@ def _keys_of(records):
 
 # (file, key) -> fields that may differ from the package's
 RELAXED = {("common.yaml", "submission_division"): {"POST"},
+           ("deepcam.yaml", "opt_name"): {"CHECK", "POST"}, ("deepcam.yaml", "scheduler_type"): {"POST"},
            ("closed_common.yaml", "submission_benchmark"): {"CHECK", "POST"},
            ("open_common.yaml", "submission_benchmark"): {"CHECK", "POST"}}
 
 
-@pytest.mark.parametrize("name", ["common.yaml", "closed_common.yaml", "open_common.yaml"])
+# ours -> (the package's file, its keys that ours leaves out or moves)
+COPIES = {"common.yaml": ("common.yaml", ()), "closed_common.yaml": ("closed_common.yaml", ()),
+          "open_common.yaml": ("open_common.yaml", ()),
+          "deepcam.yaml": ("closed_deepcam.yaml", ("opt_betas", "opt_eps", "train_samples", "eval_samples",
+                                                   "eval_accuracy")),
+          "deepcam_lamb.yaml": ("closed_deepcam_lamb.yaml", ()),
+          "deepcam_cosine_annealing.yaml": ("closed_deepcam_cosine_annealing.yaml", ()),
+          "deepcam_multistep.yaml": ("closed_deepcam_multistep.yaml", ())}
+
+
+@pytest.mark.parametrize("name", list(COPIES) + ["deepcam_adam.yaml"])
 def test_our_rules_are_the_packages_but_the_relaxed_one(name):
-    ours, theirs = _rules(mllog.RULES, name), _rules(PACKAGE_RULES, name)
+    package, left_out = COPIES.get(name, ("closed_deepcam.yaml", None))
+    ours, theirs = _rules(mllog.RULES, name), _rules(PACKAGE_RULES, package)
     ours_k, theirs_k = _keys_of(ours), _keys_of(theirs)
+    if left_out is None:      # deepcam_adam.yaml: the two rules moved out of deepcam.yaml
+        theirs_k = {k: theirs_k[k] for k in ("opt_betas", "opt_eps")}
+        theirs = [r for r in theirs if r["KEY"]["NAME"] in theirs_k]
+    else:
+        theirs_k = {k: r for k, r in theirs_k.items() if k not in left_out}
+        theirs = [r for r in theirs if list(r)[0] != "KEY" or r["KEY"]["NAME"] not in left_out]
     assert list(ours_k) == list(theirs_k)              # every key, in the same order
     for key, rule in theirs_k.items():
         free = RELAXED.get((name, key), set())
         for field in set(rule) | set(ours_k[key]):
             if field not in free:
                 assert ours_k[key].get(field) == rule.get(field), (name, key, field)
-    # no other record (BEGIN, END) than the package's, BEGIN compared below
-    assert [list(r)[0] for r in ours] == [list(r)[0] for r in theirs]
+    # no other record (BEGIN, END) than the package's, BEGIN compared below; where the
+    # package has no BEGIN, ours may add one that only names its folder (rules_dir)
+    kinds = [list(r)[0] for r in ours]
+    if kinds[:1] == ["BEGIN"] and [list(r)[0] for r in theirs][:1] != ["BEGIN"]:
+        assert ours[0]["BEGIN"]["CODE"].strip() == "s.update({'rules_dir': __import__('os').path.dirname(config_file)})"
+        kinds = kinds[1:]
+    assert kinds == [list(r)[0] for r in theirs]
 
 
 def test_the_relaxed_rules_say_what_the_brief_says():
@@ -222,7 +250,7 @@ def test_the_relaxed_rules_say_what_the_brief_says():
     assert "hpc_3.0.0" not in common["submission_division"]["POST"]
     for div in ("closed", "open"):
         bench = _keys_of(_rules(mllog.RULES, f"{div}_common.yaml"))["submission_benchmark"]
-        assert "POST" not in bench                          # no benchmark file enqueued
+        assert "s['rules_dir']" in bench["POST"] and "'deepcam.yaml'" in bench["POST"]   # ours, deepcam's only
         ok = {"v": {"value": None}}
         ours = [(f"hpcai500-{w}", True) for w in workloads.CHOICES]   # every workload, none forgotten
         for value, passes in ours + [("cosmoflow", False), ("deepcam", False), ("hpcai500-x", False)]:
@@ -245,6 +273,46 @@ def test_each_rule_file_says_what_it_changed():
     """...and which package it copies: upgrading mlperf-logging means copying its rules again."""
     from importlib.metadata import version
     assert version("mlperf-logging") == "4.1.68"
-    for name in ("common.yaml", "closed_common.yaml", "open_common.yaml"):
+    for name, (package, _) in COPIES.items():
         head = open(os.path.join(mllog.RULES, name)).read().split("\n- ", 1)[0]
-        assert "mlperf-logging 4.1.68" in head and f"hpc_3.0.0/{name}" in head, name
+        assert "mlperf-logging 4.1.68" in head and f"hpc_3.0.0/{package}" in head, name
+
+
+# ------------------------------------------------------------------ the recipe, deepcam's rules
+def test_recipe_keys_by_hand():
+    """LAMB at a peak LR of 0.02, 10 warm-up steps of 100: cosine over the other 90."""
+    keys = mllog.recipe("lamb", LAMB, 0.02, 10, 100)
+    assert keys == {"gradient_accumulation_frequency": 1, "batchnorm_group_size": 1, "opt_name": "LAMB",
+                    "opt_lr": 0.02, "opt_weight_decay": 0.01, "scheduler_type": "cosine_annealing",
+                    "scheduler_lr_warmup_steps": 10, "scheduler_lr_warmup_factor": 1.0, "scheduler_t_max": 90,
+                    "scheduler_eta_min": 0.0, "opt_betas": [0.9, 0.999], "opt_eps": 1e-6,
+                    "opt_bias_correction": True, "opt_grad_averaging": True, "opt_max_grad_norm": 1.0}
+    adam = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-6}
+    assert mllog.recipe("adam", {**adam, "weight_decay": 0.01}, 0.1, 0, 5)["opt_name"] == "AdamW"
+    assert mllog.recipe("adam", {**adam, "weight_decay": None}, 0.1, 0, 5)["opt_name"] == "Adam"
+    sgd = mllog.recipe("sgd", {"momentum": 0.9, "weight_decay": None}, 0.1, 0, 5)
+    assert sgd["opt_momentum"] == 0.9 and "opt_betas" not in sgd and sgd["scheduler_t_max"] == 5
+    wrapped = {"inner_optimizer": {"class_name": "LAMB", "config": LAMB}, "dynamic": True}   # fp16's loss scaling
+    assert mllog.recipe("lamb", wrapped, 0.02, 10, 100) == keys
+
+
+@pytest.mark.parametrize("optimizer, problem", [
+    (("lamb", {**LAMB, "global_clipnorm": None}), "opt_max_grad_norm"),     # MLPerf: LAMB clips at 1
+    (("adam", {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}), "opt_eps"),   # Keras' default eps, not 1e-6
+    (None, "opt_name")])                                                     # no recipe logged at all
+def test_deepcams_rules_check_the_recipe(tmp_path, optimizer, problem):
+    lines = complete(workload="deepcam", **({"optimizer": optimizer} if optimizer else {}))
+    if optimizer is None:
+        lines = [ln for ln in lines if not any(f'"key": "{k}"' in ln for k in mllog.recipe("lamb", LAMB, 1, 0, 1))]
+    messages = mllog.check(write(tmp_path, lines))
+    assert messages and any(problem in m for m in messages), messages
+    assert mllog.check(write(tmp_path, complete(workload="digits", **({"optimizer": optimizer} if optimizer else {})),
+                             "digits.log")) == []     # the other workloads' rules ask for none of it
+
+
+def test_deepcam_passes_with_every_optimizer_of_line_18(tmp_path):
+    configs = {"sgd": {"momentum": 0.9}, "lars": {"momentum": 0.9}, "adagrad": {"epsilon": 1e-7},
+               "adam": {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-6, "weight_decay": 0.01}, "lamb": LAMB}
+    for name, config in configs.items():
+        assert mllog.check(write(tmp_path, complete(workload="deepcam", optimizer=(name, config)), f"{name}.log")) \
+            == [], name

@@ -186,3 +186,22 @@ def test_xla_and_config(name):
 def test_unknown_name():
     with pytest.raises(ValueError, match="'rmsprop'.*sgd, adam, adagrad, lars, lamb"):
         optimizers.make("rmsprop", 0.1)
+
+
+def test_global_clipnorm_and_epsilon_reach_every_optimizer():
+    """deepcam's recipe (apex FusedLAMB's max_grad_norm 1, eps 1e-6) through make(): a
+    gradient (3, 4) of norm 5 is scaled to norm 1 before the update, (0.6, 0.8)."""
+    w = tf.Variable([0.0, 0.0])
+    opt = optimizers.make("sgd", 0.5, momentum=0.0, global_clipnorm=1.0)
+    opt.apply_gradients([(tf.constant([3.0, 4.0]), w)])
+    assert w.numpy() == pytest.approx([-0.3, -0.4])             # lr 0.5 x (0.6, 0.8)
+    for name in ("lamb", "adam", "adagrad"):
+        assert optimizers.make(name, 0.1, epsilon=1e-6).epsilon == pytest.approx(1e-6)
+    # LAMB clipped on two steps of different norms = LAMB fed the pre-clipped gradients
+    grads = [tf.constant([30.0, 40.0]), tf.constant([0.3, -0.4])]
+    a, b = tf.Variable([[1.0, 2.0]]), tf.Variable([[1.0, 2.0]])
+    clipped, plain = optimizers.make("lamb", 0.1, global_clipnorm=1.0), optimizers.make("lamb", 0.1)
+    for g in grads:
+        clipped.apply_gradients([(tf.reshape(g, (1, 2)), a)])
+        plain.apply_gradients([(tf.reshape(g / max(1.0, float(tf.norm(g))), (1, 2)), b)])
+    assert a.numpy() == pytest.approx(b.numpy(), rel=1e-6)

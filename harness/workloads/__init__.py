@@ -173,6 +173,9 @@ class Workload(Protocol):
     # the models' score matrices are summed and quality() gets their mean.
     ENSEMBLE: str
     MOMENTUM: float              # SGD/LARS momentum of the workload's reference recipe
+    # Optional (DEFAULTS: none): line 18's optimizer -> the reference recipe's options for
+    # it (optimizers.make's weight_decay, epsilon, global_clipnorm), e.g. deepcam's LAMB.
+    OPTIMIZER_OPTIONS: dict
     # Optional (DEFAULTS): False for an error (cosmoflow's MAE): the target is reached at or
     # below it, and every comparison of qualities (harness/metrics.py) turns round.
     HIGHER_IS_BETTER: bool
@@ -224,6 +227,7 @@ class Workload(Protocol):
 
 
 DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "VOTE_GROUP": None,
+            "OPTIMIZER_OPTIONS": {},
             "describe_model": lambda data: (None, []), "describe_data": lambda data: []}
 REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)

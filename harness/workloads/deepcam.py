@@ -50,6 +50,11 @@ SYNTHETIC_MULTIPLE = 32        # a synthetic height: 1.5 x it must be a multiple
 # river in the published training set, to the power -0.125.
 CLASS_FREQUENCIES = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
 CLASS_WEIGHTS = tuple(f ** -0.125 for f in CLASS_FREQUENCIES)
+# The reference's optimizers (utils/optimizer_helpers.py, run_training.sh): apex's FusedLAMB
+# with weight decay 1e-2, eps 1e-6 and its default gradient-norm clipping at 1; Adam with
+# eps 1e-6, here with decoupled weight decay 1e-2 (AdamW, MLPerf HPC's other choice).
+OPTIMIZER_OPTIONS = {"lamb": {"weight_decay": 1e-2, "epsilon": 1e-6, "global_clipnorm": 1.0},
+                     "adam": {"weight_decay": 1e-2, "epsilon": 1e-6}}
 EVAL_PIXELS = 1 << 22          # pixels a prediction step holds, at most (4 M: ~270 MB of logits and features)
 WIDTH_ENV, MIDDLE_ENV = "HPCAI500_DEEPCAM_WIDTH", "HPCAI500_DEEPCAM_MIDDLE"
 
@@ -120,7 +125,9 @@ def describe_model(data: climate.Data) -> tuple[str, list[str]]:
     note = ("DeepLabv3+ (Xception encoder, ASPP, transposed-convolution decoder) by Table 3's rules: separable"
             " convolutions as depthwise 2 x 9 x C x H x W + pointwise, dilated ones as undilated (the taps"
             " multiplied are the same), transposed ones per input pixel (TensorFlow's convention); the"
-            " softmax and the loss are not counted")
+            " softmax and the loss are not counted. Recipe, the reference's: lamb with weight decay 1e-2"
+            " (not on biases and batch norm), eps 1e-6, gradient-norm clipping at 1; adam as AdamW (weight"
+            " decay 1e-2, eps 1e-6); other optimizers as the harness makes them")
     return note, deviations
 
 
