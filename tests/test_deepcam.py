@@ -108,13 +108,16 @@ def deepcam_dat(folder, **lines) -> str:
 
 def test_a_bagged_run_on_two_ranks_votes_stages_and_verifies(tmp_path):
     """M = 2 base models of one rank, a per-pixel vote, each node's copy in the published
-    layout: consistent replicas, an IoU, an open division saying why, --verify passes
-    (FLOPs re-derived from the layer records, the MLLOG checker)."""
-    (tmp_path / "d.dat").write_text(deepcam_dat(tmp_path, l10=2, l11=1, l24="vote", l28=tmp_path / "copy"))
+    layout, LAMB with the reference's options, the step compiled by XLA (an UpSampling2D
+    tile had no XLA gradient on the CPU): consistent replicas, an IoU, an open division
+    saying why, --verify passes (FLOPs re-derived from the layer records, the MLLOG
+    checker with MLPerf's DeepCAM keys)."""
+    (tmp_path / "d.dat").write_text(deepcam_dat(tmp_path, l10=2, l11=1, l18="lamb", l24="vote",
+                                                l28=tmp_path / "copy", l33="xla"))
     p = mpirun(2, [tmp_path / "d.dat"], tmp_path, env=SMALL)
     assert p.returncode == 0, p.stderr[-3000:]
     (t,) = results(tmp_path / "runs")["tests"]
-    assert (t["workload"], t["M"], t["P"], t["aggregation"]) == ("deepcam", 2, 1, "vote")
+    assert (t["workload"], t["M"], t["P"], t["aggregation"], t["tv"][-1]) == ("deepcam", 2, 1, "vote", "X")
     assert t["consistency"]["passed"] and len(t["base_quality"]) == 2 and 0 < t["quality"] <= 1
     assert t["staging"]["copies"] == 1 and t["quality_name"] == "IoU" and t["division"] == "open"
     assert any("MLPerf HPC's workload" in r for r in t["open_reasons"])

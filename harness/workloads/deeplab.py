@@ -41,8 +41,8 @@ Where the port took a judgement (DESIGN.md says the same):
   is a 1x1 depthwise convolution with bias on the 1x1 map (the same function and
   weights); Table 3's depthwise rule counts it 2 + 1 FLOPs a channel where the affine
   is 2: 256 FLOPs a sample.
-* The tile to (48, 72) is written for 768 x 1152 inputs; here the pooled map is repeated
-  to whatever size the feature map has (UpSampling2D, nearest), the same at 768 x 1152.
+* The tile to (48, 72) is written for 768 x 1152 inputs; here the pooled map is tiled to
+  whatever size the feature map has (tf.tile), the same at 768 x 1152.
 * Batch normalisation: PyTorch's momentum 0.1 and eps 1e-5 (Keras: momentum 0.9,
   epsilon 1e-5), gamma 1, beta 0.
 * Initial weights, as the reference's modules set them: the encoder's and the ASPP's
@@ -197,6 +197,7 @@ class _Builder:
 
     def aspp(self, x):
         """The bottleneck: four atrous branches and the pooling branch, fused."""
+        import tensorflow as tf
         c, p = self.c, "bottleneck"
         branches = []
         for i, rate in enumerate(self.aspp_rates, 1):
@@ -208,7 +209,9 @@ class _Builder:
         g = self.L.DepthwiseConv2D(1, use_bias=True, depthwise_initializer="ones", bias_initializer="zeros",
                                    name=f"{p}.global_avg_pool.2")(g)      # TrainableAffine: w x + b
         g = self.relu(g, f"{p}.global_avg_pool.3")
-        branches.append(self.L.UpSampling2D((h, w), name=f"{p}.tile")(g))
+        # tf.tile, as the reference's torch.tile: its gradient is a sum XLA compiles (an
+        # UpSampling2D's ResizeNearestNeighborGrad has no XLA kernel on the CPU)
+        branches.append(self.L.Lambda(lambda t: tf.tile(t, (1, h, w, 1)), name=f"{p}.tile")(g))
         x = self.L.Concatenate(name=f"{p}.cat")(branches)
         x = self.conv(x, c(ASPP), 1, f"{p}.conv", init=self.torch_default())
         return self.relu(self.bn(x, f"{p}.bn"), f"{p}.relu")
