@@ -1,10 +1,11 @@
 """The harness against its peers: a bare Horovod loop, measured the way Horovod's own
 TensorFlow 2 synthetic benchmark measures (batches held in memory, warm-up batches,
-then timed iterations), for ic at 224 and 64 px and for ewa (small backbone, and the
-reference's ResNet-50 trunk: ewa-r50), on 1 and 2 ranks; then
+then timed iterations), for ic at 224 and 64 px, for ewa (small backbone, and the
+reference's ResNet-50 trunk: ewa-r50) and for deepcam (the reference model at 64 x 96),
+on 1 and 2 ranks; then
 bagging's weak scaling and bagging against data parallelism (bench/scaling.py).
 
-    .venv/bin/python bench/peers.py [--runs 3] [--cases ic224,ic64,ewa,ewa-r50] [--ranks 1,2] [--no-scaling]
+    .venv/bin/python bench/peers.py [--runs 3] [--cases ic224,ic64,ewa,ewa-r50,deepcam] [--ranks 1,2] [--no-scaling]
     mpirun -np 2 .venv/bin/python bench/peers.py --bare ic64 --steps 8 [--feed]   # the bare loop alone
 
 Per case and rank count R (layout M = 1, P = R; every figure samples/s, so a ratio is
@@ -46,7 +47,9 @@ CASES = {"ic224": ("ic", "synthetic:80:224", 8, {}),        # 64 training JPEGs 
          "ic64": ("ic", "synthetic:640:64", 32, {}),        # 512 of 64 px
          "ewa": ("ewa", "synthetic:400:96", 4, {}),         # 320 images of 96 x 144, small backbone
          # the reference model's ResNet-50 trunk on 80 images of 96 x 144
-         "ewa-r50": ("ewa", "synthetic:100:96", 4, {"HPCAI500_EWA_BACKBONE": "resnet50"})}
+         "ewa-r50": ("ewa", "synthetic:100:96", 4, {"HPCAI500_EWA_BACKBONE": "resnet50"}),
+         # the reference DeepLabv3+ (no test-only setting) on 48 samples of 64 x 96
+         "deepcam": ("deepcam", "synthetic:64:64", 2, {})}
 GOALS = {"steady": 0.98, "whole": 0.95}
 RUNS_OF = ("harness", "bare", "bare fed")   # each pair of the goals, and the bare loop on the harness's feed
 

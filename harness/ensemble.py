@@ -17,6 +17,7 @@ import numpy as np
 # Line 24's choices: name -> (T/V code (none), meaning). harness/dat.py reads them here.
 AGGREGATIONS = {"mean": ("", "mean of the models' probabilities"), "vote": ("", "majority vote")}
 _REDUCE_ROWS_ELEMENTS = 1 << 22   # reduce in slices of ~32 MB (float64) to bound memory
+EVAL_CHUNK_BYTES = 1 << 28        # a chunked evaluation's float64 scores a chunk (256 MB), on a job root and rank 0
 
 
 def model_scores(probs: np.ndarray, method: str, group: int | None = None) -> np.ndarray:
@@ -57,6 +58,15 @@ def contribution(scores: np.ndarray, method: str, job: int, M: int, stack: bool,
 def ensemble_scores(total: np.ndarray, M: int, stack: bool) -> np.ndarray:
     """What the workload's quality() gets: the mean score matrix, or (n, M, width)."""
     return total.reshape(total.shape[0], M, -1) if stack else total / M
+
+
+def chunks(n: int, width: int, per_sample: bool, rows: int | None = None) -> list[slice]:
+    """The validation rows an evaluation scores together: all n at once, unless the
+    quality is a mean over samples; then `rows` at a time (HPCAI500_EVAL_CHUNK, for
+    tests), by default as many as EVAL_CHUNK_BYTES of float64 scores of `width` columns
+    hold (at least one)."""
+    step = (rows or max(1, EVAL_CHUNK_BYTES // (8 * max(1, width)))) if per_sample else max(1, n)
+    return [slice(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
 def my_rows(n: int, rank: int, size: int) -> slice:

@@ -137,6 +137,14 @@ def first_reaching(curve: list[dict], target: float, higher_is_better: bool = Tr
     return next((p for p in curve if reaches(p["quality"], target, higher_is_better)), None)
 
 
+def chunk_mean(parts: list[tuple[int, float]]) -> float:
+    """A quality from its chunks' (rows, quality): one chunk's own (the whole set, any
+    quality), else the mean weighted by rows (a mean over samples, chunk by chunk)."""
+    if len(parts) == 1:
+        return parts[0][1]
+    return sum(n * q for n, q in parts) / sum(n for n, _ in parts)
+
+
 @dataclass(frozen=True)
 class Repeats:
     index: int           # the test's position in the sweep

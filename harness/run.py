@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import ensemble, fault, flops, metrics, mllog, sampler, staging, telemetry, topology, train, workloads
+from harness import ensemble, fault, flops, metrics, mllog, sampler, settings, staging, telemetry, topology, train, workloads
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 
@@ -104,7 +104,7 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
         # the jobs' evaluations; an idle rank's eval_seconds stay 0, as its Time does: its
         # wait in them is the jobs' training, not evaluating
         for epoch in train.evaluation_epochs(cfg.epochs, cfg.eval_every):
-            if evaluation.reduce(epoch, None, None, None):
+            if evaluation.reduce(epoch, lambda rows: None, lambda: None, None):
                 break
         record = RankRecord(world.rank, None, staging=_staged(copy))
     else:
@@ -246,23 +246,38 @@ class _Evaluate:
 
     def __call__(self, epoch: int) -> bool:
         """True: the ensemble reached the target and line 32 says stop."""
-        p, comm = self.part, self.part.comm
+        p = self.part
         p.watchdog.beat(f"evaluation, test {p.t.index}")
         fault.point(p.ctx.world.rank, "eval")
         t1, wall = time.perf_counter(), time.time()
-        n_val = p.data.n_val
-        full = ensemble.gather_job(comm, p.wl.predict(self.model, self.local, ensemble.my_rows(
-            n_val, comm.rank, comm.size)), n_val)
-        scores = None
-        if comm.rank == 0:
-            self.quality = p.wl.quality(full, p.data)
-            scores = ensemble.contribution(full, p.ctx.cfg.aggregation, p.job, p.M, ensemble.stacks(p.wl),
-                                           p.wl.VOTE_GROUP)
-            p.log.eval(epoch, self.quality, start_s=wall, stop_s=time.time())
-        stop = self.evaluation.reduce(epoch, scores, self.quality if comm.rank == 0 else None, p.job)
+        self._parts = []                # job root: (rows, its model's quality on them), this evaluation
+        stop = self.evaluation.reduce(epoch, self._contribute, lambda: self._quality(epoch, wall), p.job)
         self.seconds += time.perf_counter() - t1
         p.watchdog.beat(f"training, test {p.t.index}")
         return stop
+
+    def _contribute(self, rows: slice):
+        """The job's predictions of validation rows `rows`, split over its ranks and
+        gathered on its root, which scores them and returns its term of the ensemble
+        (None on the other ranks)."""
+        p, comm = self.part, self.part.comm
+        n = rows.stop - rows.start
+        mine = ensemble.my_rows(n, comm.rank, comm.size)
+        full = ensemble.gather_job(comm, p.wl.predict(self.model, self.local, slice(
+            rows.start + mine.start, rows.start + mine.stop)), n)
+        if comm.rank != 0:
+            return None
+        self._parts.append((n, workloads.score(p.wl, full, p.data, rows)))
+        return ensemble.contribution(full, p.ctx.cfg.aggregation, p.job, p.M, ensemble.stacks(p.wl),
+                                     p.wl.VOTE_GROUP)
+
+    def _quality(self, epoch: int, wall: float):
+        """The job root's base quality once every chunk is scored (logged); None elsewhere."""
+        if self.part.comm.rank != 0:
+            return None
+        self.quality = metrics.chunk_mean(self._parts)
+        self.part.log.eval(epoch, self.quality, start_s=wall, stop_s=time.time())
+        return self.quality
 
 
 class Evaluation:
@@ -270,13 +285,19 @@ class Evaluation:
     after each evaluation epoch every job's root adds its model's term to one world
     reduction (idle ranks add nothing), world rank 0 scores the ensemble, keeps the
     curve, and every rank learns whether the target stops training. The clock of the
-    curve is world rank 0's, from the start barrier of training."""
+    curve is world rank 0's, from the start barrier of training.
+
+    A workload whose quality is a mean over samples (QUALITY_PER_SAMPLE) is evaluated in
+    chunks of validation rows (ensemble.chunks: EVAL_CHUNK_BYTES of scores a chunk), one
+    reduction a chunk, so that no rank ever holds the whole set's scores (deepcam: 21 MB
+    a sample at 768 x 1152); the chunks' qualities are combined by metrics.chunk_mean."""
 
     def __init__(self, part: Part):
         self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = (part.ctx, part.t, part.M, part.wl, part.data,
                                                                        part.watchdog)
-        self.shape = ensemble.reduced_shape(self.data.n_val, self.wl.score_width(self.data), self.M,
-                                            ensemble.stacks(self.wl))
+        self.width = self.wl.score_width(self.data)
+        self.chunks = ensemble.chunks(self.data.n_val, self.width, self.wl.QUALITY_PER_SAMPLE,
+                                      settings.value("HPCAI500_EVAL_CHUNK"))
         self.target, self.n = workloads.target_and_n(self.wl, self.ctx.cfg)
         self.higher = self.wl.HIGHER_IS_BETTER
         self.start = 0.0      # perf_counter() at the start barrier (rank 0)
@@ -286,20 +307,34 @@ class Evaluation:
     def begin(self) -> None:
         self.start = time.perf_counter()
 
-    def reduce(self, epoch: int, scores, quality: float | None, job: int | None) -> bool:
-        """This rank's part of the evaluation after `epoch`: `scores` and `quality` from
-        a job's root, None elsewhere. Returns the stop decision, the same on every rank."""
-        world = self.ctx.world
+    def reduce(self, epoch: int, contribute, quality, job: int | None) -> bool:
+        """This rank's part of the evaluation after `epoch`, on every rank: for each chunk
+        of rows, `contribute(rows)` gives this rank's term of the ensemble (a job's root:
+        its model's; None elsewhere) and the world reduces it; then `quality()` gives the
+        job root's base quality (None elsewhere). Returns the stop decision, the same on
+        every rank."""
+        world, stack = self.ctx.world, ensemble.stacks(self.wl)
         # Jobs reach an evaluation at different times (resamples differ in size; idle
         # ranks have no job): wait for all of them politely, so the reduction is quick.
         self.watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {self.t.index}")
+        parts = []            # rank 0: (rows, the ensemble's quality on them)
+        for rows in self.chunks:
+            scores = contribute(rows)
+            t0 = time.perf_counter()
+            n = rows.stop - rows.start
+            total = ensemble.reduce_scores(world, scores, ensemble.reduced_shape(n, self.width, self.M, stack))
+            self.reduce_seconds += time.perf_counter() - t0
+            if world.rank == 0:
+                parts.append((n, workloads.score(self.wl, ensemble.ensemble_scores(total, self.M, stack), self.data,
+                                                 rows)))
+            self.watchdog.beat(f"evaluation, test {self.t.index}")
+        base = quality()
         t0 = time.perf_counter()
-        total = ensemble.reduce_scores(world, scores, self.shape)
-        bases = world.gather(None if quality is None else (job, quality), root=0)
+        bases = world.gather(None if base is None else (job, base), root=0)
         self.reduce_seconds += time.perf_counter() - t0
         stop = False
         if world.rank == 0:
-            q = self.wl.quality(ensemble.ensemble_scores(total, self.M, ensemble.stacks(self.wl)), self.data)
+            q = metrics.chunk_mean(parts)
             self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
                                "base_quality": [b for _, b in sorted(x for x in bases if x is not None)]})
             stop = self.ctx.cfg.stop_at_target and metrics.reaches(q, self.target, self.higher)

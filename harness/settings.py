@@ -105,6 +105,9 @@ TABLE = {s.name: s for s in (
             test_only=True),
     Setting("HPCAI500_DEEPCAM_MIDDLE", _int(0), None, "deepcam: middle-flow blocks (unset: 16, the reference)",
             test_only=True),
+    Setting("HPCAI500_EVAL_CHUNK", _int(1), None,
+            "validation samples an evaluation reduces at a time, where the quality is a mean over samples"
+            " (unset: as many as 256 MB of scores hold)", test_only=True),
     Setting("HPCAI500_IC_STAGES", _ints, None, "ic: bottlenecks per stage (unset: 3,4,6,3, ResNet-50)",
             test_only=True),
     Setting("HPCAI500_IC_LABEL_OFFSET", _int(0), None,

@@ -35,6 +35,21 @@ def test_loss_is_the_plain_mean_of_the_class_weighted_pixel_losses():
     assert got == pytest.approx([math.log(3) * (1.0017299 + 2.6146112 + 2 * 1.7164197) / 4], rel=1e-6)
 
 
+def test_quality_of_a_chunk_of_rows_is_the_mean_iou_of_those_samples(tmp_path):
+    from harness.workloads import climate, climate_synthetic
+    climate_synthetic.write_synthetic(str(tmp_path / "d"), 8, 32)      # 2 validation samples of 32 x 48
+    data = climate.read(str(tmp_path / "d"))
+    truth = climate.labels(data, np.arange(data.n_val))
+    perfect = np.eye(3)[truth].reshape(data.n_val, -1)                 # one-hot of the labels: IoU 1
+    background = np.eye(3)[np.zeros_like(truth)].reshape(data.n_val, -1)
+    assert deepcam.quality(perfect, data) == 1.0
+    mixed = np.concatenate([perfect[:1], background[1:]])
+    both = deepcam.quality(mixed, data)
+    assert deepcam.quality(mixed[1:], data, slice(1, 2)) == pytest.approx(2 * both - 1)   # (1 + q1) / 2 = both
+    with pytest.raises(ValueError, match=r"scores of shape \(2, 4608\), expected \(1, 4608\)"):
+        deepcam.quality(mixed, data, slice(0, 1))
+
+
 def test_a_vote_chooses_a_class_per_pixel():
     probs = np.array([[0.2, 0.5, 0.3, 0.6, 0.3, 0.1]])      # two pixels of one sample
     assert ensemble.model_scores(probs, "vote", deepcam.VOTE_GROUP).tolist() == [[0, 1, 0, 1, 0, 0]]
@@ -109,12 +124,12 @@ def deepcam_dat(folder, **lines) -> str:
 def test_a_bagged_run_on_two_ranks_votes_stages_and_verifies(tmp_path):
     """M = 2 base models of one rank, a per-pixel vote, each node's copy in the published
     layout, LAMB with the reference's options, the step compiled by XLA (an UpSampling2D
-    tile had no XLA gradient on the CPU): consistent replicas, an IoU, an open division
+    tile had no XLA gradient on the CPU), evaluations in two chunks: consistent replicas, an IoU, an open division
     saying why, --verify passes (FLOPs re-derived from the layer records, the MLLOG
     checker with MLPerf's DeepCAM keys)."""
     (tmp_path / "d.dat").write_text(deepcam_dat(tmp_path, l10=2, l11=1, l18="lamb", l24="vote",
                                                 l28=tmp_path / "copy", l33="xla"))
-    p = mpirun(2, [tmp_path / "d.dat"], tmp_path, env=SMALL)
+    p = mpirun(2, [tmp_path / "d.dat"], tmp_path, env={**SMALL, "HPCAI500_EVAL_CHUNK": "3"})   # 4 samples: 3 + 1
     assert p.returncode == 0, p.stderr[-3000:]
     (t,) = results(tmp_path / "runs")["tests"]
     assert (t["workload"], t["M"], t["P"], t["aggregation"], t["tv"][-1]) == ("deepcam", 2, 1, "vote", "X")

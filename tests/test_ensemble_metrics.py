@@ -207,3 +207,18 @@ def test_utilisation_against_the_ranks_roofline_by_hand():
 def test_replica_consistency_passes_at_the_bound_and_not_above():
     assert metrics.consistency(1e-6) == {"max_diff": 1e-6, "tolerance": 1e-6, "passed": True}
     assert metrics.consistency(2e-6)["passed"] is False
+
+
+def test_chunks_of_an_evaluation_by_hand(monkeypatch):
+    # 10 rows of 5 float64 columns, 120 bytes a chunk = 3 rows: 0-3, 3-6, 6-9, 9-10
+    monkeypatch.setattr(ensemble, "EVAL_CHUNK_BYTES", 8 * 5 * 3)
+    assert ensemble.chunks(10, 5, True) == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 10)]
+    assert ensemble.chunks(10, 5, False) == [slice(0, 10)]          # not a mean over samples: the whole set
+    assert ensemble.chunks(10, 5, True, rows=4) == [slice(0, 4), slice(4, 8), slice(8, 10)]   # HPCAI500_EVAL_CHUNK
+    assert ensemble.chunks(10, 10**9, True) == [slice(k, k + 1) for k in range(10)]          # at least one row
+    assert ensemble.chunks(0, 5, True) == []
+
+
+def test_chunk_mean_weighs_chunks_by_their_rows():
+    assert metrics.chunk_mean([(3, 0.5), (1, 1.0)]) == pytest.approx((3 * 0.5 + 1.0) / 4)   # 0.625
+    assert metrics.chunk_mean([(7, 0.1234)]) == 0.1234   # one chunk: its figure as it is (mAP is no mean)

@@ -33,6 +33,7 @@ Y = np.array([1, -1, 2, 0, 3, 1, -2, 0.5], np.float32)
 class Linear:      # a workload of one Dense(1) without bias, mean squared error
     NAME = "linear"
     MOMENTUM = 0.9
+    OPTIMIZER_OPTIONS = {}   # none: the harness's optimizers as made
     stream = None   # workloads.training_feed chains batches() per epoch
     @staticmethod
     def build_model(data):

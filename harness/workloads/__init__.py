@@ -179,6 +179,10 @@ class Workload(Protocol):
     # Optional (DEFAULTS): False for an error (cosmoflow's MAE): the target is reached at or
     # below it, and every comparison of qualities (harness/metrics.py) turns round.
     HIGHER_IS_BETTER: bool
+    # Optional (DEFAULTS: False): the quality is a mean over validation samples of a
+    # per-sample figure, and quality(scores, data, rows) scores rows `rows` alone: the
+    # harness then evaluates in chunks of rows (harness/run.Evaluation, deepcam).
+    QUALITY_PER_SAMPLE: bool
     # Optional (DEFAULTS: None, the whole row): the adjacent score columns one vote chooses
     # among, when a row holds many predictions (deepcam: 3 classes a pixel).
     VOTE_GROUP: int | None
@@ -227,7 +231,7 @@ class Workload(Protocol):
 
 
 DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "VOTE_GROUP": None,
-            "OPTIMIZER_OPTIONS": {},
+            "OPTIMIZER_OPTIONS": {}, "QUALITY_PER_SAMPLE": False,
             "describe_model": lambda data: (None, []), "describe_data": lambda data: []}
 REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
                  if not n.startswith("_") and n not in DEFAULTS)
@@ -247,6 +251,14 @@ def each_epoch(batches_of, shards, epochs: int, seed: int):
     training feed made of per-epoch feeds, epoch e augmented from seed + e. Lazy: epoch
     e's rows are drawn when the chain reaches them."""
     return itertools.chain.from_iterable(batches_of(shards(e), seed + e) for e in range(epochs))
+
+
+def score(workload, scores, data, rows: slice) -> float:
+    """The quality of validation rows `rows` from their scores: the workload's quality
+    of that chunk (QUALITY_PER_SAMPLE), else of the whole set, which `rows` then is."""
+    if workload.QUALITY_PER_SAMPLE:
+        return workload.quality(scores, data, rows)
+    return workload.quality(scores, data)
 
 
 def target_and_n(workload, cfg) -> tuple[float, float]:

@@ -20,7 +20,8 @@ CrossEntropyLoss(weight, reduction='none') then torch.mean), not a mean normalis
 the weights.
 
 Ensemble: `predict` gives each validation sample's per-pixel class probabilities
-(softmax in FP32), H x W x 3 a row. mean: the M models' probabilities averaged, the
+(softmax in FP32), H x W x 3 a row; the quality being a mean over samples
+(QUALITY_PER_SAMPLE), the harness evaluates a chunk of samples at a time. mean: the M models' probabilities averaged, the
 class their argmax; vote: each model's per-pixel class one-hot (VOTE_GROUP = 3 columns
 a vote), the class with most votes (ties to the lowest class index).
 
@@ -42,6 +43,7 @@ QUALITY = "IoU"
 TARGET_QUALITY = 0.82          # MLPerf HPC's DeepCAM target
 PENALTY_N = 5                  # ours (no paper defines one): as image classification's, see the docstring
 AGGREGATIONS = ("mean", "vote")
+QUALITY_PER_SAMPLE = True      # a mean over samples: evaluated in chunks (harness/run.Evaluation)
 VOTE_GROUP = climate.CLASSES   # a vote chooses among each pixel's 3 class columns
 REFERENCE_SIZE = (768, 1152)   # the published samples' height and width
 SYNTHETIC_DEFAULT = (128, 64)  # samples, height in pixels (width = 1.5 x height)
@@ -191,13 +193,14 @@ def iou(predicted: np.ndarray, labels: np.ndarray, classes: int = climate.CLASSE
     return out / classes
 
 
-def quality(scores: np.ndarray, data: climate.Data) -> float:
-    """The IoU of the (ensemble's) per-pixel scores over the validation set: the mean
-    of each sample's IoU (iou), the class of a pixel the argmax of its 3 scores (ties
-    to the lowest class index)."""
+def quality(scores: np.ndarray, data: climate.Data, rows: slice = slice(None)) -> float:
+    """The IoU of the (ensemble's) per-pixel scores of validation samples `rows` (all by
+    default): the mean of each sample's IoU (iou), the class of a pixel the argmax of its
+    3 scores (ties to the lowest class index)."""
+    index = np.arange(data.n_val)[rows]
     scores = np.asarray(scores)
-    if scores.shape != (data.n_val, score_width(data)):
+    if scores.shape != (len(index), score_width(data)):
         raise ValueError(f"deepcam.quality: scores of shape {scores.shape}, expected"
-                         f" ({data.n_val}, {score_width(data)})")
-    predicted = np.argmax(scores.reshape(data.n_val, data.height, data.width, climate.CLASSES), axis=-1)
-    return float(np.mean(iou(predicted, climate.labels(data, np.arange(data.n_val)))))
+                         f" ({len(index)}, {score_width(data)})")
+    predicted = np.argmax(scores.reshape(len(index), data.height, data.width, climate.CLASSES), axis=-1)
+    return float(np.mean(iou(predicted, climate.labels(data, index))))
