@@ -92,6 +92,7 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     cfg = given.cfg
     planned, skipped = layouts(cfg, given.tests, world.size, nodes.node_of_rank)
     check_aggregations(cfg)
+    check_adasum(cfg, planned)
     if cfg.staging != "none":
         watchdog.beat("staging directory check")
         agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
@@ -174,6 +175,18 @@ def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
         target=cfg.target_quality, default_target=wl.TARGET_QUALITY, n=cfg.penalty_n, default_n=wl.PENALTY_N,
         repetitions=cfg.repetitions)
     return replace(p, division=verdict, open_reasons=tuple(reasons), model_deviations=deviations)
+
+
+def check_adasum(cfg: dat.Config, planned) -> None:
+    """Horovod's Adasum reduces ranks in pairs: a job's P must be a power of 2 (it raises
+    NotImplementedError at the first step otherwise; here, before any data is read)."""
+    if cfg.allreduce != "adasum":
+        return
+    for p in planned:
+        P = p.test.P
+        if P & (P - 1):
+            raise RunError(f"{cfg.path}:22: found adasum with P={P} (line 11), expected P a power of 2: Horovod's"
+                           " Adasum reduces a job's ranks in pairs")
 
 
 def check_batches(cfg: dat.Config, planned, datas: dict) -> None:

@@ -287,6 +287,11 @@ def option_lines(cfg, nccl: bool) -> list[str]:
         lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
                      " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if nccl else
                      "and this build has none: its flat MPI all-reduce ran"))
+    if cfg.allreduce == "adasum":
+        lines.append("All-reduce adasum: Horovod's Adasum (op=hvd.Adasum) combines the job's gradients by adaptive"
+                     " summation instead of averaging them; the LR follows Horovod's convention: the base LR x 1"
+                     " where MPI reduces on the CPU, x the ranks of a node with NCCL (train.lr_scale), not x P; P"
+                     " must be a power of 2")
     if cfg.optimizer != "sgd":
         lines.append(f"Optimizer {cfg.optimizer}: see harness/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
                      " i.e. biases and batch-norm, from trust ratio and weight decay)")

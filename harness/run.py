@@ -213,7 +213,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
     probe.start()
     recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
-                          t.precision, cfg.comm_precision, cfg.compiler)
+                          t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce)
     evaluate = _Evaluate(part, model, local, evaluation)
     res = train.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
                       world_barrier=lambda: _start_barrier(world, watchdog, t),

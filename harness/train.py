@@ -58,7 +58,8 @@ def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
 PRECISIONS = {"fp32": ("32", "float32"), "fp16": ("16", "mixed_float16"), "bf16": ("BF", "mixed_bfloat16")}
 COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16", "Horovod Compression.fp16")}
 ALLREDUCE = {"ring": ("R", "Horovod's ring all-reduce"),
-             "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)")}
+             "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)"),
+             "adasum": ("A", "Horovod's Adasum (op=hvd.Adasum), adaptive summation; P a power of 2")}
 COMPILERS = {"none": ("", "TensorFlow graph (tf.function), no XLA"),
              "xla": ("X", "XLA: forward and backward pass jit_compiled; all-reduce and update outside")}
 OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Keras Adam"), "adagrad": ("G", "Keras AdaGrad"),
@@ -70,12 +71,23 @@ class Recipe:
     """How a base model is trained: the Table 2 choices of one test."""
     batch: int                  # per rank
     epochs: int
-    base_lr: float              # per rank; the job uses base_lr x P (linear scaling rule)
+    base_lr: float              # per rank; the job uses base_lr x lr_scale (P: the linear scaling rule)
     warmup_epochs: float
     optimizer: str = "sgd"
     precision: str = "fp32"     # fp16/bf16: Keras mixed precision, FP32 master weights
     comm_precision: str = "fp32"  # fp16: gradients cast to FP16 for the all-reduce
     compiler: str = "none"      # xla: the forward and backward pass compiled by XLA (line 33)
+    allreduce: str = "ring"     # line 22: adasum reduces by Horovod's Adasum instead of averaging
+
+
+def lr_scale(allreduce: str, size: int, local_size: int, nccl: bool) -> int:
+    """The factor of the base LR (line 19) for a job of `size` ranks: the linear scaling
+    rule, P; with Adasum, Horovod's convention (its docs and examples): 1 where Adasum
+    reduces every rank (MPI, on the CPU), the ranks of a node with NCCL (which averages
+    inside a node, Adasum across nodes)."""
+    if allreduce != "adasum":
+        return size
+    return local_size if nccl else 1
 
 
 # Steps run before the clock and undone (train.train): enough for graph optimisation,
@@ -141,10 +153,10 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     if steps < 1:
         raise ValueError(f"job {job}: resample of {len(indices)} samples is smaller than "
                          f"P x B = {size} x {batch}; lower B or P, or use more data")
-    step, opt = _make_step(workload, model, recipe, steps, size)
+    peak = recipe.base_lr * lr_scale(recipe.allreduce, size, hvd.local_size(), hvd.nccl_built())
+    step, opt = _make_step(workload, model, recipe, steps, size, peak)
     if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
-        hooks.recipe(recipe.optimizer, opt, recipe.base_lr * size, int(round(recipe.warmup_epochs * steps)),
-                     steps * epochs)
+        hooks.recipe(recipe.optimizer, opt, peak, int(round(recipe.warmup_epochs * steps)), steps * epochs)
     concrete = step.get_concrete_function(*workload.input_signature(data, batch))
     _refuse_hidden_random_state(concrete.graph, workload.NAME)
     shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
@@ -167,24 +179,25 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                        loop.clock, loop.trained)
 
 
-def _make_step(workload, model, recipe: Recipe, steps: int, size: int):
+def _make_step(workload, model, recipe: Recipe, steps: int, size: int, peak: float):
     """(step, optimizer): the training step, a tf.function of (x, y) -> loss: forward and
-    backward (by XLA where line 33 says so), Horovod's gradient average on the job's
-    ranks, the update at the LR of the schedule (warm-up then cosine, scaled by P), loss
-    scaling for fp16; and the optimizer it updates with. The job's ranks start from the
-    root's weights."""
+    backward (by XLA where line 33 says so), Horovod's gradient average (or Adasum) on the
+    job's ranks, the update at the LR of the schedule (warm-up then cosine to `peak`, the
+    base LR x lr_scale), loss scaling for fp16; and the optimizer it updates with. The
+    job's ranks start from the root's weights."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from harness import optimizers   # TensorFlow at its top: here, after the devices are pinned
     schedule = lambda s: learning_rate(s, steps * recipe.epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
-                                       recipe.base_lr * size)   # the same three figures as hooks.recipe's
+                                       peak)   # the same three figures as hooks.recipe's
     opt = optimizers.make(recipe.optimizer, schedule(0), momentum=workload.MOMENTUM,
                           **workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}))
     fp16 = recipe.precision == "fp16"
     if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
     compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
+    op = hvd.Adasum if recipe.allreduce == "adasum" else hvd.Average
     hvd.broadcast_variables(model.variables, root_rank=0)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hpcai500_step")  # steps taken: in the graph
 
@@ -205,11 +218,11 @@ def _make_step(workload, model, recipe: Recipe, steps: int, size: int):
 
         def reduced(x, y):
             loss, grads = local(x, y)
-            return loss, (hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression)
+            return loss, (hvd.grouped_allreduce(grads, op=op, compression=compression)
                           if size > 1 else grads)
     else:
         def reduced(x, y):
-            return loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression))
+            return loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression, op=op))
 
     @tf.function(autograph=False)  # plain Python control flow: tracing skips ~2 s of AST conversion per rank
     def step(x, y):

@@ -19,8 +19,9 @@ def _allreduced(timeline):
     # three repetitions (the olympic summary) where a test is short: 2 epochs
     ("bf16", "fp32", "ring", "lars", 1.0, 3, "embedded", 32, 2, "bootstrap", -1, 1),
     ("fp32", "fp16", "ring", "adam", 0.002, 1, "embedded", 32, 2, "poisson", -1, 1),
-    # BN statistics settle; a target never reached (100 % of 359 digits), evaluated every 2 epochs
-    ("fp32", "fp32", "ring", "adagrad", 0.1, 1, "embedded", 32, 6, "none", 1.0, 2),
+    # BN statistics settle; a target never reached (100 % of 359 digits), evaluated every 2 epochs;
+    # Adasum (its LR x 1, Horovod's convention on the CPU, not x P)
+    ("fp32", "fp32", "adasum", "adagrad", 0.1, 1, "embedded", 32, 6, "none", 1.0, 2),
 ])
 def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, allreduce, opt, lr, reps, data, batch,
                                                 epochs, sampler, target, every):
@@ -56,6 +57,12 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
         assert "olympic: fastest and slowest by train_seconds dropped" in p.stdout
         reached = sum(t["time_to_quality"] is not None for t in res["tests"])
         assert s["reached"] == reached and (s["time_to_quality"] is None) == (reached < 3)
+    # Horovod's timeline names the reduction it ran: its Adasum, or the averaging all-reduce
+    assert ('"name": "MPI_ADASUM_ALLREDUCE"' in (tmp_path / "timeline.json").read_text()) == (allreduce == "adasum")
+    if allreduce == "adasum":   # Horovod's LR convention for Adasum on the CPU: the base LR, not x P
+        assert "- All-reduce adasum: Horovod's Adasum (op=hvd.Adasum)" in p.stdout
+        log = next((tmp_path / "runs").glob("*/mllog/test001_rep00_model0000.log")).read_text()
+        assert f'"key": "opt_lr", "value": {lr},' in log
     # gradients cross the wire in the communication precision, whatever the training precision
     dtypes = {d for d, _ in _allreduced(tmp_path / "timeline.json")}
     assert dtypes == {"float16" if comm == "fp16" else "float32"}

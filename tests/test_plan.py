@@ -32,6 +32,28 @@ def test_aggregation_must_be_one_the_workload_defines():
         plan.check_aggregations(dat.parse_text(dat_text(l7="ewa", l24="vote"), "x.dat"))
 
 
+def test_adasum_needs_a_power_of_two_ranks_per_job():
+    for ps, fine in (("1 2 4", True), ("1 3", False)):
+        cfg = dat.parse_text(dat_text(l9=len(ps.split()), l10=" ".join("1" for _ in ps.split()), l11=ps,
+                                      l22="adasum"), "x.dat")
+        planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])
+        if fine:
+            plan.check_adasum(cfg, planned)
+        else:
+            with pytest.raises(RunError, match=r"x.dat:22: found adasum with P=3 \(line 11\), expected P a power"
+                                               r" of 2: Horovod's Adasum reduces a job's ranks in pairs"):
+                plan.check_adasum(cfg, planned)
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=3), "x.dat")       # ring: any P
+    plan.check_adasum(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
+
+
+def test_lr_scale_is_p_but_for_adasum():
+    from harness.train import lr_scale
+    assert lr_scale("ring", 8, 4, False) == 8 and lr_scale("hierarchical", 8, 4, True) == 8
+    assert lr_scale("adasum", 8, 4, False) == 1     # MPI on the CPU: Adasum every rank, the single-rank LR
+    assert lr_scale("adasum", 8, 4, True) == 4      # NCCL averages a node's 4 ranks, Adasum across nodes
+
+
 class _Data:
     n_train = 100
 
