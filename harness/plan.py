@@ -179,9 +179,13 @@ def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
 
 def check_adasum(cfg: dat.Config, planned) -> None:
     """Horovod's Adasum reduces ranks in pairs: a job's P must be a power of 2 (it raises
-    NotImplementedError at the first step otherwise; here, before any data is read)."""
+    NotImplementedError at the first step otherwise; here, before any data is read); and
+    it is a reduction of its own, which int8 communication (an all-gather) cannot feed."""
     if cfg.allreduce != "adasum":
         return
+    if cfg.comm_precision == "int8":
+        raise RunError(f"{cfg.path}:21-22: found int8 communication with adasum, expected one of them: int8's"
+                       " exchange all-gathers and averages, Adasum is a reduction of its own")
     for p in planned:
         P = p.test.P
         if P & (P - 1):

@@ -283,6 +283,12 @@ def option_lines(cfg, nccl: bool) -> list[str]:
                      " in FP32, fp16 with dynamic loss scaling; FLOPs counted as for fp32")
     if cfg.comm_precision == "fp16":
         lines.append("Communication fp16: gradients cast to FP16 for the all-reduce (Horovod Compression.fp16)")
+    if cfg.comm_precision == "int8":
+        lines.append("Communication int8: each gradient quantised to int8 with one scale a tensor the job agrees on"
+                     " (max |g| over its ranks / 127), all-gathered and summed in FP32 on every rank, then averaged:"
+                     " within scale / 2 of the FP32 average (harness/communication.py); a rank receives (P - 1) x N"
+                     " bytes a step for N gradient elements, fewer than a ring all-reduce in fp32 (8 (P - 1) / P x N)"
+                     " while P < 8 and in fp16 (4 (P - 1) / P x N) while P < 4")
     if cfg.allreduce == "hierarchical":
         lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
                      " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if nccl else

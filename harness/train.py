@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness import sampler, workloads
+from harness import communication, sampler, workloads
 
 
 def setup_devices(local_rank: int, sharing: int) -> dict:
@@ -56,7 +56,9 @@ def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
 # The Table 2 choices this module implements: name -> (T/V code, meaning). harness/dat.py
 # reads the input file's keywords and the T/V code from these tables.
 PRECISIONS = {"fp32": ("32", "float32"), "fp16": ("16", "mixed_float16"), "bf16": ("BF", "mixed_bfloat16")}
-COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16", "Horovod Compression.fp16")}
+COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16", "Horovod Compression.fp16"),
+                 "int8": ("C8", "gradients quantised to int8 (a job-wide scale a tensor), all-gathered, summed in"
+                                " FP32: harness/communication.py")}
 ALLREDUCE = {"ring": ("R", "Horovod's ring all-reduce"),
              "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)"),
              "adasum": ("A", "Horovod's Adasum (op=hvd.Adasum), adaptive summation; P a power of 2")}
@@ -196,8 +198,6 @@ def _make_step(workload, model, recipe: Recipe, steps: int, size: int, peak: flo
     fp16 = recipe.precision == "fp16"
     if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
-    compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
-    op = hvd.Adasum if recipe.allreduce == "adasum" else hvd.Average
     hvd.broadcast_variables(model.variables, root_rank=0)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hpcai500_step")  # steps taken: in the graph
 
@@ -210,19 +210,7 @@ def _make_step(workload, model, recipe: Recipe, steps: int, size: int, peak: flo
             scaled = opt.get_scaled_loss(loss) if fp16 else loss
         return loss, tape_wrapper(tape).gradient(scaled, model.trainable_variables)
 
-    if recipe.compiler == "xla":
-        # XLA compiles the forward and backward pass; Horovod's all-reduce has no XLA
-        # kernel, so it runs outside the cluster, as a grouped all-reduce (the average
-        # DistributedGradientTape computes), then the update.
-        local = tf.function(lambda x, y: loss_and_grads(x, y, lambda t: t), jit_compile=True, autograph=False)
-
-        def reduced(x, y):
-            loss, grads = local(x, y)
-            return loss, (hvd.grouped_allreduce(grads, op=op, compression=compression)
-                          if size > 1 else grads)
-    else:
-        def reduced(x, y):
-            return loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression, op=op))
+    reduced = _reduced(recipe, loss_and_grads, size)
 
     @tf.function(autograph=False)  # plain Python control flow: tracing skips ~2 s of AST conversion per rank
     def step(x, y):
@@ -236,6 +224,33 @@ def _make_step(workload, model, recipe: Recipe, steps: int, size: int, peak: flo
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
     return step, opt
+
+
+def _reduced(recipe: Recipe, loss_and_grads, size: int):
+    """The step's (x, y) -> (loss, the job's gradients): `loss_and_grads(x, y, wrap)`
+    under the tape `wrap` gives, then the exchange of lines 21-22. Horovod's
+    DistributedGradientTape averages (or Adasums) inside the tape; where XLA compiles the
+    forward and backward pass (Horovod's all-reduce has no XLA kernel) a grouped all-reduce
+    computes the same outside the cluster, and int8 (line 21) exchanges the plain tape's
+    gradients quantised (harness/communication.py)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
+    op = hvd.Adasum if recipe.allreduce == "adasum" else hvd.Average
+    if recipe.compiler != "xla" and recipe.comm_precision != "int8":
+        return lambda x, y: loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression,
+                                                                                         op=op))
+    plain = lambda x, y: loss_and_grads(x, y, lambda t: t)  # noqa: E731
+    local = tf.function(plain, jit_compile=True, autograph=False) if recipe.compiler == "xla" else plain
+    if recipe.comm_precision == "int8":
+        exchange = lambda grads: communication.int8_average(grads, hvd)  # noqa: E731
+    else:
+        exchange = lambda grads: hvd.grouped_allreduce(grads, op=op, compression=compression)  # noqa: E731
+
+    def reduced(x, y):
+        loss, grads = local(x, y)
+        return loss, exchange(grads) if size > 1 else grads
+    return reduced
 
 
 def _undone_warm_up(step, variables, workload, data, rows: np.ndarray, batch: int, feed_seed: int) -> None:

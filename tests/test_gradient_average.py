@@ -87,6 +87,11 @@ for compiler in ("none", "xla"):    # one step of the linear model: the mean gra
     out[f"linear_{compiler}"] = {"w": model.trainable_variables[0].numpy().ravel().tolist(),
                                  "steps": res.steps_per_epoch}
     tf.keras.backend.clear_session()
+model = Linear.build_model(None)     # one step with int8 communication (line 21)
+recipe = train.Recipe(batch=4, epochs=1, base_lr=0.1, warmup_epochs=0, comm_precision="int8")
+train.train(Linear, None, model, np.arange(8), recipe, seed=1, job=0, world_barrier=world.Barrier)
+out["linear_int8"] = {"w": model.trainable_variables[0].numpy().ravel().tolist()}
+tf.keras.backend.clear_session()
 for name, compiler, warmup in (("warm0", "none", 0), ("warm1", "none", 1), ("warm2", "none", 2),
                                ("xla", "xla", 1)):
     model, Small.fed = train.build(Small, None, seed=7, job=0), 0
@@ -125,6 +130,36 @@ def test_one_step_on_two_ranks_uses_the_mean_gradient(train_checks, compiler):
     lr = 0.1 * 2                                         # base x P; cosine at step 0 = peak
     np.testing.assert_allclose(w, w0 - lr * grad, rtol=1e-5)   # momentum's first step is plain SGD
     assert not np.allclose(w, w0 - 2 * lr * grad, rtol=1e-3)  # a sum would land here
+
+
+def test_int8_communication_still_averages_within_half_a_quantisation_step(train_checks):
+    """Each rank's gradient g_r is the mean of 4 per-sample gradients, so |g_r| <= G, the
+    largest per-sample |gradient|; the job's scale s = max |g_r| / 127 <= G / 127, and the
+    int8 average is within s / 2 of the mean gradient: the weights within lr x G / 254."""
+    w = np.array(train_checks["linear_int8"]["w"])
+    x = np.arange(16, dtype=np.float64).reshape(8, 2) / 10.0
+    y = np.array([1, -1, 2, 0, 3, 1, -2, 0.5])
+    w0, lr = np.ones(2), 0.1 * 2
+    per_sample = 2 * (x @ w0 - y)[:, None] * x
+    exact = w0 - lr * per_sample.mean(axis=0)
+    bound = lr * np.abs(per_sample).max() / 254
+    assert np.all(np.abs(w - exact) <= bound + 1e-7), (w, exact, bound)
+    assert not np.allclose(w, w0 - 2 * lr * per_sample.mean(axis=0), atol=10 * bound)   # not a sum
+
+
+def test_int8_arithmetic_by_hand():
+    """Two ranks' gradients (0.504, -1.0) and (1.27, 0.0): the job's max 1.27, scale 0.01;
+    q = (50, -100) and (127, 0) (0.504 / 0.01 = 50.4 rounds to 50); their mean x 0.01 =
+    (0.885, -0.5), where the FP32 mean is (0.887, -0.5): 0.002 off, within s / 2 = 0.005."""
+    import tensorflow as tf
+    from harness import communication as c
+    g1, g2 = tf.constant([0.504, -1.0]), tf.constant([1.27, 0.0])
+    s = c.scales(tf.constant([1.27]))[0]
+    q = [c.quantise(g, s) for g in (g1, g2)]
+    assert [v.numpy().tolist() for v in q] == [[50, -100], [127, 0]] and q[0].dtype == tf.int8
+    mean = c.dequantised_mean(tf.stack(q), s, 2).numpy()
+    np.testing.assert_allclose(mean, [0.885, -0.5], rtol=1e-6)
+    assert c.scales(tf.constant([0.0, 2.54])).numpy().tolist() == pytest.approx([1.0, 0.02])   # all-zero: any scale
 
 
 def test_warm_up_is_undone_bit_for_bit(train_checks):

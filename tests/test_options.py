@@ -16,8 +16,8 @@ def _allreduced(timeline):
 @pytest.mark.parametrize("prec,comm,allreduce,opt,lr,reps,data,batch,epochs,sampler,target,every", [
     # FP16 arithmetic is emulated, slowly, on a CPU: a small synthetic set keeps the test short
     ("fp16", "fp16", "hierarchical", "lamb", 0.01, 1, "synthetic:400:8", 8, 2, "bootstrap", -1, 1),
-    # three repetitions (the olympic summary) where a test is short: 2 epochs
-    ("bf16", "fp32", "ring", "lars", 1.0, 3, "embedded", 32, 2, "bootstrap", -1, 1),
+    # three repetitions (the olympic summary) where a test is short: 2 epochs; int8 communication
+    ("bf16", "int8", "ring", "lars", 1.0, 3, "embedded", 32, 2, "bootstrap", -1, 1),
     ("fp32", "fp16", "ring", "adam", 0.002, 1, "embedded", 32, 2, "poisson", -1, 1),
     # BN statistics settle; a target never reached (100 % of 359 digits), evaluated every 2 epochs;
     # Adasum (its LR x 1, Horovod's convention on the CPU, not x P)
@@ -31,7 +31,7 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
     assert p.returncode == 0, p.stderr[-3000:]
     res = results(tmp_path / "runs")
     assert len(res["tests"]) == reps
-    code = {"fp16": "16", "bf16": "BF", "fp32": "32"}[prec] + ("C16" if comm == "fp16" else "C32")
+    code = {"fp16": "16", "bf16": "BF", "fp32": "32"}[prec] + {"fp16": "C16", "fp32": "C32", "int8": "C8"}[comm]
     for t in res["tests"]:
         assert t["tv"] == f"{sampler[0].upper()}{code}{'SAGLM'['sgd adam adagrad lars lamb'.split().index(opt)]}" \
                           f"{allreduce[0].upper()}"
@@ -65,4 +65,5 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
         assert f'"key": "opt_lr", "value": {lr},' in log
     # gradients cross the wire in the communication precision, whatever the training precision
     dtypes = {d for d, _ in _allreduced(tmp_path / "timeline.json")}
-    assert dtypes == {"float16" if comm == "fp16" else "float32"}
+    # (int8: the int8 tensors all-gathered, and the float32 maxima that set their scales)
+    assert dtypes == {"fp16": {"float16"}, "fp32": {"float32"}, "int8": {"int8", "float32"}}[comm], dtypes

@@ -43,6 +43,9 @@ def test_adasum_needs_a_power_of_two_ranks_per_job():
             with pytest.raises(RunError, match=r"x.dat:22: found adasum with P=3 \(line 11\), expected P a power"
                                                r" of 2: Horovod's Adasum reduces a job's ranks in pairs"):
                 plan.check_adasum(cfg, planned)
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l21="int8", l22="adasum"), "x.dat")
+    with pytest.raises(RunError, match=r"x.dat:21-22: found int8 communication with adasum, expected one of them"):
+        plan.check_adasum(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
     cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=3), "x.dat")       # ring: any P
     plan.check_adasum(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
 
