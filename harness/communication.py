@@ -15,12 +15,23 @@ Bytes a rank receives per step for N gradient elements: int8 all-gather (P - 1) 
 fp32 and x 2 for fp16: int8 moves fewer bytes than fp32 while P < 8 and than fp16 while
 P < 4 (P = 2: N, against 4 N and 2 N), more beyond. The report says so.
 
-`quantise` and `dequantised_mean` are the arithmetic (TensorFlow ops, no communication);
-`int8_average` adds Horovod's two collectives around them.
+`maximum`, `scales`, `quantise` and `dequantised_mean` are the arithmetic (TensorFlow ops,
+no communication); `int8_average` adds Horovod's two collectives around them. A gradient
+that is not finite on any rank (fp16's loss scaling overflows on purpose) comes out NaN
+on every rank, as through the FP32 exchange, so that the loss-scale optimizer skips the
+step.
 """
 from __future__ import annotations
 
 LEVELS = 127     # int8's symmetric range: -127..127 (-128 unused, so that -q is always representable)
+
+
+def maximum(g):
+    """max |g| of one rank's tensor, +inf if any element is not finite: MPI's Max may drop
+    a NaN (NaN > x is false), but it keeps an inf, which dequantised_mean turns into NaN
+    for every rank."""
+    import tensorflow as tf
+    return tf.where(tf.reduce_all(tf.math.is_finite(g)), tf.reduce_max(tf.abs(g)), float("inf"))
 
 
 def scales(maxima):
@@ -39,7 +50,9 @@ def quantise(g, scale):
 
 def dequantised_mean(gathered, scale, ranks: int):
     """The average over the job's ranks of their int8 tensors (gathered along axis 0, one
-    row a rank), summed in FP32 and scaled back."""
+    row a rank), summed in FP32 and scaled back. An infinite scale (some rank's gradient
+    was not finite: `maximum`) quantised every element to 0, and 0 x inf makes every
+    element NaN here, so that the loss-scale optimizer skips the step."""
     import tensorflow as tf
     return tf.reduce_sum(tf.cast(gathered, tf.float32), axis=0) * (scale / ranks)
 
@@ -48,7 +61,7 @@ def int8_average(grads, hvd):
     """The job's average of each gradient in `grads`, exchanged as int8 (module docstring)."""
     import tensorflow as tf
     flat = [tf.reshape(tf.cast(g, tf.float32), (1, -1)) for g in grads]
-    maxima = hvd.allreduce(tf.stack([tf.reduce_max(tf.abs(f)) for f in flat]), op=hvd.Max)
+    maxima = hvd.allreduce(tf.stack([maximum(f) for f in flat]), op=hvd.Max)
     s = scales(maxima)
     gathered = hvd.grouped_allgather([quantise(f, s[i]) for i, f in enumerate(flat)])
     return [tf.cast(tf.reshape(dequantised_mean(q, s[i], hvd.size()), tf.shape(g)), g.dtype)

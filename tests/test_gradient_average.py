@@ -160,6 +160,14 @@ def test_int8_arithmetic_by_hand():
     mean = c.dequantised_mean(tf.stack(q), s, 2).numpy()
     np.testing.assert_allclose(mean, [0.885, -0.5], rtol=1e-6)
     assert c.scales(tf.constant([0.0, 2.54])).numpy().tolist() == pytest.approx([1.0, 0.02])   # all-zero: any scale
+    # an overflowed gradient (fp16's loss scaling) stays non-finite through the exchange, so the step is
+    # skipped: a NaN or inf anywhere makes the rank's maximum +inf (MPI's Max keeps an inf, may drop a NaN),
+    # and an infinite scale makes every element NaN (int8 casts NaN and inf to 0: they would vanish)
+    assert c.maximum(tf.constant([1.0, -3.0])).numpy() == 3.0
+    assert c.maximum(tf.constant([1.0, float("nan")])).numpy() == float("inf")
+    s = c.scales(tf.constant([float("inf")]))[0]
+    q = c.quantise(tf.constant([1.0, float("nan")]), s)
+    assert q.numpy().tolist() == [0, 0] and np.isnan(c.dequantised_mean(tf.stack([q, q]), s, 2).numpy()).all()
 
 
 def test_warm_up_is_undone_bit_for_bit(train_checks):
