@@ -75,15 +75,15 @@ def main() -> None:
         h, w = map(int, size.split("x"))
         for b in args.batches:
             m = measure(root, h, w, b, args.steps)
+            # the per-sample activations scale with the pixels exactly: any measured size gives them
+            act_per_pixel, weights = m["activations"] / (h * w), m["weights"]
             pixels = b * h * w
             points.append((pixels, m["peak"]))
             rows.append([f"{h} x {w}", b, f"{pixels:,}", f"{m['peak'] / 2**30:.2f}"])
     fixed, per_pixel = fit(*zip(*points))
-    ref = measure(root, 32, 48, 1, 1)   # the per-pixel activations scale with the pixels exactly
-    act_per_pixel = ref["activations"] / (32 * 48)
     for b in (1, 2):
         pixels = b * REFERENCE[0] * REFERENCE[1]
-        kept = 4 * (2 * act_per_pixel * pixels + 4 * ref["weights"])
+        kept = 4 * (2 * act_per_pixel * pixels + 4 * weights)
         rows.append([f"{REFERENCE[0]} x {REFERENCE[1]} (extrapolated)", b, f"{pixels:,}",
                      f"{(fixed + per_pixel * pixels) / 2**30:.1f} (all outputs kept: {kept / 2**30:.1f})"])
     print(f"# deepcam memory, {machine().rsplit(', ', 1)[0]}, one process")

@@ -52,7 +52,7 @@ def recipe(name: str, config: dict, peak_lr: float, warmup_steps: int, total_ste
     """The recipe of a base model as built, under the keys of MLPerf HPC's DeepCAM rules
     (closed_deepcam.yaml and its LAMB and scheduler files), for every workload: line 18's
     optimizer `name` with its Keras `config` (get_config(); fp16's loss-scale wrapper
-    unwrapped), the peak LR (base x P), the harness's schedule (linear warm-up over
+    unwrapped), the peak LR (the base LR x train.lr_scale), the harness's schedule (linear warm-up over
     `warmup_steps` from peak / warmup_steps, MLPerf's warm-up factor 1, then cosine to 0
     over the remaining steps, MLPerf's cosine_annealing). Adam with weight decay is
     Keras' decoupled kind: AdamW. Pure."""

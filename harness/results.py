@@ -25,6 +25,9 @@ SCHEMA = "2.3"   # 2.2: TestResult.higher_is_better; the control plane's timings
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
 
 
+MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
+
+
 def minor(schema: str) -> tuple[int, int]:
     """A schema version as (major, minor): minor("2.3") == (2, 3)."""
     major, _, rest = str(schema).partition(".")
@@ -146,8 +149,8 @@ def load(path: str) -> Record:
     if not isinstance(res, dict):
         raise ValueError(f"{path}: found a JSON {type(res).__name__}, expected a results object")
     found = str(res.get("schema", "1 (no schema key: written before schema versions)"))
-    if found.split(".")[0] != SCHEMA.split(".")[0]:
-        raise ValueError(f"{path}: found results schema {found}, expected {SCHEMA.split('.')[0]}.x "
+    if found.split(".")[0] != MAJOR:
+        raise ValueError(f"{path}: found results schema {found}, expected {MAJOR}.x "
                          f"(this is hpcai500 with results schema {SCHEMA}; read it with the version that wrote it)")
     record = _typed(Record, res, path)
     for key, cls in (("tests", TestResult), ("repeats", Repeats)):   # lists: _typed checked
@@ -167,7 +170,7 @@ def _typed(cls, obj, where: str):
     missing = [f.name for f in known if f.name not in obj and f.default is MISSING and f.default_factory is MISSING]
     if missing:
         raise ValueError(f"{where}{test}: found no {', '.join(missing)}, expected every key of a"
-                         f" {cls.__name__} of results schema {SCHEMA.split('.')[0]}.x")
+                         f" {cls.__name__} of results schema {MAJOR}.x")
     for f in known:
         if f.name in obj and not _fits(f.type, obj[f.name]):
             raise ValueError(f"{where}{test}: found {f.name} = {json.dumps(obj[f.name])[:60]}, expected {f.type}")

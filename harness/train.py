@@ -155,10 +155,12 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     if steps < 1:
         raise ValueError(f"job {job}: resample of {len(indices)} samples is smaller than "
                          f"P x B = {size} x {batch}; lower B or P, or use more data")
+    # the LR schedule: warm-up then cosine to the base LR x lr_scale (P: the linear scaling rule)
     peak = recipe.base_lr * lr_scale(recipe.allreduce, size, hvd.local_size(), hvd.nccl_built())
-    step, opt = _make_step(workload, model, recipe, steps, size, peak)
+    warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
+    step, opt = _make_step(workload, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak))
     if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
-        hooks.recipe(recipe.optimizer, opt, peak, int(round(recipe.warmup_epochs * steps)), steps * epochs)
+        hooks.recipe(recipe.optimizer, opt, peak, warmup, total)
     concrete = step.get_concrete_function(*workload.input_signature(data, batch))
     _refuse_hidden_random_state(concrete.graph, workload.NAME)
     shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
@@ -181,18 +183,16 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                        loop.clock, loop.trained)
 
 
-def _make_step(workload, model, recipe: Recipe, steps: int, size: int, peak: float):
+def _make_step(workload, model, recipe: Recipe, size: int, schedule):
     """(step, optimizer): the training step, a tf.function of (x, y) -> loss: forward and
     backward (by XLA where line 33 says so), Horovod's gradient average (or Adasum) on the
-    job's ranks, the update at the LR of the schedule (warm-up then cosine to `peak`, the
-    base LR x lr_scale), loss scaling for fp16; and the optimizer it updates with. The
-    job's ranks start from the root's weights."""
+    job's ranks, the update at the LR `schedule(step number)` gives, loss scaling for
+    fp16; and the optimizer it updates with. The job's ranks start from the root's
+    weights."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from harness import optimizers   # TensorFlow at its top: here, after the devices are pinned
-    schedule = lambda s: learning_rate(s, steps * recipe.epochs, int(round(recipe.warmup_epochs * steps)),  # noqa: E731
-                                       peak)   # the same three figures as hooks.recipe's
     opt = optimizers.make(recipe.optimizer, schedule(0), momentum=workload.MOMENTUM,
                           **workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}))
     fp16 = recipe.precision == "fp16"

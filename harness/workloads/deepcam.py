@@ -47,7 +47,6 @@ QUALITY_PER_SAMPLE = True      # a mean over samples: evaluated in chunks (harne
 VOTE_GROUP = climate.CLASSES   # a vote chooses among each pixel's 3 class columns
 REFERENCE_SIZE = (768, 1152)   # the published samples' height and width
 SYNTHETIC_DEFAULT = (128, 64)  # samples, height in pixels (width = 1.5 x height)
-SYNTHETIC_MULTIPLE = 32        # a synthetic height: 1.5 x it must be a multiple of the output stride 16
 # The reference's class weights (train.py): pixel frequencies of background, cyclone and
 # river in the published training set, to the power -0.125.
 CLASS_FREQUENCIES = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
@@ -73,8 +72,9 @@ def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lamb
     path = dataset.text
     if kind == "synthetic":
         samples, height = dataset.size(SYNTHETIC_DEFAULT)
-        if height % SYNTHETIC_MULTIPLE:
-            raise DataError(f"deepcam {dataset.text!r}: HEIGHT {height} is not a multiple of {SYNTHETIC_MULTIPLE}"
+        if height % climate_synthetic.HEIGHT_MULTIPLE:   # the writer's own rule, said as a data error
+            raise DataError(f"deepcam {dataset.text!r}: HEIGHT {height} is not a multiple of"
+                            f" {climate_synthetic.HEIGHT_MULTIPLE}"
                             f" (the width, 1.5 x the height, must be a multiple of the model's output stride"
                             f" {climate.SIDE_MULTIPLE})")
         path = os.path.join(cache_dir, climate_synthetic.directory_name(samples, height))
