@@ -92,7 +92,7 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     cfg = given.cfg
     planned, skipped = layouts(cfg, given.tests, world.size, nodes.node_of_rank)
     check_aggregations(cfg)
-    check_adasum(cfg, planned)
+    check_allreduce(cfg, planned)
     if cfg.staging != "none":
         watchdog.beat("staging directory check")
         agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
@@ -177,15 +177,16 @@ def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
     return replace(p, division=verdict, open_reasons=tuple(reasons), model_deviations=deviations)
 
 
-def check_adasum(cfg: dat.Config, planned) -> None:
-    """Horovod's Adasum reduces ranks in pairs: a job's P must be a power of 2 (it raises
-    NotImplementedError at the first step otherwise; here, before any data is read); and
-    it is a reduction of its own, which int8 communication (an all-gather) cannot feed."""
+def check_allreduce(cfg: dat.Config, planned) -> None:
+    """Line 22 against lines 11 and 21, before any data is read. Adasum and the torus are
+    reductions of their own, which int8 communication (an all-gather, then the average)
+    replaces: one or the other. Horovod's Adasum reduces ranks in pairs: a job's P must be
+    a power of 2 (it raises NotImplementedError at the first step otherwise)."""
+    if cfg.allreduce in ("adasum", "torus") and cfg.comm_precision == "int8":
+        raise RunError(f"{cfg.path}:21-22: found int8 communication with {cfg.allreduce}, expected one of them:"
+                       f" int8's exchange all-gathers and averages, {cfg.allreduce} is a reduction of its own")
     if cfg.allreduce != "adasum":
         return
-    if cfg.comm_precision == "int8":
-        raise RunError(f"{cfg.path}:21-22: found int8 communication with adasum, expected one of them: int8's"
-                       " exchange all-gathers and averages, Adasum is a reduction of its own")
     for p in planned:
         P = p.test.P
         if P & (P - 1):

@@ -71,6 +71,7 @@ def row(t: results.TestResult) -> str:
             + (f", {t.utilisation['peak']:.3f} of the theoretical peak" if t.utilisation["peak"] else "")]
           if t.utilisation else []),
         telemetry_line(t),
+        *([exchange_line(t)] if t.exchange else []),
         *[f"Warning     : {w}" for w in t.warnings],
         THIN,
         f"Replica consistency = {t.consistency['max_diff']:.8e} ...... {verdict}",
@@ -228,6 +229,15 @@ def summarize(run_dirs: list[str]) -> str:
     return "\n".join(lines + [RULE]) + "\n"
 
 
+def exchange_line(t: results.TestResult) -> str:
+    """Each job's gradient exchange and the library that carried it, jobs alike counted
+    once (a thousand jobs on equal nodes are one entry)."""
+    counts: dict = {}
+    for e in t.exchange:
+        counts[e] = counts.get(e, 0) + 1
+    return "Exchange    : " + "; ".join(e if n == t.M else f"{e} ({n} of {t.M} jobs)" for e, n in counts.items())
+
+
 def _ttq(t: results.TestResult) -> str:
     return "-" if t.time_to_quality is None else f"{t.time_to_quality:.2f}"
 
@@ -293,6 +303,14 @@ def option_lines(cfg, nccl: bool) -> list[str]:
         lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
                      " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if nccl else
                      "and this build has none: its flat MPI all-reduce ran"))
+    if cfg.allreduce == "torus":
+        lines.append("All-reduce torus: the 2D-torus all-reduce (Mikami et al.) over an X x Y grid of each job's ranks,"
+                     " on Horovod process sets: the gradients flattened into one buffer (padded to a multiple of X),"
+                     " reduce-scatter along the row, all-reduce along the column, all-gather along the row, each an"
+                     " average: the job's mean, as the ring's. Grid: a row is a node's ranks where the job has the"
+                     " same number (2 or more) on each of 2 or more nodes, else the most-square X x Y = P (X >= Y)"
+                     " over consecutive ranks; a prime P is one row (reduce-scatter and all-gather: the ring's two"
+                     " halves). Each test's Exchange line gives the grids")
     if cfg.allreduce == "adasum":
         lines.append("All-reduce adasum: Horovod's Adasum (op=hvd.Adasum) combines the job's gradients by adaptive"
                      " summation instead of averaging them; the LR follows Horovod's convention: the base LR x 1"

@@ -20,9 +20,11 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.3"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.4"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
+                 # 2.4: TestResult.exchange (each job's gradient exchange and library);
+                 #   environment.node_of_rank (the node index of each world rank)
 
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
@@ -109,6 +111,9 @@ class TestResult:
                                       #   all evaluations; the wait for the other jobs apart
     gather_seconds: float = 0.0       # s, rank 0: gathering every rank's record and measuring the test from them
     rank0_peak_rss_bytes: int = 0     # bytes, world rank 0's peak resident memory so far (ru_maxrss)
+    exchange: list = field(default_factory=list)   # per job: its gradient exchange (lines 21-22, the torus's grid)
+    #                                 and the library that carried it as Horovod reports its build
+    #                                 (communication.exchange); a 2.3 file lacks it: [] (not recorded)
 
 
 @dataclass

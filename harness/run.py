@@ -16,7 +16,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import ensemble, fault, flops, metrics, mllog, sampler, settings, staging, telemetry, topology, train, workloads
+from harness import (communication, ensemble, fault, flops, metrics, mllog, sampler, settings, staging, telemetry,
+                     topology, train, workloads)
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 
@@ -78,6 +79,7 @@ class RankRecord:
     resample_size: int = 0          # job root only
     out_of_bag: float = 0.0         # job root only: fraction of the training set not drawn
     index_digest: str = ""          # job root only: digest of the resample
+    exchange: str = ""              # job root only: its gradient exchange and library (communication.exchange)
     mllog: list | None = None       # job root only: its MLLOG lines
 
 
@@ -196,6 +198,14 @@ def _start_barrier(world, watchdog, t) -> None:
     watchdog.beat(phase)   # back to this rank's phase: training's steps beat without naming one
 
 
+def _torus(part: Part, hvd):
+    """This rank's part in its job's 2D torus (line 22), the grid drawn from the nodes of
+    the job's ranks (communication.grid), before hvd.init registers its process sets."""
+    nodes = part.ctx.nodes.node_of_rank
+    return communication.Torus.of(communication.grid([nodes[r] for r in part.planned.layout.jobs[part.job]]),
+                                  part.comm.rank, hvd)
+
+
 def _base_model(part: Part, copy, evaluation) -> RankRecord:
     """Train and evaluate this rank's share of base model `part.job`; its record. With
     staging, the model trains and predicts from the node-local `copy`."""
@@ -206,7 +216,8 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     local, local_indices = (copy.data, copy.indices) if copy else (data, part.indices)
     # Horovod reads its all-reduce algorithm from the environment at init
     os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
-    hvd.init(comm=part.comm)
+    torus = _torus(part, hvd) if cfg.allreduce == "torus" else None
+    hvd.init(comm=part.comm, process_sets=list(torus.sets) if torus else None)
     model = train.build(wl, local, part.seed, job, t.precision)
     watchdog.beat(f"training, test {t.index}")
     gpus = ctx.devices["gpus_on_node"]
@@ -219,7 +230,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
                       world_barrier=lambda: _start_barrier(world, watchdog, t),
                       hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
                       on_step=_on_step(watchdog, fault.injector(world.rank)), evaluate=evaluate,
-                      eval_every=cfg.eval_every)
+                      eval_every=cfg.eval_every, torus=torus)
     record = RankRecord(world.rank, job, staging=_staged(copy), eval_seconds=evaluate.seconds, seconds=res.seconds,
                         samples=res.samples, steps_per_epoch=res.steps_per_epoch, epochs=res.epochs,
                         loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
@@ -227,7 +238,11 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     if part.comm.rank == 0:
         record = replace(record, quality=evaluate.quality, resample_size=int(len(part.indices)),
                          out_of_bag=sampler.out_of_bag_fraction(part.indices, data.n_train),
-                         index_digest=sampler.digest(part.indices), mllog=part.log.lines)
+                         index_digest=sampler.digest(part.indices), mllog=part.log.lines,
+                         exchange=communication.exchange(
+                             cfg.comm_precision, cfg.allreduce, part.comm.size, torus and torus.grid,
+                             communication.library(cfg.allreduce, bool(gpus), bool(hvd.nccl_built()),
+                                                   hvd.mpi_enabled())))
     hvd.shutdown()
     tf.keras.backend.clear_session()
     part.comm.Free()
@@ -390,6 +405,7 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         resample=[{"job": r.job, "size": r.resample_size, "out_of_bag": r.out_of_bag, "digest": r.index_digest}
                   for r in roots],
         weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
+        exchange=[r.exchange for r in roots],
         model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher,
         # the control plane's cost at scale: rank 0's gather of every rank's record and
         # this measure, and its peak memory so far (Linux: ru_maxrss in KiB)

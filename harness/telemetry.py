@@ -365,7 +365,7 @@ def environment(world, nodes, devices: dict) -> dict:
     started = world.gather(startup_seconds(), root=0)
     return {**software(), "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
             "machine_of_node": list(nodes.machine_of_node), "machine_cores": list(nodes.machine_cores),
-            "widened_ranks": list(nodes.widened),
+            "widened_ranks": list(nodes.widened), "node_of_rank": list(nodes.node_of_rank),
             "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n],
             "startup_seconds": startup_summary(started) if started else None}
 

@@ -61,7 +61,8 @@ COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16
                                 " FP32: harness/communication.py")}
 ALLREDUCE = {"ring": ("R", "Horovod's ring all-reduce"),
              "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)"),
-             "adasum": ("A", "Horovod's Adasum (op=hvd.Adasum), adaptive summation; P a power of 2")}
+             "adasum": ("A", "Horovod's Adasum (op=hvd.Adasum), adaptive summation; P a power of 2"),
+             "torus": ("T", "2D-torus all-reduce over Horovod process sets: harness/communication.py")}
 COMPILERS = {"none": ("", "TensorFlow graph (tf.function), no XLA"),
              "xla": ("X", "XLA: forward and backward pass jit_compiled; all-reduce and update outside")}
 OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Keras Adam"), "adagrad": ("G", "Keras AdaGrad"),
@@ -79,7 +80,8 @@ class Recipe:
     precision: str = "fp32"     # fp16/bf16: Keras mixed precision, FP32 master weights
     comm_precision: str = "fp32"  # fp16: gradients cast to FP16 for the all-reduce
     compiler: str = "none"      # xla: the forward and backward pass compiled by XLA (line 33)
-    allreduce: str = "ring"     # line 22: adasum reduces by Horovod's Adasum instead of averaging
+    allreduce: str = "ring"     # line 22: adasum reduces by Horovod's Adasum instead of averaging; torus
+    #                             averages over the grid of train's `torus` (communication.Torus)
 
 
 def lr_scale(allreduce: str, size: int, local_size: int, nccl: bool) -> int:
@@ -139,7 +141,7 @@ def evaluation_epochs(epochs: int, every: int) -> list[int]:
 
 def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
           world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
-          warmup_steps: int = WARMUP_STEPS) -> TrainResult:
+          warmup_steps: int = WARMUP_STEPS, torus=None) -> TrainResult:
     """Train one base model. `hooks` (optional) gets recipe(name, optimizer, peak_lr,
     warmup_steps, total_steps) once the optimizer is built, then run_start(),
     epoch_start(epoch) and epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted
@@ -147,7 +149,8 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     (optional) runs before every step (watchdog heartbeat, fault injection).
     `evaluate(epoch) -> stop` (optional) runs after each of evaluation_epochs(epochs,
     eval_every), on every rank of the job, with the training clock stopped; True ends
-    training there (the target reached)."""
+    training there (the target reached). `torus` (communication.Torus, its process sets
+    registered at hvd.init) is the grid of line 22's torus."""
     import horovod.tensorflow as hvd
 
     size, batch, epochs = hvd.size(), recipe.batch, recipe.epochs
@@ -158,7 +161,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     # the LR schedule: warm-up then cosine to the base LR x lr_scale (P: the linear scaling rule)
     peak = recipe.base_lr * lr_scale(recipe.allreduce, size, hvd.local_size(), hvd.nccl_built())
     warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
-    step, opt = _make_step(workload, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak))
+    step, opt = _make_step(workload, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak), torus)
     if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
         hooks.recipe(recipe.optimizer, opt, peak, warmup, total)
     concrete = step.get_concrete_function(*workload.input_signature(data, batch))
@@ -183,7 +186,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                        loop.clock, loop.trained)
 
 
-def _make_step(workload, model, recipe: Recipe, size: int, schedule):
+def _make_step(workload, model, recipe: Recipe, size: int, schedule, torus=None):
     """(step, optimizer): the training step, a tf.function of (x, y) -> loss: forward and
     backward (by XLA where line 33 says so), Horovod's gradient average (or Adasum) on the
     job's ranks, the update at the LR `schedule(step number)` gives, loss scaling for
@@ -210,7 +213,7 @@ def _make_step(workload, model, recipe: Recipe, size: int, schedule):
             scaled = opt.get_scaled_loss(loss) if fp16 else loss
         return loss, tape_wrapper(tape).gradient(scaled, model.trainable_variables)
 
-    reduced = _reduced(recipe, loss_and_grads, size)
+    reduced = _reduced(recipe, loss_and_grads, size, torus)
 
     @tf.function(autograph=False)  # plain Python control flow: tracing skips ~2 s of AST conversion per rank
     def step(x, y):
@@ -226,24 +229,27 @@ def _make_step(workload, model, recipe: Recipe, size: int, schedule):
     return step, opt
 
 
-def _reduced(recipe: Recipe, loss_and_grads, size: int):
+def _reduced(recipe: Recipe, loss_and_grads, size: int, torus=None):
     """The step's (x, y) -> (loss, the job's gradients): `loss_and_grads(x, y, wrap)`
     under the tape `wrap` gives, then the exchange of lines 21-22. Horovod's
     DistributedGradientTape averages (or Adasums) inside the tape; where XLA compiles the
     forward and backward pass (Horovod's all-reduce has no XLA kernel) a grouped all-reduce
-    computes the same outside the cluster, and int8 (line 21) exchanges the plain tape's
-    gradients quantised (harness/communication.py)."""
+    computes the same outside the cluster; int8 (line 21) exchanges the plain tape's
+    gradients quantised, and the torus (line 22) averages them over its grid
+    (harness/communication.py)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
     compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
     op = hvd.Adasum if recipe.allreduce == "adasum" else hvd.Average
-    if recipe.compiler != "xla" and recipe.comm_precision != "int8":
+    if recipe.compiler != "xla" and recipe.comm_precision != "int8" and recipe.allreduce != "torus":
         return lambda x, y: loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression,
                                                                                          op=op))
     plain = lambda x, y: loss_and_grads(x, y, lambda t: t)  # noqa: E731
     local = tf.function(plain, jit_compile=True, autograph=False) if recipe.compiler == "xla" else plain
     if recipe.comm_precision == "int8":
         exchange = lambda grads: communication.int8_average(grads, hvd)  # noqa: E731
+    elif recipe.allreduce == "torus":
+        exchange = lambda grads: communication.torus_average(grads, hvd, torus, compression)  # noqa: E731
     else:
         exchange = lambda grads: hvd.grouped_allreduce(grads, op=op, compression=compression)  # noqa: E731
 

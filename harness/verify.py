@@ -19,6 +19,8 @@ figure and both values (the recorded one and the re-derived one), then the count
                  (harness.mllog.check); its seed, batch and qualities are results.json's
     division     each test judged again (harness/division.judge) from the recorded
                  configuration, settings and model deviations
+    exchange     each job's gradient exchange: lines 21-22 and the torus's grid drawn
+                 again from the recorded node map (harness/communication.py)
 
 Pure functions over a loaded run (`Run`); the file reading (and the MLLOG checker,
 which reads its files) is in `load`, the printing in `main`. Exit status 0 only if
@@ -33,7 +35,7 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 
-from harness import dat, division, flops, metrics, mllog, report, results, settings, telemetry, train, workloads
+from harness import communication, dat, division, flops, metrics, mllog, report, results, settings, telemetry, train, workloads
 from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
@@ -254,7 +256,27 @@ def test_checks(t: results.TestResult, cfg, res: results.Record) -> tuple[list[C
     out += more
     resumed = bool(res.resumed)
     out += _guarded(f"{name}: division", lambda: ([division_check(t, cfg, res.settings, resumed)], None))[0]
+    out += _guarded(f"{name}: exchange", lambda: ([exchange_check(t, cfg, res)], None))[0]
     return out, derived
+
+
+def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
+    """Each job's recorded exchange is what lines 21-22 make of a job of P ranks, its torus
+    grid drawn again from the recorded node of each rank (communication.grid), carried by
+    one of the libraries Horovod can report (communication.library)."""
+    what = f"{_name(t)}: each job's exchange (lines 21-22, the torus grid from the node map)"
+    if not t.exchange and results.minor(res.schema) < (2, 4):
+        return Check(what, True, note=f"not recorded: results schema {res.schema}")
+    nodes = res.environment.get("node_of_rank")
+    derived = []
+    for ranks in t.jobs:
+        grid = communication.grid([nodes[r] for r in ranks]) if cfg.allreduce == "torus" else None
+        derived.append(sorted({communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid,
+                                                      communication.library(cfg.allreduce, gpu, nccl, mpi))
+                               for gpu in (False, True) for nccl in (False, True) for mpi in (False, True)}))
+    ok = len(t.exchange) == len(derived) and all(e in d for e, d in zip(t.exchange, derived))
+    return Check(what, ok, None if ok else t.exchange, None if ok else derived,
+                 note=f"{len(derived)} job(s)" if ok else "")
 
 
 def flops_checks(t: results.TestResult) -> tuple[list[Check], int]:

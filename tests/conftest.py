@@ -158,13 +158,14 @@ def cluster():
 
 
 def cluster_mpirun(c, hosts: str, args, cwd: Path, timeout: int = 300, env: dict | None = None,
-                   popen: tuple | None = None):
-    """mpirun on this machine, as on a cluster's login node, launching hpcai500.py on the
-    simulated nodes `hosts` (`n1:2,n2:2`) through Open MPI's ssh path. The nodes' ranks
-    get a login's environment: the harness's own settings travel with -x, as a user
-    passes them to a real cluster. popen=(stdout, stderr): started, not waited for."""
+                   popen: tuple | None = None, program=HPCAI500):
+    """mpirun on this machine, as on a cluster's login node, launching hpcai500.py (or
+    `program`) on the simulated nodes `hosts` (`n1:2,n2:2`) through Open MPI's ssh path.
+    The nodes' ranks get a login's environment: the harness's own settings travel with
+    -x, as a user passes them to a real cluster. popen=(stdout, stderr): started, not
+    waited for."""
     env = mpi_env(True, env)
-    cmd = [str(BIN / "mpirun"), *c.mpirun_args(hosts, env), sys.executable, *HPCAI500, *map(str, args)]
+    cmd = [str(BIN / "mpirun"), *c.mpirun_args(hosts, env), sys.executable, *program, *map(str, args)]
     if popen:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=popen[0], stderr=popen[1], text=True)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -207,3 +207,64 @@ def test_hidden_state_random_ops_are_refused():
     with pytest.raises(RuntimeError, match="workload w: the training step uses random op.s. RandomUniform"):
         train._refuse_hidden_random_state(hidden.get_concrete_function(spec).graph, "w")
     train._refuse_hidden_random_state(held.get_concrete_function(spec).graph, "w")
+
+
+@pytest.mark.parametrize("nodes, rows, rule", [
+    ([0, 0, 1, 1], [[0, 1], [2, 3]], "nodes"),            # 2 nodes x 2 ranks: a row a node
+    ([0, 1, 0, 1], [[0, 2], [1, 3]], "nodes"),            # ranks dealt round robin: still a row a node
+    ([0, 0, 0, 1, 1, 1, 2, 2, 2], [[0, 1, 2], [3, 4, 5], [6, 7, 8]], "nodes"),
+    ([0, 0, 0, 0], [[0, 1], [2, 3]], "square"),           # one node: 4 = 2 x 2
+    ([0] * 6, [[0, 1, 2], [3, 4, 5]], "square"),          # 6 = 3 x 2 (X >= Y)
+    ([0] * 12, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], "square"),
+    ([0, 1, 2, 3], [[0, 1], [2, 3]], "square"),           # a rank a node: no node rows, the square
+    ([0, 0, 0, 1, 1], [[0, 1, 2, 3, 4]], "square"),       # uneven nodes, P = 5 prime: one row (the ring)
+    ([0], [[0]], "square"),
+])
+def test_the_torus_grid_follows_the_nodes_else_the_square(nodes, rows, rule):
+    from harness import communication as c
+    g = c.grid(nodes)
+    assert [list(r) for r in g.rows] == rows and g.rule == rule
+    assert g.X * g.Y == len(nodes) and sorted(sum(g.columns, ())) == list(range(len(nodes)))
+
+
+def test_each_rank_gets_its_row_and_column_and_every_rank_registers_the_same_sets():
+    """Horovod's process sets: every set of 2 or more ranks but the job itself (a duplicate
+    of the global set, which Horovod refuses), the same list in the same order on every
+    rank; a rank's row and column are among them, or the global set where one is the job."""
+    from harness import communication as c
+
+    class Set:
+        def __init__(self, ranks):
+            self.ranks = ranks
+
+    hvd = type("H", (), {"ProcessSet": Set, "global_process_set": "global"})
+    g = c.grid([0, 0, 1, 1])
+    tori = [c.Torus.of(g, r, hvd) for r in range(4)]
+    assert [[s.ranks for s in t.sets] for t in tori] == [[[0, 1], [2, 3], [0, 2], [1, 3]]] * 4
+    assert (tori[3].row.ranks, tori[3].column.ranks) == ([2, 3], [1, 3])
+    assert (tori[0].row.ranks, tori[0].column.ranks) == ([0, 1], [0, 2])
+    one_row = c.Torus.of(c.grid([0, 0, 0, 1, 1]), 4, hvd)
+    assert one_row.sets == () and one_row.row == "global"
+
+
+def test_the_library_that_carried_the_exchange_is_what_horovods_build_says():
+    from harness import communication as c
+    assert c.library("ring", gpu=False, nccl=True, mpi=True) == "MPI"        # CPU tensors: MPI, NCCL or not
+    assert c.library("ring", gpu=True, nccl=True, mpi=True) == "NCCL"
+    assert c.library("torus", gpu=True, nccl=False, mpi=True) == "MPI"       # GPU tensors, no NCCL: MPI
+    assert c.library("hierarchical", gpu=True, nccl=True, mpi=True) == "NCCL within a node, MPI across"
+    assert c.library("adasum", gpu=True, nccl=True, mpi=False) == "NCCL within a node, Gloo across"
+    assert c.library("hierarchical", gpu=False, nccl=False, mpi=True) == "MPI (flat: hierarchical needs NCCL)"
+
+
+def test_the_exchange_in_words_and_the_report_line_counting_alike_jobs():
+    from harness import communication as c
+    from harness.report import exchange_line
+    from tests.conftest import result
+    g = c.grid([0, 0, 1, 1])
+    assert c.exchange("fp16", "torus", 4, g, "MPI") == "torus 2 x 2 (rows: a node's ranks), fp16, MPI"
+    assert c.exchange("int8", "torus", 4, None, "NCCL") == "int8 all-gather, NCCL"
+    assert c.exchange("fp32", "adasum", 1, None, "MPI") == "none (P = 1)"
+    t = result(M=3, exchange=["a", "b", "a"])
+    assert exchange_line(t) == "Exchange    : a (2 of 3 jobs); b (1 of 3 jobs)"
+    assert exchange_line(result(M=2, exchange=["a", "a"])) == "Exchange    : a"

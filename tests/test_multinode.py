@@ -3,7 +3,8 @@ host name, /local/scratch, network and processes), launched by mpirun through Op
 ssh path. Skipped with the reason where namespaces cannot be made.
 
 One shared run (2 nodes x 2 ranks, layouts 4x1, 2x2, 1x4 with PMAP 1, staged on each
-node's own disk and kept) is read by several tests; the job maps of PMAP 0 and 1 come
+node's own disk and kept, the 2D-torus all-reduce) is read by several tests; the torus
+averages as the ring does on 4 ranks, 2 a node, in 2 x 2 and degenerate grids; the job maps of PMAP 0 and 1 come
 from --check; 4 nodes x 1 rank share a synthetic-data cache and resume an interrupted
 run; a dead node and a cut link each end a job with the finished tests intact.
 """
@@ -23,10 +24,11 @@ FOUR_BY_ONE = "n1:1,n2:1,n3:1,n4:1"
 @pytest.fixture(scope="module")
 def two_node_sweep(cluster, tmp_path_factory):
     """2 nodes x 2 ranks, digits (embedded), 2 epochs, M x P = 4x1, 2x2, 1x4 with PMAP 1,
-    staged to /local/scratch and kept. Returns (folder, CompletedProcess, run folder)."""
+    staged to /local/scratch and kept, the 2D-torus all-reduce (line 22). Returns
+    (folder, CompletedProcess, run folder)."""
     folder = tmp_path_factory.mktemp("twonodes")
     path = folder / "two.dat"
-    path.write_text(dat_text(l5=folder / "runs", l9=3, l10="4 2 1", l11="1 2 4", l12=1, l15=2,
+    path.write_text(dat_text(l5=folder / "runs", l9=3, l10="4 2 1", l11="1 2 4", l12=1, l15=2, l22="torus",
                              l28="/local/scratch keep", l30=0))
     p = cluster_mpirun(cluster, TWO_BY_TWO, ["--watchdog", 120, path], folder)
     run = next(d for d in (folder / "runs").iterdir() if not d.name.startswith(".")) \
@@ -46,6 +48,19 @@ def test_two_nodes_two_ranks_each_pass_every_layout(two_node_sweep):
     assert env["hosts"] == ["n1", "n2"] and env["nodes"] == 2
     assert env["machine_of_node"] == [0, 0]       # one kernel: the report must say so
     assert [n["ranks"] for n in env["node_inventory"]] == [2, 2]
+
+
+def test_the_torus_trains_across_the_nodes_on_the_grid_the_nodes_give(two_node_sweep):
+    """1x4: a row on each node (2 x 2); 2x2 with PMAP 1: each job has a rank on each node,
+    no node rows, so the square of P = 2: one row of 2; 4x1: nothing to exchange."""
+    _, p, run = two_node_sweep
+    res = json.loads((run / "results.json").read_text())
+    assert res["environment"]["node_of_rank"] == [0, 0, 1, 1]
+    assert [t["exchange"] for t in res["tests"]] == [
+        ["none (P = 1)"] * 4, ["torus 2 x 1 (rows: consecutive ranks, the most-square X x Y), MPI"] * 2,
+        ["torus 2 x 2 (rows: a node's ranks), MPI"]]
+    assert "Exchange    : torus 2 x 2 (rows: a node's ranks), MPI\n" in p.stdout
+    assert all(t["tv"].endswith("T") for t in res["tests"])
 
 
 def test_the_report_says_the_nodes_share_one_machine(two_node_sweep):
@@ -299,3 +314,73 @@ def test_deepcam_one_model_across_two_nodes_passes_consistency(cluster, tmp_path
     (t,) = res["tests"]
     assert res["environment"]["hosts"] == ["n1", "n2"] and t["jobs"] == [[0, 1]]
     assert t["workload"] == "deepcam" and t["consistency"]["passed"] and 0 < t["quality"] <= 1
+
+
+TORUS_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, ROOT)      # the nodes' ranks get a login's environment: the path travels in the text
+import numpy as np
+from mpi4py import MPI
+from harness import communication as c, topology
+
+world = MPI.COMM_WORLD
+nodes = topology.discover(world)   # as the driver: bindings widened where nodes share cores, before TensorFlow
+import tensorflow as tf
+import horovod.tensorflow as hvd
+SHAPES = [(3, 5), (7,), (1,)]          # 23 elements: padded for X = 2 and X = 4
+
+
+def grads(rank):
+    rng = np.random.default_rng(100 + rank)
+    return [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+
+
+mean = [np.mean([grads(r)[i] for r in range(world.size)], axis=0) for i in range(len(SHAPES))]
+hosts = [nodes.hosts[n] for n in nodes.node_of_rank]
+grids = {"nodes": c.grid(nodes.node_of_rank), "across": c.Grid(((0, 2), (1, 3)), "nodes"),
+         "row": c.Grid(((0, 1, 2, 3),), "square"), "column": c.Grid(((0,), (1,), (2,), (3,)), "square")}
+out = {"hosts": hosts, "grid": [grids["nodes"].rows, grids["nodes"].rule]}
+for name, g in grids.items():
+    torus = c.Torus.of(g, world.rank, hvd)
+    hvd.init(comm=world, process_sets=list(torus.sets))
+    mine = [tf.constant(a) for a in grads(world.rank)]
+    ring = [t.numpy() for t in hvd.grouped_allreduce(mine, op=hvd.Average)]
+    for comp in (hvd.Compression.none, hvd.Compression.fp16):
+        got = tf.function(lambda gs: c.torus_average(gs, hvd, torus, comp))(mine)
+        key = name + ("" if comp is hvd.Compression.none else "_fp16")
+        out[key] = {"ring": max(float(np.abs(a.numpy() - b).max()) for a, b in zip(got, ring)),
+                    "mean": max(float(np.abs(a.numpy() - b).max()) for a, b in zip(got, mean)),
+                    "shapes": [list(a.shape) for a in got]}
+    hvd.shutdown()
+if world.rank == 0:
+    print("OUT=" + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def torus_checks(cluster, tmp_path_factory):
+    """The 2D-torus average on 4 ranks, 2 on each of 2 nodes, against Horovod's ring."""
+    tmp = tmp_path_factory.mktemp("torus")
+    (tmp / "torus.py").write_text(f"ROOT = {str(ROOT)!r}\n" + TORUS_SCRIPT)
+    p = cluster_mpirun(cluster, TWO_BY_TWO, [], tmp, timeout=240, program=(str(tmp / "torus.py"),))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(next(line for line in p.stdout.splitlines() if line.startswith("OUT="))[4:])
+
+
+def test_the_torus_grid_of_two_nodes_puts_a_row_on_each_node(torus_checks):
+    assert torus_checks["hosts"] == ["n1", "n1", "n2", "n2"]
+    assert torus_checks["grid"] == [[[0, 1], [2, 3]], "nodes"]
+
+
+@pytest.mark.parametrize("grid", ["nodes", "across", "row", "column"])
+def test_the_torus_averages_as_the_ring_does(torus_checks, grid):
+    """2 x 2 with rows on the nodes and with rows across them, one row (reduce-scatter and
+    all-gather alone: a prime P), one column (the column all-reduce alone): the ring's
+    average within FP32 rounding (the sums run in another order), the shapes kept; with
+    fp16 communication within fp16's rounding of values of about 1 (2^-11 relative)."""
+    got = torus_checks[grid]
+    assert got["shapes"] == [[3, 5], [7], [1]]
+    assert got["ring"] <= 1e-6 and got["mean"] <= 1e-6, got
+    fp16 = torus_checks[grid + "_fp16"]
+    assert fp16["mean"] <= 4 * 2.0 ** -11 * 4, fp16       # |values| < 4: fp16 steps of 2^-11 x 4 at most
+    assert fp16["mean"] > 0, fp16                         # the buffer did travel as fp16

@@ -7,6 +7,12 @@ import pytest
 from tests.conftest import results
 
 
+# each case's exchange as the report and results.json name it: Horovod built without NCCL, on CPUs
+EXCHANGE = {("fp16", "hierarchical"): "hierarchical all-reduce, fp16, MPI (flat: hierarchical needs NCCL)",
+            ("int8", "ring"): "int8 all-gather, MPI", ("fp16", "ring"): "ring all-reduce, fp16, MPI",
+            ("fp32", "adasum"): "Adasum, MPI"}
+
+
 def _allreduced(timeline):
     """(dtype, elements) of every tensor Horovod all-reduced, from its timeline."""
     text = timeline.read_text()
@@ -37,10 +43,12 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
                           f"{allreduce[0].upper()}"
         assert t["sampler"] == sampler
         assert t["precision"] == prec and t["consistency"]["passed"]     # FP32 master weights stay in lock-step
+        assert t["exchange"] == [EXCHANGE[comm, allreduce]]
         assert max(t["final_loss"]) < 1.0, t["final_loss"]                 # it trains (chance: ln 10 = 2.3)
         if opt != "lars":  # LARS moves BN/bias at the full LR: 2 epochs leave the BN moving statistics far behind
             assert t["quality"] > 0.5, t["quality"]
     assert [t["seed"] for t in res["tests"]] == [42 + r for r in range(reps)]
+    assert p.stdout.count(f"Exchange    : {EXCHANGE[comm, allreduce]}\n") == reps
     for t in res["tests"]:
         assert [e["epoch"] for e in t["evaluations"]] == list(range(every, epochs + 1, every))
     if target == 1.0:   # never reached: said so, with the best evaluation

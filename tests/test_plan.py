@@ -32,22 +32,27 @@ def test_aggregation_must_be_one_the_workload_defines():
         plan.check_aggregations(dat.parse_text(dat_text(l7="ewa", l24="vote"), "x.dat"))
 
 
-def test_adasum_needs_a_power_of_two_ranks_per_job():
+def test_adasum_needs_a_power_of_two_ranks_per_job_and_int8_goes_alone():
     for ps, fine in (("1 2 4", True), ("1 3", False)):
         cfg = dat.parse_text(dat_text(l9=len(ps.split()), l10=" ".join("1" for _ in ps.split()), l11=ps,
                                       l22="adasum"), "x.dat")
         planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])
         if fine:
-            plan.check_adasum(cfg, planned)
+            plan.check_allreduce(cfg, planned)
         else:
             with pytest.raises(RunError, match=r"x.dat:22: found adasum with P=3 \(line 11\), expected P a power"
                                                r" of 2: Horovod's Adasum reduces a job's ranks in pairs"):
-                plan.check_adasum(cfg, planned)
+                plan.check_allreduce(cfg, planned)
     cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l21="int8", l22="adasum"), "x.dat")
     with pytest.raises(RunError, match=r"x.dat:21-22: found int8 communication with adasum, expected one of them"):
-        plan.check_adasum(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
+        plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
     cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=3), "x.dat")       # ring: any P
-    plan.check_adasum(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
+    plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=3, l22="torus"), "x.dat")       # torus: any P (grid)
+    plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l21="int8", l22="torus"), "x.dat")
+    with pytest.raises(RunError, match=r"x.dat:21-22: found int8 communication with torus, expected one of them"):
+        plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
 
 
 def test_lr_scale_is_p_but_for_adasum():

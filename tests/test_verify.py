@@ -147,6 +147,7 @@ def test_the_real_run_verifies(run_copy):
                  "FLOPs per sample by operator", "samples trained", "FLOPS (total FLOPs / train_seconds)",
                  "penalty (quality / target)^n", "VFLOPS (FLOPS x penalty)", "time to solution", "utilisation",
                  "division (harness/division.judge)", "report.txt lines 1-", "footer",
+                 "each job's exchange (lines 21-22, the torus grid from the node map)",
                  "MLLOG mllog/test001_rep00_model0000.log: MLPerf HPC compliance checker: passes",
                  "MLLOG mllog/test001_rep00_model0001.log: figures"):
         assert what in text, what
@@ -224,6 +225,19 @@ def test_a_division_edited_to_closed_fails(run_copy):
     assert "test-only setting HPCAI500_ROOFLINE_QUICK=1" in division and "digits is a demonstration" in division
     # and report.txt's Division line no longer matches what results.json claims
     assert any(ln.startswith("report.txt line") and "Division" in ln for ln in failed)
+
+
+@pytest.mark.mpi
+def test_an_exchange_the_input_cannot_make_fails(run_copy):
+    """The run's line 22 is ring: a job recorded as a torus (or an unknown library) is not it."""
+    res = json.loads((run_copy / "results.json").read_text())
+    assert res["tests"][0]["exchange"] == ["ring all-reduce, MPI"] * 2
+    _edit_results(run_copy, lambda r: r["tests"][0].update(exchange=["ring all-reduce, MPI", "ring all-reduce, UCX"]))
+    status, out = _verify(run_copy)
+    assert status == 1
+    (check,) = [ln for ln in _failed(out) if "each job's exchange" in ln]
+    assert 'recorded ["ring all-reduce, MPI","ring all-reduce, UCX"]' in check
+    assert any(ln.startswith("report.txt line") and "Exchange" in ln for ln in _failed(out))
 
 
 @pytest.mark.mpi
