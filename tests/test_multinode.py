@@ -104,11 +104,14 @@ def test_verify_rederives_the_multinode_run_and_its_mllog(two_node_sweep):
                                          (1, ["job    0 : ranks 0,2 on 2 node(s) n1,n2",
                                               "job    1 : ranks 1,3 on 2 node(s) n1,n2"])])
 def test_pmap_keeps_a_job_inside_a_node_or_spans_the_nodes(cluster, tmp_path, pmap, expect):
-    (tmp_path / "m.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=2, l11=2, l12=pmap, l30=0))
+    (tmp_path / "m.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=2, l11=2, l12=pmap, l22="torus",
+                                             l30=0))
     p = cluster_mpirun(cluster, TWO_BY_TWO, ["--check", tmp_path / "m.dat"], tmp_path, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [line.strip() for line in p.stdout.splitlines()]
     assert all(e in lines for e in expect), p.stdout
+    # a job inside a node, or with a rank on each: no node rows, the square of P = 2 (one row)
+    assert "torus grid: 2 x 1 (rows: consecutive ranks, the most-square X x Y)" in lines, p.stdout
 
 
 def test_four_nodes_share_a_synthetic_cache_and_resume_an_interrupted_run(cluster, tmp_path):
