@@ -1,7 +1,9 @@
-"""The Table 2 options against the default: FLOPS and quality of each, on 2 ranks.
+"""The Table 2 options against the default: FLOPS and quality of each, on 2 ranks; with
+--cluster, the communication options across 2 simulated nodes with the link shaped.
 
     .venv/bin/python bench/options.py                          # ~10 min on a quiet 2-core machine
     .venv/bin/python bench/options.py --epochs 1 --runs 1      # quick check that every option runs
+    sudo .venv/bin/python bench/options.py --cluster           # root; ~50 min (see cluster_main)
 
 Default: digits, synthetic:20000:16 (16000 training images of 16x16), M=1 P=2 (so that
 gradient compression and the all-reduce matter), B=32, 2 epochs, sgd at base LR 0.05,
@@ -16,6 +18,7 @@ import argparse
 import glob
 import json
 import os
+import sys
 
 import common
 
@@ -53,8 +56,82 @@ def run(dat: str):
         return (test, f.read()), other
 
 
+# --cluster: ic (ResNet-50 v1.5 at 64 px) data-parallel, one job of 2 nodes x 2 ranks (PMAP 1)
+CLUSTER_SET, CLUSTER_B, CLUSTER_EPOCHS = "synthetic:384:64", 32, 2
+COMM_OPTIONS = [  # (row name, lines changed against fp32 communication and the ring all-reduce)
+    ("fp32, ring (reference)", {}), ("fp16 communication", {"l21": "fp16"}), ("int8 communication", {"l21": "int8"}),
+    ("hierarchical", {"l22": "hierarchical"}), ("torus", {"l22": "torus"}), ("adasum", {"l22": "adasum"})]
+GOAL_INT8, GOAL_QUALITY = 1.3, 0.01     # int8 / fp32 FLOPS on the 1 Gb/s link, |quality - fp32's| at most
+
+
+def cluster_main(runs: int, links: list[str]) -> None:
+    """Each communication option (line 21 fp16/int8, line 22 hierarchical/torus/adasum)
+    against fp32 and the ring, ic data-parallel on 2 simulated nodes x 2 ranks, per link
+    (tc tbf both ways on each node); `runs` rounds, the options and links alternating
+    within each round; medians. 6 options x 2 links x 2 rounds of ~2 min each."""
+    sys.path.insert(0, os.path.join(common.ROOT, "scripts", "cluster"))
+    import cluster as cl
+    import multinode
+    why = cl.available()
+    if why:
+        sys.exit(f"bench/options.py --cluster: {why}")
+    common.NP = 4
+    print(f"machine: {common.machine()}; 2 simulated nodes x 2 ranks (scripts/cluster/)")
+    base = dict(l7="ic", l8=CLUSTER_SET, l9=1, l10=1, l11=4, l12=1, l13=1, l14=CLUSTER_B, l15=CLUSTER_EPOCHS,
+                l17="fp32", l18="sgd", l21="fp32", l22="ring", l27=1, l30=0, l31=0)
+    dats = [common.make_dat(f"options-cluster-{i}", **{**base, **lines}) for i, (_, lines) in enumerate(COMM_OPTIONS)]
+    got = {(link, i): [] for link in links for i in range(len(COMM_OPTIONS))}
+    rates = {link: [] for link in links}
+    c = cl.Cluster("options", net=244).up(2, slots=2, tie=True)
+    try:
+        for r in range(runs):
+            for link in (links if r % 2 == 0 else links[::-1]):
+                for node in ("n1", "n2"):
+                    c.shape(node, None if link == "none" else link)
+                rates[link].append(multinode.link_rate(c))
+                for i, (name, _) in enumerate(COMM_OPTIONS):
+                    (t,), load = multinode.run(c, dats[i], 2)
+                    got[link, i].append((t, load))
+                    print(f"round {r + 1} {link} {name}: {t['flops']:.3e} FLOPS, {t['train_seconds']:.1f} s, quality "
+                          f"{t['quality']:.4f}, consistency {t['consistency']['passed']}, exchange {t['exchange'][0]}, "
+                          f"other load {load:.2f}", flush=True)
+    finally:
+        c.down()
+    _cluster_table(got, rates, links, runs)
+
+
+def _cluster_table(got: dict, rates: dict, links: list[str], runs: int) -> None:
+    med = {k: common.median([t["flops"] for t, _ in v]) for k, v in got.items()}
+    quality = {k: common.median([t["quality"] for t, _ in v]) for k, v in got.items()}
+    rows = []
+    for link in links:
+        for i, (name, _) in enumerate(COMM_OPTIONS):
+            tests = got[link, i]
+            rows.append([link, f"{common.median(rates[link]):.0f}", name, f"{med[link, i]:.3e}",
+                         " ".join(f"{t['flops']:.3e}" for t, _ in tests), f"{med[link, i] / med[link, 0]:.2f}",
+                         f"{quality[link, i]:.4f}", f"{quality[link, i] - quality[link, 0]:+.4f}",
+                         "PASSED" if all(t["consistency"]["passed"] for t, _ in tests) else "FAILED",
+                         " ".join(f"{l:.2f}" for _, l in tests)])
+    print(f"\nic {CLUSTER_SET}, one job of P = 4 (2 nodes x 2 ranks, PMAP 1), B {CLUSTER_B} per rank, "
+          f"{CLUSTER_EPOCHS} epochs, sgd; medians of {runs} round(s), options and links alternating")
+    print(common.table(["link", "measured Mbit/s", "option", "FLOPS", "runs", "/ fp32 ring", "quality",
+                        "quality - fp32 ring", "consistency", "other load"], rows))
+    slow = links[-1]
+    i8, tor = [n for n, _ in COMM_OPTIONS].index("int8 communication"), [n for n, _ in COMM_OPTIONS].index("torus")
+    ratio, dq = med[slow, i8] / med[slow, 0], abs(quality[slow, i8] - quality[slow, 0])
+    ok = ratio >= GOAL_INT8 and dq <= GOAL_QUALITY
+    print(f"int8 / fp32 on {slow}: {ratio:.2f}x, quality {dq:.4f} apart (goal >= {GOAL_INT8}x within "
+          f"{GOAL_QUALITY}: {'MET' if ok else 'NOT MET'})")
+    for link in links:
+        t = med[link, tor] / med[link, 0]
+        print(f"torus / ring on {link}: {t:.2f} (goal >= 1: {'MET' if t >= 1 else 'NOT MET'})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cluster", action="store_true",
+                    help="the communication options on 2 simulated nodes, ic, links shaped (root)")
+    ap.add_argument("--links", default="10gbit,1gbit", help="--cluster: tc rates, slowest last")
     ap.add_argument("--epochs", type=int, default=EPOCHS)
     ap.add_argument("--runs", type=int, default=RUNS)
     ap.add_argument("--tries", type=int, default=common.TRIES,
@@ -62,6 +139,8 @@ def main() -> None:
     ap.add_argument("--patience", type=float, default=120.0,
                     help="seconds to wait for a quiet machine before each run (a busy machine: less)")
     args = ap.parse_args()
+    if args.cluster:
+        return cluster_main(args.runs, args.links.split(","))
     common.TRIES = args.tries
     wait = common.wait_quiet
     common.wait_quiet = lambda: wait(patience=args.patience)
