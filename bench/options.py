@@ -38,7 +38,10 @@ OPTIONS = [  # (row name, the lines changed against the default)
     ("precision bf16", {"l17": "bf16"}),
     *[(f"optimizer {o} (LR {LR[o]})", {"l18": o, "l19": LR[o]}) for o in ("adam", "adagrad", "lars", "lamb")],
     ("communication fp16", {"l21": "fp16"}),
+    ("communication int8", {"l21": "int8"}),
     ("all-reduce hierarchical", {"l22": "hierarchical"}),
+    ("all-reduce torus", {"l22": "torus"}),                 # P = 2: one row (the ring's two halves)
+    ("all-reduce adasum", {"l22": "adasum"}),               # the LR x 1 (Horovod's CPU convention), not x P
     ("small set: default", {"l8": SMALL}),          # the reference of the next row
     ("small set: precision fp16", {"l8": SMALL, "l17": "fp16"}),
 ]

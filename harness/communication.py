@@ -195,6 +195,6 @@ def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None,
         return "none (P = 1)"
     if comm_precision == "int8":
         return f"int8 all-gather, {carrier}"
-    how = {"ring": "ring all-reduce", "hierarchical": "hierarchical all-reduce", "adasum": "Adasum",
+    how = {"ring": "Horovod all-reduce", "hierarchical": "hierarchical all-reduce", "adasum": "Adasum",
            "torus": f"torus {grid.describe() if grid else ''}"}[allreduce]
     return f"{how}{', fp16' if comm_precision == 'fp16' else ''}, {carrier}"

@@ -202,17 +202,13 @@ def _submission(world, environment: dict) -> dict:
 
 def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     """Rank 0's writer of the report and results.json, with the run's conventions."""
-    nccl = False
-    if cfg.allreduce == "hierarchical":
-        import horovod.tensorflow as hvd
-        nccl = hvd.nccl_built()
     notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
     notes += [f"{w}: {line}" for w in cfg.workloads for line in workloads.get(w).describe_data(plan.datas[w])]
     placement = telemetry.node_lines(environment["node_inventory"]) + topology.sharing(nodes)
     record = results.Record(
         hpcai500=VERSION, run_dir=run_dir, input={"path": cfg.path, "sha256": results.sha256(cfg.text), "text": cfg.text},
         config=dat.record(cfg), settings=plan.settings, environment=environment, roofline=ceilings,
-        conventions=report.conventions(cfg, devices, notes, placement, ceilings, nccl),
+        conventions=report.conventions(cfg, devices, notes, placement, ceilings, environment["horovod_build"]),
         skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
     return report.Output(cfg, record, dat.describe(cfg) + settings.describe(plan.settings), dat.TV_LEGEND,
                          plan.previous)

@@ -244,10 +244,11 @@ def _ttq(t: results.TestResult) -> str:
 
 # -- what the report states about how it measures --------------------------------------
 def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceilings: dict,
-                nccl: bool) -> list[str]:
+                build: dict) -> list[str]:
     """The conventions block: every rule behind a figure of this run. `notes`: the
     workloads' FLOP notes; `placement`: the nodes (telemetry.node_lines) and what
-    topology.sharing says of shared machines, cores and bindings; `nccl`: whether Horovod has NCCL (hierarchical all-reduce)."""
+    topology.sharing says of shared machines, cores and bindings; `build`: Horovod's build
+    (telemetry.horovod_build)."""
     lines = [
         flops.CONVENTION,
         "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
@@ -279,10 +280,21 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"
         " from the start barrier to the end of training, the evaluations along the way (line 31) included"
         " (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
-        *option_lines(cfg, nccl), *notes, *placement]
+        build_line(build), *option_lines(cfg, bool(build["nccl"])), *notes, *placement]
     for c in ceilings.values():
         lines += roofline_lines(c)
     return lines
+
+
+def build_line(build: dict) -> str:
+    """Horovod's build as it reports it, and what it means for the gradients' carrier."""
+    code = build["nccl"]
+    nccl = f"NCCL {code // 10000}.{code // 100 % 100}.{code % 100}" if code else "no NCCL"
+    ops = ", ".join(n for n, on in (("MPI", build["mpi"]), ("Gloo", build["gloo"])) if on)
+    return (f"Horovod build: {ops}, {nccl}{', CUDA' if build['cuda'] else ''}: " +
+            ("a GPU tensor's collectives go through NCCL, a CPU tensor's through " + ops if code else
+             f"every collective goes through {ops} (GPU tensors by way of host memory unless the MPI is"
+             " CUDA-aware; `make venv GPU=1` builds NCCL in)") + "; each test's Exchange line says what carried its jobs")
 
 
 def option_lines(cfg, nccl: bool) -> list[str]:

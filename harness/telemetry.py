@@ -350,9 +350,18 @@ def software() -> dict:
     import tensorflow as tf
     from mpi4py import MPI
     return {"python": platform.python_version(), "numpy": numpy.__version__, "tensorflow": tf.__version__,
-            "horovod": horovod.__version__, "mpi4py": mpi4py.__version__,
+            "horovod": horovod.__version__, "horovod_build": horovod_build(), "mpi4py": mpi4py.__version__,
             "mpi_library": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
             "machine": platform.machine(), "cpu_count": os.cpu_count()}
+
+
+def horovod_build() -> dict:
+    """What Horovod says it was built with (`horovodrun --check-build`'s answers): its
+    controllers, CUDA, and NCCL's version code (0: no NCCL; 22105 = 2.21.5), which decide
+    what carries a GPU tensor's all-reduce (communication.library)."""
+    import horovod.tensorflow as hvd
+    return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "cuda": bool(hvd.cuda_built()),
+            "nccl": int(hvd.nccl_built() or 0)}
 
 
 def environment(world, nodes, devices: dict) -> dict:

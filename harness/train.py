@@ -59,7 +59,8 @@ PRECISIONS = {"fp32": ("32", "float32"), "fp16": ("16", "mixed_float16"), "bf16"
 COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16", "Horovod Compression.fp16"),
                  "int8": ("C8", "gradients quantised to int8 (a job-wide scale a tensor), all-gathered, summed in"
                                 " FP32: harness/communication.py")}
-ALLREDUCE = {"ring": ("R", "Horovod's ring all-reduce"),
+ALLREDUCE = {"ring": ("R", "Horovod's default all-reduce: NCCL's ring for GPU tensors in an NCCL build, else"
+                           " MPI_Allreduce (the algorithm the MPI library picks)"),
              "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)"),
              "adasum": ("A", "Horovod's Adasum (op=hvd.Adasum), adaptive summation; P a power of 2"),
              "torus": ("T", "2D-torus all-reduce over Horovod process sets: harness/communication.py")}

@@ -268,3 +268,12 @@ def test_the_exchange_in_words_and_the_report_line_counting_alike_jobs():
     t = result(M=3, exchange=["a", "b", "a"])
     assert exchange_line(t) == "Exchange    : a (2 of 3 jobs); b (1 of 3 jobs)"
     assert exchange_line(result(M=2, exchange=["a", "a"])) == "Exchange    : a"
+
+
+def test_the_report_states_horovods_build():
+    from harness.report import build_line
+    gpu = build_line({"mpi": True, "gloo": False, "cuda": True, "nccl": 22105})
+    assert gpu.startswith("Horovod build: MPI, NCCL 2.21.5, CUDA: a GPU tensor's collectives go through NCCL,"
+                          " a CPU tensor's through MPI")
+    cpu = build_line({"mpi": True, "gloo": True, "cuda": False, "nccl": 0})
+    assert cpu.startswith("Horovod build: MPI, Gloo, no NCCL: every collective goes through MPI, Gloo (GPU tensors")

@@ -9,7 +9,7 @@ from tests.conftest import results
 
 # each case's exchange as the report and results.json name it: Horovod built without NCCL, on CPUs
 EXCHANGE = {("fp16", "hierarchical"): "hierarchical all-reduce, fp16, MPI (flat: hierarchical needs NCCL)",
-            ("int8", "ring"): "int8 all-gather, MPI", ("fp16", "ring"): "ring all-reduce, fp16, MPI",
+            ("int8", "ring"): "int8 all-gather, MPI", ("fp16", "ring"): "Horovod all-reduce, fp16, MPI",
             ("fp32", "adasum"): "Adasum, MPI"}
 
 
@@ -49,6 +49,9 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
             assert t["quality"] > 0.5, t["quality"]
     assert [t["seed"] for t in res["tests"]] == [42 + r for r in range(reps)]
     assert p.stdout.count(f"Exchange    : {EXCHANGE[comm, allreduce]}\n") == reps
+    # as Horovod reports its build (make venv: MPI, no NCCL, no Gloo, no CUDA)
+    assert res["environment"]["horovod_build"] == {"mpi": True, "gloo": False, "cuda": False, "nccl": 0}
+    assert "- Horovod build: MPI, no NCCL: every collective goes through MPI" in p.stdout
     for t in res["tests"]:
         assert [e["epoch"] for e in t["evaluations"]] == list(range(every, epochs + 1, every))
     if target == 1.0:   # never reached: said so, with the best evaluation

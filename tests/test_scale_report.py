@@ -21,6 +21,7 @@ def _at_scale(t: dict, M: int, P: int) -> dict:
     return {**t, "M": M, "P": P, "jobs": [list(range(j * P, (j + 1) * P)) for j in range(M)], "idle_ranks": [],
             "base_quality": per_job(t["base_quality"]), "final_loss": per_job(t["final_loss"]),
             "steps_per_epoch": per_job(t["steps_per_epoch"]), "resample": per_job(t["resample"]),
+            "exchange": per_job(t["exchange"]),
             "weights_digest": [[d[0]] * P for d in per_job(t["weights_digest"])],
             "evaluations": [{**e, "base_quality": per_job(e["base_quality"])} for e in t["evaluations"]]}
 

@@ -231,12 +231,12 @@ def test_a_division_edited_to_closed_fails(run_copy):
 def test_an_exchange_the_input_cannot_make_fails(run_copy):
     """The run's line 22 is ring: a job recorded as a torus (or an unknown library) is not it."""
     res = json.loads((run_copy / "results.json").read_text())
-    assert res["tests"][0]["exchange"] == ["ring all-reduce, MPI"] * 2
-    _edit_results(run_copy, lambda r: r["tests"][0].update(exchange=["ring all-reduce, MPI", "ring all-reduce, UCX"]))
+    assert res["tests"][0]["exchange"] == ["Horovod all-reduce, MPI"] * 2
+    _edit_results(run_copy, lambda r: r["tests"][0].update(exchange=["Horovod all-reduce, MPI", "Horovod all-reduce, UCX"]))
     status, out = _verify(run_copy)
     assert status == 1
     (check,) = [ln for ln in _failed(out) if "each job's exchange" in ln]
-    assert 'recorded ["ring all-reduce, MPI","ring all-reduce, UCX"]' in check
+    assert 'recorded ["Horovod all-reduce, MPI","Horovod all-reduce, UCX"]' in check
     assert any(ln.startswith("report.txt line") and "Exchange" in ln for ln in _failed(out))
 
 
