@@ -133,6 +133,12 @@ def grid(nodes) -> Grid:
     return Grid(tuple(tuple(range(r, r + X)) for r in range(0, P, X)), "square")
 
 
+def job_grid(ranks, node_of_rank) -> Grid:
+    """The torus of the job of world ranks `ranks` (its root first), from the node index of
+    each world rank: what the run registers, --check prints and --verify re-derives."""
+    return grid([node_of_rank[r] for r in ranks])
+
+
 @dataclass(frozen=True)
 class Torus:
     """A rank's part in its job's grid: the Horovod process sets of its row and column.

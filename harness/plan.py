@@ -237,8 +237,7 @@ def describe(plan: Plan, world_size: int) -> list[str]:
         lines.append(f"  division: {p.division}" + (f" ({'; '.join(p.open_reasons)})" if p.open_reasons else ""))
         lines += [f"  {line}" for line in topology.describe(layout, plan.nodes)]
         if cfg.allreduce == "torus":    # the grid each job will use (communication.grid), distinct ones once
-            grids = {communication.grid([plan.nodes.node_of_rank[r] for r in ranks]).describe(): None
-                     for ranks in layout.jobs}
+            grids = {communication.job_grid(ranks, plan.nodes.node_of_rank).describe(): None for ranks in layout.jobs}
             lines.append(f"  torus grid: {'; '.join(grids)}")
         lines += [f"  warning: {w}" for w in p.warnings]
     lines += [f"test {s.test.index}: skipped, {s.reason}" for s in plan.skipped]

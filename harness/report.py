@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 
 from harness import experiments, files, flops, metrics, mllog, results, train
@@ -232,10 +233,8 @@ def summarize(run_dirs: list[str]) -> str:
 def exchange_line(t: results.TestResult) -> str:
     """Each job's gradient exchange and the library that carried it, jobs alike counted
     once (a thousand jobs on equal nodes are one entry)."""
-    counts: dict = {}
-    for e in t.exchange:
-        counts[e] = counts.get(e, 0) + 1
-    return "Exchange    : " + "; ".join(e if n == t.M else f"{e} ({n} of {t.M} jobs)" for e, n in counts.items())
+    return "Exchange    : " + "; ".join(e if n == t.M else f"{e} ({n} of {t.M} jobs)"
+                                        for e, n in Counter(t.exchange).items())
 
 
 def _ttq(t: results.TestResult) -> str:

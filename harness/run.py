@@ -201,9 +201,8 @@ def _start_barrier(world, watchdog, t) -> None:
 def _torus(part: Part, hvd):
     """This rank's part in its job's 2D torus (line 22), the grid drawn from the nodes of
     the job's ranks (communication.grid), before hvd.init registers its process sets."""
-    nodes = part.ctx.nodes.node_of_rank
-    return communication.Torus.of(communication.grid([nodes[r] for r in part.planned.layout.jobs[part.job]]),
-                                  part.comm.rank, hvd)
+    return communication.Torus.of(
+        communication.job_grid(part.planned.layout.jobs[part.job], part.ctx.nodes.node_of_rank), part.comm.rank, hvd)
 
 
 def _base_model(part: Part, copy, evaluation) -> RankRecord:

@@ -35,7 +35,8 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 
-from harness import communication, dat, division, flops, metrics, mllog, report, results, settings, telemetry, train, workloads
+from harness import (communication, dat, division, flops, metrics, mllog, report, results, settings, telemetry, train,
+                     workloads)
 from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
@@ -270,7 +271,7 @@ def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     nodes = res.environment.get("node_of_rank")
     derived = []
     for ranks in t.jobs:
-        grid = communication.grid([nodes[r] for r in ranks]) if cfg.allreduce == "torus" else None
+        grid = communication.job_grid(ranks, nodes) if cfg.allreduce == "torus" else None
         derived.append(sorted({communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid,
                                                       communication.library(cfg.allreduce, gpu, nccl, mpi))
                                for gpu in (False, True) for nccl in (False, True) for mpi in (False, True)}))
