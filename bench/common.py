@@ -13,6 +13,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from harness.telemetry import machine_busy_seconds  # noqa: E402  (the report's other load reads the same counter)
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 NP = 2                                      # ranks: this machine has 2 cores
 WORK = os.path.join(tempfile.gettempdir(), "hpcai500-bench")  # results + cached synthetic data
@@ -39,13 +41,6 @@ def make_dat(name: str, **lines) -> str:
     return path
 
 
-def _busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def _children_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -56,9 +51,9 @@ def wait_quiet(limit: float = 0.25, patience: float = float(os.environ.get("BENC
     busy over 2 s. Other people's tests share this machine. Returns the last reading."""
     end = time.time() + patience
     while True:
-        b0 = _busy_seconds()
+        b0 = machine_busy_seconds()
         time.sleep(2.0)
-        load = (_busy_seconds() - b0) / 2.0
+        load = (machine_busy_seconds() - b0) / 2.0
         if load < limit or time.time() > end:
             return load
 
@@ -77,7 +72,7 @@ def mpirun(*args: str, np: int = NP, env: dict | None = None, launcher: list[str
     a simulated cluster's nodes): their CPU time is sampled from /proc and counted as ours."""
     cmd = [*(launcher or ["mpirun", "--oversubscribe", "-np", str(np)]), PY, *args]
     wait_quiet()
-    t0, busy0, ours0 = time.perf_counter(), _busy_seconds(), _children_seconds()
+    t0, busy0, ours0 = time.perf_counter(), machine_busy_seconds(), _children_seconds()
     p = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     seen: dict[int, float] = {}
@@ -89,7 +84,7 @@ def mpirun(*args: str, np: int = NP, env: dict | None = None, launcher: list[str
             break
         except subprocess.TimeoutExpired:
             continue
-    other = (_busy_seconds() - busy0) - (_children_seconds() - ours0) - sum(seen.values())
+    other = (machine_busy_seconds() - busy0) - (_children_seconds() - ours0) - sum(seen.values())
     if p.returncode:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{out[-3000:]}{err[-3000:]}")
     return out, max(0.0, other / (time.perf_counter() - t0))

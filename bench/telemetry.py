@@ -10,6 +10,14 @@ Sampler(interval=0.1); RUNS rounds, the mode order rotated each round, medians
 compared; a run during which other processes kept more than QUIET cores busy is
 repeated (up to TRIES, the quietest kept). Also the sampler's own cost per sample,
 timed directly: the noise-free figure (psutil path only; no GPU here).
+
+    .venv/bin/python bench/telemetry.py --other-load [--runs 2]
+
+The report's other load (results.json `other_load`: the machine's busy cores minus the
+ranks' during the timed span) against bench/common.py's noise gauge (the machine's busy
+cores minus the run's over the whole mpirun), on one rank of the shipped digits test (30
+epochs, roofline off), with and without a process spinning on the machine's other core;
+rounds alternate the two. Goal: they agree within 0.1 core.
 """
 import os
 import sys
@@ -22,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 
 import common  # noqa: E402
-from harness.telemetry import Sampler, _busy_all  # noqa: E402
+from harness.telemetry import Sampler, machine_busy_seconds  # noqa: E402
 
 RUNS, RUN_S, B, GOAL = 3, 6.0, 64, 0.99
 TRIES, QUIET = 3, 0.1    # a run is repeated (up to TRIES) while other processes used > QUIET cores
@@ -63,9 +71,9 @@ def build_step():
 def other_load(fn):
     """fn()'s result and the cores other processes kept busy meanwhile (a noise gauge)."""
     me = psutil.Process()
-    b0, c0, t0 = _busy_all(psutil.cpu_times())[0], sum(me.cpu_times()[:2]), time.perf_counter()
+    b0, c0, t0 = machine_busy_seconds(), sum(me.cpu_times()[:2]), time.perf_counter()
     out = fn()
-    other = (_busy_all(psutil.cpu_times())[0] - b0) - (sum(me.cpu_times()[:2]) - c0)
+    other = (machine_busy_seconds() - b0) - (sum(me.cpu_times()[:2]) - c0)
     return out, max(0.0, other / (time.perf_counter() - t0))
 
 
@@ -89,7 +97,44 @@ def sample_cost(n: int = 2000) -> tuple[float, float]:
     return 1e6 * w / n, 1e6 * c / n
 
 
+AGREE = 0.1   # cores: the report's other load and the gauge, goal
+
+
+def other_load_agreement(runs: int) -> None:
+    """The report's other-load figure against the gauge, with and without a spinner."""
+    import subprocess
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        sys.exit("bench/telemetry.py --other-load: needs 2 cores (one for the rank, one for the spinner)")
+    dat = common.make_dat("other-load", l9=1, l10=1, l11=1, l15=30, l30=0, l31=0)
+    rows, diffs = [], []
+    for r in range(runs):
+        for spin in ((False, True) if r % 2 == 0 else (True, False)):
+            common.wait_quiet()
+            spinner = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cores[-1]}}})\n"
+                                        "while True: pass"]) if spin else None
+            quiet, common.wait_quiet = common.wait_quiet, lambda: 0.0   # the spinner is the load to measure
+            try:
+                (t,), gauge = common.run_harness(dat, np=1)
+            finally:
+                common.wait_quiet = quiet
+                if spinner:
+                    spinner.kill()
+                    spinner.wait()
+            (m,) = t["other_load"]
+            diffs.append(m["other_cores"] - gauge)
+            rows.append([r + 1, "yes" if spin else "no", f"{t['train_seconds']:.2f}", f"{m['busy_cores']:.3f}",
+                         f"{m['ranks_cores']:.3f}", f"{m['other_cores']:.3f}", f"{gauge:.3f}", f"{diffs[-1]:+.3f}"])
+    print(common.table(["round", "spinner", "timed span s", "machine busy cores", "rank's cores",
+                        "report: other load", "gauge: other load", "report - gauge"], rows))
+    worst = max(abs(d) for d in diffs)
+    print(f"largest disagreement {worst:.3f} cores (goal <= {AGREE}: {'MET' if worst <= AGREE else 'NOT MET'})")
+
+
 def main() -> None:
+    if "--other-load" in sys.argv:
+        runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 2
+        return other_load_agreement(runs)
     print(f"machine: {common.machine().rsplit(',', 1)[0]}, 1 process")
     run = build_step()
     run(20)                                   # trace

@@ -23,7 +23,8 @@ import numpy as np
 
 from harness.errors import RunError, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import dat, fault, report, results, run, settings, signals, telemetry, topology, train, verify, workloads
+from harness import (dat, fault, heartbeat, report, results, run, settings, signals, telemetry, topology, train, verify,
+                     workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
@@ -86,6 +87,11 @@ def parse_args(argv):
     p.add_argument("--verify", metavar="RUN",
                    help="re-derive every figure of the run RUN (runs/<id>) from results.json and its MLLOG files"
                         " and print one PASSED/FAILED line per check; exit status 0 only if all pass")
+    p.add_argument("--status", metavar="RUN",
+                   help="one line on the run RUN (runs/<id>; a results directory: its newest run): its state, the test"
+                        " runs finished of those planned, why, its last heartbeat; exit status 0 only for a run"
+                        " complete with every test PASSED, "
+                        + ", ".join(f"{c} {n}" for n, c in heartbeat.EXIT.items() if c) + ", 1 not a run")
     return p.parse_args(argv)
 
 
@@ -93,6 +99,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.verify:  # reads the run folder only: no MPI, no TensorFlow
         return verify.main(args.verify)
+    if args.status:  # likewise
+        return heartbeat.main(args.status)
     if args.summarize:  # reads results.json files only: no MPI, no TensorFlow
         try:
             print(report.summarize(args.summarize), end="")
@@ -160,6 +168,8 @@ def _run(args, world, watchdog) -> int:
     ctx = run.Context(cfg, world, nodes, devices, os.path.basename(os.path.normpath(run_dir)), ceilings or {},
                       plan.n_tests, _submission(world, environment))
     if world.rank == 0:
+        # stamped before results.json first says `running`: a reader never finds that status without a heartbeat
+        heartbeat.Heartbeat(run_dir, settings.value("HPCAI500_HEARTBEAT")).start()
         output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {})
     _sweep(ctx, plan, output, watchdog)
     watchdog.beat("the summary and charts")
@@ -183,7 +193,7 @@ def _sweep(ctx, plan, output, watchdog) -> None:
                 output.add(*done)
     except RunError as e:
         if output:
-            output.finish(interrupted=f"error: {e}")
+            output.finish(interrupted=f"{results.ERROR_PREFIX}{e}")
         raise
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness import communication, dat, division, files, results, settings, staging, topology, workloads
+from harness import communication, dat, division, files, heartbeat, results, settings, staging, topology, workloads
 from harness.errors import RunError, agree, first_failure
 
 
@@ -219,6 +219,10 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> result
                        "settings, or start a new run")
     if len(previous.tests) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
+    state = heartbeat.status(run_dir, previous)
+    if state.alive:   # two invocations writing one folder would lose results
+        raise RunError(f"--resume {run_dir}: found a live run ({state.detail}), expected one that has stopped;"
+                       " wait for it to end, or stop it (kill -USR1 <its mpirun's pid>)")
     return previous
 
 

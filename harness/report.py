@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from harness import experiments, files, flops, metrics, mllog, results, train
+from harness import experiments, files, flops, heartbeat, metrics, mllog, results, telemetry, train
 
 RULE = "=" * 80
 THIN = "-" * 80
@@ -139,7 +139,20 @@ def telemetry_line(t: results.TestResult) -> str:
         parts.append(f"power {tel['power_watts_total']:.0f} W")
     if t.vflops_per_watt:
         parts.append(f"{t.vflops_per_watt / 1e9:.3f} VGflops/W (GPU boards, timed window)")
+    if t.other_load:
+        parts.append(other_load_text(t.other_load))
     return "Telemetry   : " + " ; ".join(parts)
+
+
+def other_load_text(machines: list[dict]) -> str:
+    """The cores other processes kept busy in the timed span: the machine's figure, or
+    the most loaded of several and their mean (a thousand nodes stay one phrase)."""
+    top = max(machines, key=lambda m: m["other_cores"])
+    where = ", ".join(top["hosts"])
+    if len(machines) == 1:
+        return f"other processes {top['other_cores']:.2f} cores ({where})"
+    mean = sum(m["other_cores"] for m in machines) / len(machines)
+    return f"other processes max {top['other_cores']:.2f} cores ({where}), mean {mean:.2f} over {len(machines)} machines"
 
 
 def skipped_line(index: int, reason: str) -> str:
@@ -212,21 +225,15 @@ def summarize(run_dirs: list[str]) -> str:
     lines = [RULE, head, "TTS = time to solution: staging + training + evaluations",
              "TTQ = time to quality: training and evaluations until the target (- = not reached)", THIN]
     for d in run_dirs:
-        if not os.path.isdir(d):
-            raise ValueError(f"{d}: not a folder; give runs/<id> folders, e.g. runs/2*")
-        try:
-            res = results.load(os.path.join(d, "results.json"))
-        except FileNotFoundError:
-            raise ValueError(f"{d}: no results.json (not a runs/<id> folder?)") from None
+        res = results.load_run(d)
         name = os.path.basename(os.path.normpath(d))
-        if not res.tests:
-            lines.append(f"{name:<24} (no finished test; status {res.status})")
         for t in res.tests:
             check = "PASSED" if t.consistency["passed"] else "FAILED"
             lines.append(f"{name:<24} {t.tv:<10} {t.workload:<7} {t.M:>4} {t.P:>4} {t.B:>5} "
                          f"{t.train_seconds:>9.2f} {t.time_to_solution:>9.2f} {_ttq(t):>9}"
                          f" {t.flops / 1e12:>11.4e} {t.vflops / 1e12:>10.3e} "
                          f"{t.quality:>8.4f} {check}")
+        lines.append(f"{name:<24} {heartbeat.status(d, res).line()}")   # a dead run is not taken for a live one
     return "\n".join(lines + [RULE]) + "\n"
 
 
@@ -276,6 +283,9 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         " the workload's feed) runs on tf.data's threads where the feed is a tf.data pipeline"
         + (" on the same cores, none set aside: on a CPU-only node it shares them with the step"
            if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"),
+        "Other load: per machine, its busy cores during the timed span minus the cores the run's ranks kept busy"
+        " (the Telemetry line's 'other processes'; a test warns above"
+        f" {telemetry.OTHER_LOAD_LIMIT:g} a rank); CPU counters read every second and at the span's edges",
         "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"
         " from the start barrier to the end of training, the evaluations along the way (line 31) included"
         " (NVML's counter, else its sampled power); CPUs, memory and network are not counted",

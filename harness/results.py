@@ -14,20 +14,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.4"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.5"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
                  #   environment.node_of_rank (the node index of each world rank)
+                 # 2.5: TestResult.other_load (cores other processes kept busy, per machine)
 
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
+ERROR_PREFIX = "error: "       # an `interrupted` reason that begins so: the run stopped on an error (a failed run)
 
 
 def minor(schema: str) -> tuple[int, int]:
@@ -114,6 +117,9 @@ class TestResult:
     exchange: list = field(default_factory=list)   # per job: its gradient exchange (lines 21-22, the torus's grid)
     #                                 and the library that carried it as Horovod reports its build
     #                                 (communication.exchange); a 2.3 file lacks it: [] (not recorded)
+    other_load: list = field(default_factory=list)  # per machine of the test (telemetry.other_load): hosts, ranks,
+    #                                 seconds (mean timed span, s), busy_cores, ranks_cores, other_cores (cores
+    #                                 busy in the span: the machine's, the ranks', the rest); a 2.4 file: []
 
 
 @dataclass
@@ -140,6 +146,20 @@ class Record:
 
     def json(self) -> dict:
         return asdict(self)
+
+
+def load_run(run_dir: str) -> Record:
+    """The results of a run folder (runs/<id>), refused (ValueError, naming the folder)
+    where it is not one: not a folder, no results.json, an unreadable or foreign file."""
+    if not os.path.isdir(run_dir):
+        raise ValueError(f"{run_dir}: not a folder; give a runs/<id> folder")
+    path = os.path.join(run_dir, "results.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"{run_dir}: no results.json (not a runs/<id> folder?)")
+    try:
+        return load(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e})") from None
 
 
 def load(path: str) -> Record:

@@ -74,7 +74,7 @@ class RankRecord:
     diff: float = 0.0               # max |w - w_root| of its trainable weights
     weights: str = ""               # digest of its trainable weights
     flops: object = None            # harness/flops.count of the model
-    telemetry: dict | None = None   # its sampler's summary over training
+    telemetry: dict | None = None   # its sampler's summary over training (an idle rank: its CPU window only)
     quality: float | None = None    # job root only: its model's quality at the last evaluation
     resample_size: int = 0          # job root only
     out_of_bag: float = 0.0         # job root only: fraction of the training set not drawn
@@ -101,14 +101,18 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     copy = _stage(part)
     evaluation = Evaluation(part)
     if job is None:
+        probe = telemetry.Sampler()   # its CPU is the run's, not other load (telemetry.other_load)
+        probe.start()
         _start_barrier(world, watchdog, t)  # the one the jobs' ranks enter inside train()
+        start = time.perf_counter()
         evaluation.begin()
         # the jobs' evaluations; an idle rank's eval_seconds stay 0, as its Time does: its
         # wait in them is the jobs' training, not evaluating
         for epoch in train.evaluation_epochs(cfg.epochs, cfg.eval_every):
             if evaluation.reduce(epoch, lambda rows: None, lambda: None, None):
                 break
-        record = RankRecord(world.rank, None, staging=_staged(copy))
+        record = RankRecord(world.rank, None, staging=_staged(copy),
+                            telemetry=probe.stop(window=(start, time.perf_counter())))
     else:
         record = _base_model(part, copy, evaluation)
     if cfg.staging != "none":
@@ -378,12 +382,16 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n, higher)
     tele = telemetry.reduce([r.telemetry for r in workers])
+    nodes = ctx.nodes
+    others = telemetry.other_load({r.rank: (r.telemetry or {}).get("cpu_window") for r in records},
+                                  nodes.node_of_rank, nodes.machine_of_node, nodes.hosts)
     return TestResult(
         index=t.index, tv=t.tv(cfg), workload=t.workload, M=layout.M, P=layout.P, B=t.batch,
         precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep, seed=part.seed,
         epochs=cfg.epochs, epochs_trained=roots[0].epochs, eval_every=cfg.eval_every,
         stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
-        warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w], division=planned.division, open_reasons=list(planned.open_reasons),
+        warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w]
+        + telemetry.other_load_warnings(others), division=planned.division, open_reasons=list(planned.open_reasons),
         data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
         forward_flops_per_sample=fc.forward, training_flops_per_sample=fc.training,
         flops_by_operator=fc.by_operator, activations_per_sample=fc.activations, weights=fc.weights,
@@ -404,7 +412,7 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         resample=[{"job": r.job, "size": r.resample_size, "out_of_bag": r.out_of_bag, "digest": r.index_digest}
                   for r in roots],
         weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
-        exchange=[r.exchange for r in roots],
+        exchange=[r.exchange for r in roots], other_load=others,
         model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher,
         # the control plane's cost at scale: rank 0's gather of every rank's record and
         # this measure, and its peak memory so far (Linux: ru_maxrss in KiB)

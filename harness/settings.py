@@ -50,6 +50,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if not value > 0:
+        raise ValueError("seconds > 0")
+    return value
+
+
 def _one_of(*names: str):
     def parse(text: str) -> str:
         if text.strip().lower() not in names:
@@ -122,6 +129,9 @@ TABLE = {s.name: s for s in (
     Setting("HPCAI500_PEAK_TFLOPS", _peak, None, "theoretical peak per rank, Tflops (unset: NVML table)"),
     Setting("HPCAI500_FAULT", _fault, None, "fault injection for the reliability tests", test_only=True),
     Setting("HPCAI500_WATCHDOG", _seconds, 1800.0, "watchdog limit, s (read by the command line)", figures=False),
+    Setting("HPCAI500_HEARTBEAT", _positive_seconds, 5.0,
+            "s between world rank 0's stamps of the run folder's heartbeat (a reader on another node calls the run"
+            " dead after 12 missed)", figures=False),
     Setting("HPCAI500_SUBMITTER_ORG", _text, "unnamed submitter", "MLLOG submission_org", figures=False),
     Setting("HPCAI500_SUBMITTER_PLATFORM", _text, None,
             "MLLOG submission_platform (unset: nodes x CPU or GPU model)", figures=False),

@@ -9,6 +9,12 @@ Conventions (the report and results.json inherit them):
   on that GPU), not this rank's share. Power is W, energy J.
 * GPU energy comes from NVML's total-energy counter (Volta and later) where it works,
   else from integrating the sampled power over time (energy_source says which).
+* Other load: the cores that processes other than the run's ranks kept busy on a
+  machine during a test's timed span = the machine's busy CPU seconds in the span minus
+  every rank's own (its threads', not its children's), over the span (`other_load`). The
+  counters are read at every sample and at the sampler's start and stop, and read between
+  readings at the span's edges (`counter_delta`). A machine is one kernel: nodes simulated
+  on one machine share it, and each other's ranks are not "other" load.
 * Nothing here raises into the training run: no pynvml, no driver, no device or an
   unsupported query only makes that metric None.
 """
@@ -24,6 +30,8 @@ import time
 import psutil
 
 GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
+OTHER_LOAD_LIMIT = 0.25   # cores a rank: other load above this on a machine makes the test warn
+OTHER_LOAD_WARNING = "processes other than the run kept"   # how that warning begins
 PERMANENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
 
 
@@ -55,6 +63,12 @@ def _busy_all(t) -> tuple[float, float]:
     return total - t.idle - getattr(t, "iowait", 0), total
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds this machine's CPUs have been busy since boot, all CPUs added
+    (/proc/stat through psutil; bench/common.py's noise gauge reads the same)."""
+    return _busy_all(psutil.cpu_times())[0]
+
+
 def _stats(xs: list) -> dict | None:
     return {"mean": float(statistics.fmean(xs)), "max": float(max(xs))} if xs else None
 
@@ -78,6 +92,8 @@ class Sampler:
         self._pwr_joules, self._t_last = 0.0, 0.0
         self._power_at: list[tuple[float, float]] = []    # (perf_counter s, W) of every power reading
         self._energy_at: list[tuple[float, float]] = []   # (perf_counter s, mJ) of every counter reading
+        self._cpu_at: list[tuple[float, float, float]] = []   # (perf_counter s, this process's CPU s, the
+        #                                                      machine's busy CPU s) at start, each sample, stop
 
     def __enter__(self) -> "Sampler":
         self.start()
@@ -93,13 +109,15 @@ class Sampler:
         self._proc.cpu_percent(None)        # baselines: the first real sample covers start -> now
         self._node_last = psutil.cpu_times()
         self._t0 = self._t_last = time.perf_counter()
+        self._cpu_at.append(self._cpu_reading())
         self._thread = threading.Thread(target=self._run, name="hpcai500-telemetry", daemon=True)
         self._thread.start()
 
     def stop(self, window: tuple[float, float] | None = None) -> dict:
         """Stop (the thread wakes at once), join, and return this rank's summary.
         `window`: (start, stop) as time.perf_counter() of the timed training, whose GPU
-        energy the summary then gives apart (`window_energy_joules`)."""
+        energy and CPU seconds the summary then gives apart (`window_energy_joules`,
+        `cpu_window`)."""
         if self.summary is not None:
             return self.summary
         if self._thread is None:
@@ -108,7 +126,10 @@ class Sampler:
         self._stop.set()
         # NVML calls can hang on a sick GPU: do not let that hang the run.
         self._thread.join(timeout=5.0)
+        self._cpu_at.append(self._cpu_reading())
         self.summary = self._summarise(seconds)
+        if window:
+            self.summary["cpu_window"] = cpu_window(list(self._cpu_at), *window)
         if window and self.summary["gpu"]:
             self.summary["gpu"]["window_energy_joules"] = (
                 window_energy(self._energy_at, *window, counter=True) if len(self._energy_at) > 1 else
@@ -164,8 +185,13 @@ class Sampler:
             self._errors += 1
         return default
 
+    def _cpu_reading(self) -> tuple[float, float, float]:
+        t = self._proc.cpu_times()
+        return time.perf_counter(), t.user + t.system, machine_busy_seconds()
+
     def _sample(self) -> None:
         try:
+            self._cpu_at.append(self._cpu_reading())
             with self._proc.oneshot():
                 self._cpu_proc.append(self._proc.cpu_percent(None))
                 self._rss.append(self._proc.memory_info().rss)
@@ -208,18 +234,25 @@ class Sampler:
         return out
 
 
+def counter_delta(readings: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """How much a counter grew over [t0, t1], from timed readings (time s, value) sorted by
+    time (two or more): read linearly between readings, extrapolated at the ends at the
+    nearest readings' rate."""
+    ts = [t for t, _ in readings]
+
+    def at(t):
+        i = min(max(1, sum(x <= t for x in ts)), len(ts) - 1)   # the bracketing (or nearest) pair
+        (ta, ea), (tb, eb) = readings[i - 1], readings[i]
+        return ea + (eb - ea) * (t - ta) / (tb - ta) if tb > ta else ea
+    return at(t1) - at(t0)
+
+
 def window_energy(readings: list[tuple[float, float]], t0: float, t1: float, counter: bool) -> float:
     """Joules used in [t0, t1] from timed readings (time s, value), sorted by time.
-    counter: values are an energy counter in mJ, read linearly between readings (and
-    extrapolated at the ends at the nearest readings' rate); else values are power in W,
-    each held from its reading until the next (the first also before it)."""
-    ts = [t for t, _ in readings]
+    counter: values are an energy counter in mJ (counter_delta); else values are power in
+    W, each held from its reading until the next (the first also before it)."""
     if counter:
-        def at(t):
-            i = min(max(1, sum(x <= t for x in ts)), len(ts) - 1)   # the bracketing (or nearest) pair
-            (ta, ea), (tb, eb) = readings[i - 1], readings[i]
-            return ea + (eb - ea) * (t - ta) / (tb - ta) if tb > ta else ea
-        return (at(t1) - at(t0)) / 1000.0
+        return counter_delta(readings, t0, t1) / 1000.0
     joules = 0.0
     for k, (t, watts) in enumerate(readings):
         start = t if k else float("-inf")
@@ -228,7 +261,49 @@ def window_energy(readings: list[tuple[float, float]], t0: float, t1: float, cou
     return joules
 
 
+def cpu_window(readings: list[tuple[float, float, float]], t0: float, t1: float) -> dict:
+    """A rank's CPU seconds and its machine's busy CPU seconds in [t0, t1] (s of
+    perf_counter), from the sampler's readings (time, process s, machine s)."""
+    return {"seconds": t1 - t0,
+            "process_cpu_seconds": counter_delta([(t, p) for t, p, _ in readings], t0, t1),
+            "machine_busy_cpu_seconds": counter_delta([(t, m) for t, _, m in readings], t0, t1)}
+
+
 # -- rank 0: reduce the gathered summaries --------------------------------------------
+def other_load(windows: dict[int, dict], node_of_rank, machine_of_node, hosts) -> list[dict]:
+    """Per machine that ran ranks of the test, in machine order: its busy cores during
+    the timed span (the mean over its ranks, each of which read the whole machine), the
+    cores its ranks kept busy (their sum), and the difference, the cores other processes
+    kept busy. `windows`: world rank -> cpu_window (every rank of the test, idle ones
+    included: they are the run's); `machine_of_node` () = every node its own machine."""
+    machine_of_node = list(machine_of_node) or list(range(len(hosts)))
+    by_machine: dict[int, list[dict]] = {}
+    for rank, w in sorted(windows.items()):
+        if w and w["seconds"] > 0:
+            by_machine.setdefault(machine_of_node[node_of_rank[rank]], []).append(w)
+    out = []
+    for m, ws in sorted(by_machine.items()):
+        busy = statistics.fmean(w["machine_busy_cpu_seconds"] / w["seconds"] for w in ws)
+        ours = sum(w["process_cpu_seconds"] / w["seconds"] for w in ws)
+        out.append({"hosts": [h for n, h in enumerate(hosts) if machine_of_node[n] == m], "ranks": len(ws),
+                    "seconds": statistics.fmean(w["seconds"] for w in ws), "busy_cores": busy,
+                    "ranks_cores": ours, "other_cores": other_cores(busy, ours)})
+    return out
+
+
+def other_cores(busy_cores: float, ranks_cores: float) -> float:
+    """Cores other processes kept busy: the machine's busy cores minus the ranks' (a little
+    below 0 on a quiet machine: the kernel counts a process's time precisely and the
+    machine's in ticks, ~4 % apart measured; not clamped)."""
+    return busy_cores - ranks_cores
+
+
+def other_load_warnings(machines: list[dict]) -> list[str]:
+    """A test's warnings for machines where other processes kept more than
+    OTHER_LOAD_LIMIT cores a rank busy during its timed span."""
+    return [f"{OTHER_LOAD_WARNING} {m['other_cores']:.2f} cores busy on {', '.join(m['hosts'])} during"
+            f" the timed span, over {OTHER_LOAD_LIMIT:g} a rank ({m['ranks']} rank(s) there): the figures carry that"
+            " load" for m in machines if m["other_cores"] > OTHER_LOAD_LIMIT * m["ranks"]]
 def _over_ranks(stats: list) -> dict | None:
     stats = [s for s in stats if s]
     if not stats:

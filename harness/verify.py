@@ -35,8 +35,8 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 
-from harness import (communication, dat, division, flops, metrics, mllog, report, results, settings, telemetry, train,
-                     workloads)
+from harness import (communication, dat, division, flops, heartbeat, metrics, mllog, report, results, settings,
+                     telemetry, train, workloads)
 from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
@@ -78,16 +78,9 @@ class Run:
 def load(run_dir: str, checker=None) -> Run:
     """Read a run folder; NotARun if it is not one. `checker(path) -> [messages]` checks
     one MLLOG file (default harness.mllog.check)."""
-    if not os.path.isdir(run_dir):
-        raise NotARun(f"{run_dir}: not a folder; give a runs/<id> folder")
-    path = os.path.join(run_dir, "results.json")
-    if not os.path.isfile(path):
-        raise NotARun(f"{run_dir}: no results.json (not a runs/<id> folder?)")
     try:
-        res = results.load(path)
-    except (OSError, UnicodeDecodeError) as e:
-        raise NotARun(f"{path}: unreadable ({e})") from None
-    except ValueError as e:   # another major schema, or not a results record (results.load names what)
+        res = results.load_run(run_dir)
+    except ValueError as e:   # not a run folder, another major schema, not a results record: it names what
         raise NotARun(str(e)) from None
     try:
         with open(os.path.join(run_dir, "report.txt"), encoding="utf-8") as f:
@@ -258,7 +251,34 @@ def test_checks(t: results.TestResult, cfg, res: results.Record) -> tuple[list[C
     resumed = bool(res.resumed)
     out += _guarded(f"{name}: division", lambda: ([division_check(t, cfg, res.settings, resumed)], None))[0]
     out += _guarded(f"{name}: exchange", lambda: ([exchange_check(t, cfg, res)], None))[0]
+    out += _guarded(f"{name}: other load", lambda: (other_load_checks(t, res), None))[0]
     return out, derived
+
+
+def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]:
+    """Per machine, the other processes' cores = its busy cores - the ranks' (telemetry.
+    other_cores), its ranks those of the recorded node map there; the test carries the
+    warning of every machine over the limit (telemetry.other_load_warnings)."""
+    name = _name(t)
+    if not t.other_load and results.minor(res.schema) < (2, 5):
+        return [Check(f"{name}: other load", True, note=f"not recorded: results schema {res.schema}")]
+    out = [_num(f"{name}: other load on {', '.join(m['hosts'])} (busy cores - the ranks' cores)", m["other_cores"],
+                telemetry.other_cores(m["busy_cores"], m["ranks_cores"])) for m in t.other_load]
+    env = res.environment
+    hosts, node_of_rank = env.get("hosts") or [], env.get("node_of_rank") or []
+    machine_of_node = env.get("machine_of_node") or list(range(len(hosts)))
+    ranks = {}
+    for node in node_of_rank:
+        ranks[machine_of_node[node]] = ranks.get(machine_of_node[node], 0) + 1
+    recorded = sorted(m["ranks"] for m in t.other_load)
+    derived = sorted(ranks.values())
+    out.append(Check(f"{name}: ranks counted per machine (the node map)", recorded == derived, recorded, derived))
+    want = telemetry.other_load_warnings(t.other_load)
+    out.append(Check(f"{name}: other-load warnings ({len(want)}, over {telemetry.OTHER_LOAD_LIMIT:g} core a rank)",
+                     all(w in t.warnings for w in want)
+                     and not [w for w in t.warnings if w.startswith(telemetry.OTHER_LOAD_WARNING) and w not in want],
+                     None, None))
+    return out
 
 
 def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
@@ -596,7 +616,8 @@ def main(run_dir: str, out=None) -> int:
     for c in checks:
         print(c.line(), file=out)
     failed = sum(not c.ok for c in checks)
-    print(f"Verified {run_dir} (status {run.res.status}, {len(run.res.tests)} test result(s)): {len(checks)}"
+    state = heartbeat.status(run_dir, run.res)   # a `running` run: live, or dead with its status left so
+    print(f"Verified {run_dir} ({state.line()}): {len(checks)}"
           f" checks, {len(checks) - failed} passed, {failed} failed ...... {'PASSED' if not failed else 'FAILED'}",
           file=out, flush=True)
     return 0 if not failed else 1

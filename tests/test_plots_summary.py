@@ -44,8 +44,11 @@ def test_summarize_prints_runs_side_by_side(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith("run-")]
-    assert len(rows) == 3 and rows[0].endswith("PASSED") and rows[1].endswith("FAILED")
-    assert "2.0000e-02" in rows[1] and "no finished test; status interrupted" in rows[2]
+    assert len(rows) == 4 and rows[0].endswith("PASSED") and rows[1].endswith("FAILED")
+    assert "2.0000e-02" in rows[1]
+    # each run's state after its rows, as --status says it (harness/heartbeat.py)
+    assert rows[2] == f"{'run-a':<24} interrupted: no reason recorded; 2 test run(s) finished"
+    assert rows[3] == f"{'run-b':<24} interrupted: no reason recorded; 0 test run(s) finished"
     assert rows[0].split()[7:9] == ["2.00", "1.25"] and rows[1].split()[7:9] == ["2.00", "-"]   # TTS, TTQ
     p = subprocess.run(cmd[:3] + [str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "nowhere: not a folder" in p.stderr

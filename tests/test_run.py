@@ -186,8 +186,95 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     report = (run / "report.txt").read_text()
     assert f"Interrupted: {sig} received during test 2" in report and report.rstrip().endswith("=" * 80)
     assert "Tests interrupted." in report
-    if launcher == "singleton":
-        _resume(cmd, env, tmp_path, run, res)
+
+
+def _status(*args):
+    """`hpcai500.py ARGS` (--status, --summarize: no MPI): (exit status, stdout)."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), *map(str, args)], capture_output=True, text=True,
+                       timeout=60)
+    return p.returncode, p.stdout
+
+
+def _finished(runs) -> int:
+    """Test runs results.json records as finished (0 before it exists)."""
+    try:
+        return len(results(runs)["tests"])
+    except (AssertionError, FileNotFoundError, ValueError):
+        return 0
+
+
+def test_a_job_killed_at_once_is_told_dead_and_resumes(tmp_path):
+    """Every process of the job SIGKILLed at once once test 1 has passed (a batch system's
+    hard kill, a node losing power): nobody records anything, results.json stays
+    `running`. Its heartbeat's process is gone, so --status says dead (5) at once and
+    --summarize says so beside the rows; --resume finishes the run, and --status then
+    exits 0."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l13=2, l14="32 16", l15=4,
+                                             l30=0))
+    env = mpi_env()
+    cmd = mpirun_cmd(2, [tmp_path / "t.dat"])
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path)
+    for line in p.stdout:
+        if "...... PASSED" in line:
+            break
+    deadline = time.monotonic() + 60      # the report's block is printed before results.json is rewritten
+    while not _finished(tmp_path / "runs") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job = psutil.Process(p.pid).children(recursive=True) + [psutil.Process(p.pid)]
+    for proc in job:          # the ranks first: mpirun must not see one die and stop the others itself
+        proc.send_signal(signal.SIGKILL)
+    p.wait(timeout=60)
+    res = results(tmp_path / "runs")
+    assert res["status"] == "running" and [t["index"] for t in res["tests"]] == [1]
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    code, out = _status("--status", tmp_path / "runs")       # the results directory: its newest run
+    assert code == 5, out
+    assert out.startswith(f"{run}: dead: not running: last heartbeat at ") and \
+        out.rstrip().endswith("that process is gone; status left `running`; 1 of 2 test run(s) finished"), out
+    code, out = _status("--summarize", run)
+    assert code == 0 and f"{run.name:<24} dead: not running: last heartbeat at " in out, out
+    _resume(cmd, env, tmp_path, run, res)
+    assert _status("--status", run) == (0, f"{run}: complete: every test PASSED; 2 of 2 test run(s) finished\n")
+
+
+def test_other_load_is_reported_warned_and_verified(tmp_path):
+    """One rank trains while another process spins on the machine's other core: the
+    report's Telemetry line shows that core of other load (the suite's other worker may
+    add up to the rest of its own core), the test warns, --verify re-derives it.
+    bench/common.py's noise gauge, the same counter over the whole run, agrees with it
+    on a quiet machine: bench/telemetry.py --other-load measures that."""
+    import os
+    import subprocess
+    import sys
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores: one for the rank, one for the spinner")
+    from harness import verify
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l15=10, l30=0, l31=0))
+    cores = sorted(os.sched_getaffinity(0))
+    spin = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cores[-1]}}})\n"
+                             "while True: pass"])
+    try:
+        p = mpirun(1, [tmp_path / "t.dat"], tmp_path)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = p.stdout
+    (t,) = results(tmp_path / "runs")["tests"]
+    (machine,) = t["other_load"]
+    assert machine["ranks"] == 1 and 0.75 < machine["other_cores"] < 2.05, machine
+    assert f"other processes {machine['other_cores']:.2f} cores ({machine['hosts'][0]})" in out, out
+    assert [w for w in t["warnings"] if w.startswith("processes other than the run kept")], t["warnings"]
+    assert "Warning     : processes other than the run kept" in out
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    assert verify.main(str(run), out=open(os.devnull, "w")) == 0
 
 
 def _resume(cmd, env, tmp_path, run, before):

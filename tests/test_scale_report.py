@@ -48,6 +48,9 @@ def test_report_and_summarize_do_not_grow_with_the_ranks(bagging_run, tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps({**record, "tests": tests}))
     text = report.summarize([str(tmp_path / "run-4"), str(tmp_path / "run-4096")])
-    rows = [ln for ln in text.splitlines() if ln.startswith("run-")]
+    rows = [ln for ln in text.splitlines() if ln.startswith("run-") and ln.endswith(("PASSED", "FAILED"))]
     assert len(rows) == 4 and len({len(r) for r in rows}) == 1, rows
     assert max(map(len, text.splitlines())) <= len(rows[0])
+    # and each run's state after its rows, one line however many tests
+    assert [ln.split()[:2] for ln in text.splitlines() if ln.startswith("run-") and ln not in rows] == \
+        [["run-4", "complete:"], ["run-4096", "complete:"]]

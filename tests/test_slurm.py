@@ -143,6 +143,9 @@ def test_sbatch_runs_clean_under_srun_pmix(tmp_path):
     assert report.count("...... PASSED") == 2 and "FAILED" not in report, report[-3000:]
     assert "2 tests completed and passed consistency checks" in report and "End of Tests." in report
     assert stderr.count("evaluation after epoch 1") == 2   # both tests' lines: the run's stderr was read
+    # the job's exit status (0:0, checked by _sbatch) is --status's of the run, its last line
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
+    assert report.rstrip().splitlines()[-1] == f"{run}: complete: every test PASSED; 2 of 2 test run(s) finished"
 
 
 # ---- Slurm across the simulated cluster's nodes --------------------------------------

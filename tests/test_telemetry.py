@@ -219,3 +219,54 @@ def test_node_lines_group_alike_nodes_and_do_not_grow_with_them():
            "gpus": [{"name": "A100"}, {"name": "A100"}, {"name": "A100"}, {"name": "A100"}]}
     assert node_lines(many + [gpu]) == ["Nodes: 500 x [2 rank(s); EPYC, 2 cores, 3.0 GiB; no GPU] (c000 ... c499)",
                                         "Nodes: 1 x [4 rank(s); EPYC, 2 cores (1 usable), 3.0 GiB; 4 x A100] (g1)"]
+
+
+# ---- other load: the cores other processes kept busy during the timed span ---------------
+def test_counter_delta_reads_between_readings_and_beyond_them():
+    readings = [(0.0, 0.0), (1.0, 2.0), (3.0, 4.0)]          # rate 2 then 1 a second
+    assert telemetry.counter_delta(readings, 0.5, 2.0) == 3.0 - 1.0
+    assert telemetry.counter_delta(readings, 2.0, 4.0) == 5.0 - 3.0   # extrapolated at the last rate
+    assert telemetry.counter_delta(readings, -1.0, 0.5) == 1.0 + 2.0  # and at the first
+    assert telemetry.window_energy([(0.0, 0.0), (2.0, 4000.0)], 0.5, 1.5, counter=True) == 2.0   # mJ -> J
+
+
+def test_cpu_window_of_a_rank():
+    readings = [(10.0, 1.0, 100.0), (11.0, 1.9, 101.5), (13.0, 3.9, 105.5)]   # (t, process s, machine s)
+    w = telemetry.cpu_window(readings, 10.5, 12.0)
+    assert w == {"seconds": 1.5, "process_cpu_seconds": pytest.approx(2.9 - 1.45),
+                 "machine_busy_cpu_seconds": pytest.approx(103.5 - 100.75)}
+
+
+def test_other_load_per_machine_by_hand():
+    """Nodes n1, n2 on machine 0 (simulated: one kernel), n3 on machine 1. Ranks 0-1 on n1,
+    2 on n2, 3 on n3. Machine 0 busy 2.6 cores (as ranks 0-2 read it, mean), its ranks
+    0.9 + 0.8 + 0.5 = 2.2: other 0.4, under 0.25 x 3 ranks. Machine 1 busy 1.8, its rank
+    0.9: other 0.9, over 0.25 x 1: one warning."""
+    def w(proc, busy, seconds=2.0):
+        return {"seconds": seconds, "process_cpu_seconds": proc * seconds, "machine_busy_cpu_seconds": busy * seconds}
+    windows = {0: w(0.9, 2.5), 1: w(0.8, 2.6), 2: w(0.5, 2.7, seconds=4.0), 3: w(0.9, 1.8), 4: None}
+    got = telemetry.other_load(windows, [0, 0, 1, 2, 2], [0, 0, 1], ["n1", "n2", "n3"])
+    assert [m["hosts"] for m in got] == [["n1", "n2"], ["n3"]] and [m["ranks"] for m in got] == [3, 1]
+    assert got[0]["busy_cores"] == pytest.approx(2.6) and got[0]["ranks_cores"] == pytest.approx(2.2)
+    assert got[0]["other_cores"] == pytest.approx(0.4) and got[1]["other_cores"] == pytest.approx(0.9)
+    assert got[0]["seconds"] == pytest.approx(8 / 3)
+    (warning,) = telemetry.other_load_warnings(got)
+    assert warning == ("processes other than the run kept 0.90 cores busy on n3 during the timed span, over 0.25 a"
+                       " rank (1 rank(s) there): the figures carry that load")
+    # every node its own machine (machine_of_node = ()): n1 and n2 apart
+    assert [m["hosts"] for m in telemetry.other_load(windows, [0, 0, 1, 2, 2], (), ["n1", "n2", "n3"])] == \
+        [["n1"], ["n2"], ["n3"]]
+
+
+def test_a_sampler_with_a_window_counts_its_own_cpu_in_it():
+    """A busy main thread for 0.6 s inside the window: about 0.6 CPU s of this process in
+    it, and the machine was at least that busy."""
+    s = Sampler(interval=0.1)
+    s.start()
+    t0 = time.perf_counter()
+    busy(0.6)
+    t1 = time.perf_counter()
+    w = s.stop(window=(t0, t1))["cpu_window"]
+    assert w["seconds"] == pytest.approx(t1 - t0)
+    assert 0.3 < w["process_cpu_seconds"] < 1.0 + 2 * (t1 - t0)          # numpy may use a second thread
+    assert w["machine_busy_cpu_seconds"] >= 0.9 * w["process_cpu_seconds"]

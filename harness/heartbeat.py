@@ -1,0 +1,212 @@
+"""Heartbeat: a live run told from a dead one, from its folder alone.
+
+results.json says `running` from its first write until the run ends; a run whose ranks
+all die at once (a SIGKILLed job, a node that takes world rank 0 with it, an mpirun that
+ends its ranks without a signal they can answer) never rewrites it. So world rank 0
+stamps `<run>/heartbeat` every HPCAI500_HEARTBEAT seconds (default 5) from a daemon
+thread while the run lives: a small JSON file written whole (rank 0's wall clock, the
+interval, its host and pid, the process's start time, the kernel's boot id and PID
+namespace). A thread, not the training loop, stamps: one step may take minutes, and the
+watchdog (harness/watchdog.py) already ends a rank that stops making progress. A reader
+concludes, for a run whose results still say `running`:
+
+* the stamp comes from a process of the reader's own kernel and PID namespace: the run is
+  alive while that process (pid and start time) exists, dead at once when it is gone;
+* else (another node, a container): alive while the stamp is younger than
+  STALE_INTERVALS intervals, dead after (the nodes' clocks assumed within seconds of each
+  other, as NTP keeps them).
+
+`judge` turns a run's results and heartbeat into its state, one line and the exit
+status of `--status` (EXIT): 0 only for a run that completed with every test PASSED.
+`--summarize`, `--verify` and `--resume` (which refuses a live run) use the same
+judgment (`status`). Pure but for `Heartbeat` (the writer), `read` and `process_alive`
+(the reader's look at the file and the process table) and `status`, which gathers them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from harness import dat, files, results
+from harness.errors import say
+from harness.topology import boot_id
+
+NAME = "heartbeat"          # the file in the run folder
+STALE_INTERVALS = 12        # missed stamps after which a run on another kernel is taken for dead
+# --status's exit status per state; 1 is every command's error (not a run, unreadable)
+EXIT = {"complete": 0, "running": 2, "interrupted": 3, "failed": 4, "dead": 5}
+
+
+@dataclass(frozen=True)
+class State:
+    """What a run folder says of its run."""
+    name: str                 # complete | running | interrupted | failed | dead (EXIT's keys)
+    alive: bool | None        # a process still runs it (None: cannot be told: no heartbeat file)
+    detail: str               # why: the reason, the heartbeat's age
+    finished: int             # test runs (test x repetition) finished
+    planned: int | None       # test runs planned (None: the record does not say)
+
+    @property
+    def code(self) -> int:
+        return EXIT[self.name]
+
+    def line(self) -> str:
+        of = f"{self.finished} of {self.planned}" if self.planned is not None else f"{self.finished}"
+        return f"{self.name}: {self.detail}; {of} test run(s) finished"
+
+
+# -- the writer (world rank 0) ----------------------------------------------------------------
+def identity() -> dict:
+    """This process as a reader will check it: host, pid, start time, kernel, PID namespace."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time(),
+            "boot_id": boot_id(), "pid_ns": _pid_namespace()}
+
+
+class Heartbeat:
+    """Stamps `<run_dir>/heartbeat` now and every `interval` s on a daemon thread until
+    the process ends (or stop()). A failed stamp (a full or vanished disk) is skipped:
+    the run's figures matter more than its liveness."""
+
+    def __init__(self, run_dir: str, interval: float):
+        self.path, self.interval = os.path.join(run_dir, NAME), float(interval)
+        self._me = identity()
+        self._stop = threading.Event()
+
+    def start(self) -> "Heartbeat":
+        self.stamp()
+        threading.Thread(target=self._run, name="hpcai500-heartbeat", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stamp(self) -> None:
+        try:
+            # no fsync: a stamp lost to a crash only ages the file, which is what a reader reads
+            with files.atomic_path(self.path) as tmp, open(tmp, "w") as f:
+                json.dump({"time": time.time(), "interval": self.interval, **self._me}, f)
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.stamp()
+
+
+# -- the reader -------------------------------------------------------------------------------
+def read(run_dir: str) -> dict | None:
+    """The run's last stamp, or None (no file: a run of a version before heartbeats, or one
+    that died before its first stamp; an unreadable one counts as none)."""
+    try:
+        with open(os.path.join(run_dir, NAME)) as f:
+            beat = json.load(f)
+        return beat if isinstance(beat, dict) and isinstance(beat.get("time"), (int, float)) else None
+    except (OSError, ValueError):
+        return None
+
+
+def process_alive(beat: dict) -> bool | None:
+    """Whether the stamping process still exists, where this reader can tell (the same
+    kernel and PID namespace); None where it cannot (another node or container)."""
+    if beat.get("boot_id") != boot_id() or beat.get("pid_ns") != _pid_namespace():
+        return None
+    try:
+        proc = psutil.Process(int(beat["pid"]))
+        # a killed process not yet reaped by its parent is a zombie: dead too
+        return abs(proc.create_time() - float(beat["started"])) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
+
+
+def status(run_dir: str, rec: results.Record, now: float | None = None) -> State:
+    """The run's state as `judge` gives it, from its folder and this machine's processes."""
+    beat = read(run_dir)
+    return judge(rec, beat, time.time() if now is None else now, process_alive(beat) if beat else None)
+
+
+def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None) -> State:
+    """The state of a run (pure): its recorded status, and for a `running` one its
+    heartbeat `beat` (None: no file) read at `now` (s since the epoch), `alive` being
+    what the process table says of the stamping process (None: cannot tell)."""
+    finished, planned = len(rec.tests), planned_runs(rec)
+    failed = [t for t in rec.tests if not t.consistency.get("passed")]
+    stop = rec.interrupted or {}
+    during = f" during test {stop['test']}" if stop.get("test") else ""
+    if rec.status == "complete":
+        if failed:
+            names = ", ".join(f"test {t.index}" + (f" rep {t.repetition}" if t.repetition else "") for t in failed)
+            return State("failed", False, f"complete, but {names} failed the replica consistency check",
+                         finished, planned)
+        return State("complete", False, "every test PASSED", finished, planned)
+    if rec.status == "interrupted":
+        reason = str(stop.get("reason", "no reason recorded"))
+        name = "failed" if reason.startswith(results.ERROR_PREFIX) else "interrupted"
+        return State(name, False, f"{reason}{during}", finished, planned)
+    if beat is None:
+        return State("running", None, f"status `{rec.status}` and no heartbeat file: a live run cannot be told"
+                     " from a dead one (a run of a version before heartbeats?)", finished, planned)
+    age, interval = now - float(beat["time"]), float(beat.get("interval") or 5.0)
+    where = f"{beat.get('host', '?')} pid {beat.get('pid', '?')}"
+    last = f"last heartbeat at {_clock(beat['time'])} ({age:.0f} s ago, {where})"
+    if alive is False:
+        return State("dead", False, f"not running: {last}, that process is gone; status left `running`",
+                     finished, planned)
+    if alive is None and age > STALE_INTERVALS * interval:
+        return State("dead", False, f"not running: {last}, none for {STALE_INTERVALS} intervals of {interval:g} s;"
+                     " status left `running`", finished, planned)
+    return State("running", True, last, finished, planned)
+
+
+def planned_runs(rec: results.Record) -> int | None:
+    """Test runs the invocation planned: the tests that fit the world x the repetitions
+    (None where the record's configuration cannot be read back)."""
+    try:
+        cfg = dat.from_record(rec.input.get("text", ""), rec.config)
+        return (len(dat.expand(cfg)) - len(rec.skipped)) * cfg.repetitions
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _clock(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def newest_run(path: str) -> str:
+    """`path` when it is a run folder (or not a folder: the reader names what is wrong);
+    in a results directory (line 5), its newest run folder: the names begin with the
+    start's date and time, so the last by name (a batch script knows line 5, not the name)."""
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "results.json")):
+        return path
+    runs = sorted(d for d in os.listdir(path)
+                  if not d.startswith(".") and os.path.isfile(os.path.join(path, d, "results.json")))
+    return os.path.join(path, runs[-1]) if runs else path
+
+
+def main(path: str, out=None) -> int:
+    """`--status RUN`: the run's state in one line; the exit status is EXIT's (1: not a run).
+    RUN may be a results directory: its newest run is judged, and named."""
+    run_dir = newest_run(path)
+    try:
+        rec = results.load_run(run_dir)
+    except ValueError as e:
+        say(f"error: --status: {e}")
+        return 1
+    state = status(run_dir, rec)
+    print(f"{run_dir}: {state.line()}", file=out or sys.stdout, flush=True)
+    return state.code
