@@ -1,0 +1,106 @@
+"""harness/frameworks/pytorch/flops.py: Table 3 counted over a PyTorch model at the
+operator level, by harness/flops.py's own rules. Hand-computed answers; the digits CNN
+against the Keras count of the same architecture (tests/test_flops.py's numbers); the
+convolutions and matmuls against torch.utils.flop_counter."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from harness import flops  # noqa: E402
+from harness.frameworks.pytorch import digits as torch_digits  # noqa: E402
+from harness.frameworks.pytorch import flops as tflops  # noqa: E402
+from harness.workloads import Dataset, digits  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def digits_data():
+    return digits.load(Dataset.parse("embedded"), "")
+
+
+def test_the_digits_cnn_counts_as_its_keras_twin(digits_data):
+    """8 x 8 x 1 input. conv 32: 2*9*1*64*32 = 36,864, bias + ReLU 2 x 2,048; batch norm
+    2,048; conv 64: 2*9*32*64*64 = 2,359,296, bias + ReLU 2 x 4,096; max-pool 4*4*64 =
+    1,024; dense 128: 2*1,024*128 = 262,144, bias + ReLU 2 x 128; dense 10: 2,560 + bias 10.
+    The Keras count of tests/test_flops.py: 2,676,490 forward, weights 151,434 (batch
+    norm's moving mean and variance included)."""
+    c = tflops.count(torch_digits.build_model(digits_data), torch_digits.sample(digits_data))
+    assert c.by_operator == {"convolution": 36864 + 2359296, "depthwise": 0, "dense": 262144 + 2560,
+                             "elementwise": 2 * 2048 + 2 * 4096 + 2 * 128 + 10, "pooling": 1024,
+                             "normalization": 2048}
+    assert c.forward == 2676490 and c.training == 3 * 2676490
+    assert c.weights == 151434
+    # the records are plain and the neutral rule alone re-derives the count (--verify's way)
+    assert json.loads(json.dumps(c.layers)) == c.layers
+    assert sum(sum(flops.rule(r).values()) for r in c.layers) == c.forward
+    assert [r["layer"] for r in c.layers if r["kind"] == "conv"] == ["0", "3"]
+
+
+class _Residual(nn.Module):
+    """A bottleneck's tail written functionally: F.relu(bn(conv(x)) + x)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = F.relu(self.bn(self.conv(x)) + x)
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def test_functional_ops_count_as_their_modules_do():
+    """On 4 x 6 x 6: conv 2*9*4*144 = 10,368 (no bias); batch norm 144; the residual add
+    144 and the ReLU 144, both functional; global average pool, one per input: 144;
+    dense 2*4*3 = 24 + bias 3."""
+    c = tflops.count(_Residual(), torch.zeros(1, 4, 6, 6))
+    assert c.by_operator == {"convolution": 10368, "depthwise": 0, "dense": 24, "elementwise": 144 + 144 + 3,
+                             "pooling": 144, "normalization": 144}
+    assert [r["kind"] for r in c.layers] == ["conv", "normalization", "merge", "activation", "global_pooling",
+                                             "dense"]
+    assert c.weights == 4 * 4 * 9 + 2 * 4 + 2 * 4 + 4 * 3 + 3
+
+
+def test_depthwise_and_transposed_convolutions_by_hand():
+    """Depthwise 3x3 on 8 channels of 5x5 (groups = 8, padding 1): 2*9*8*25 = 3,600;
+    a 1x1 pointwise to 16: 2*8*400 = 6,400 (a separable convolution, as Table 3 splits it);
+    transposed 2x2 stride 2 from 16 to 4 channels: 2*4*4*(16*25) = 12,800, counted on the
+    input's size."""
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.Conv2d(8, 16, 1, bias=False),
+                          nn.ConvTranspose2d(16, 4, 2, stride=2, bias=False))
+    c = tflops.count(model, torch.zeros(1, 8, 5, 5))
+    assert c.by_operator["depthwise"] == 3600 and c.by_operator["convolution"] == 6400 + 12800
+    assert [r["kind"] for r in c.layers] == ["depthwise", "conv", "transposed"]
+
+
+def test_convolutions_and_matmuls_agree_with_torchs_own_counter(digits_data):
+    """torch.utils.flop_counter counts convolutions and matmuls (2 per multiply-add):
+    ours within 1 % (exactly, here) of its count, on the digits CNN and the residual block."""
+    from torch.utils.flop_counter import FlopCounterMode
+    for model, sample in ((torch_digits.build_model(digits_data), torch_digits.sample(digits_data)),
+                          (_Residual(), torch.zeros(1, 4, 6, 6))):
+        ours = tflops.count(model, sample).by_operator
+        with FlopCounterMode(display=False) as counter:
+            model.eval()
+            with torch.no_grad():
+                model(sample)
+        theirs = counter.get_total_flops()
+        assert abs(ours["convolution"] + ours["depthwise"] + ours["dense"] - theirs) <= 0.01 * theirs
+
+
+def test_an_operator_on_a_parameter_without_a_rule_stops_the_count():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x * self.w.exp()
+    with pytest.raises(TypeError, match=r"no Table 3 rule for operator aten.exp.default in 'Odd'"):
+        tflops.count(Odd(), torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="found a sample of batch 2, expected batch 1"):
+        tflops.count(Odd(), torch.zeros(2, 3))
