@@ -38,8 +38,9 @@ def sync(tensor) -> None:
     tf.reshape(tensor, [-1])[0].numpy()
 
 
-def measure(call, repeats: int) -> Timing:
-    """Time `call()` (launches one kernel call, returns a tensor that depends on it)."""
+def measure(call, repeats: int, sync=sync) -> Timing:
+    """Time `call()` (launches one kernel call, returns a tensor that depends on it);
+    `sync(tensor)` waits for it (TensorFlow's above; a framework passes its own)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     sync(call())                                     # warm-up, excluded
