@@ -1,8 +1,7 @@
 """The training frameworks, one package each behind one interface (issue 34, under way).
 
 Table 2 of HPC AI500 V3.0 lets a user choose the framework: TensorFlow by default, PyTorch
-beside it. What is built so far: `pytorch.distributed`, torch.distributed inside each job
-wired from MPI; `pytorch.flops`, Table 3 counted over a PyTorch model at the operator
+beside it. What is built so far: `pytorch.flops`, Table 3 counted over a PyTorch model at the operator
 level by harness/flops.py's rules; `pytorch.digits`, the digits CNN in PyTorch;
 `pytorch.kernels`, the roofline micro-kernels in PyTorch. TensorFlow's training still lives in harness/train.py and the workloads'
 modules; moving it here, behind the interface the PyTorch package will share (build the
