@@ -169,7 +169,7 @@ def _run(args, world, watchdog) -> int:
                       plan.n_tests, _submission(world, environment))
     if world.rank == 0:
         # stamped before results.json first says `running`: a reader never finds that status without a heartbeat
-        heartbeat.Heartbeat(run_dir, settings.value("HPCAI500_HEARTBEAT")).start()
+        heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
         output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {})
     _sweep(ctx, plan, output, watchdog)
     watchdog.beat("the summary and charts")

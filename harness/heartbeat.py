@@ -34,11 +34,12 @@ from dataclasses import dataclass
 
 import psutil
 
-from harness import dat, files, results
+from harness import dat, files, results, settings
 from harness.errors import say
 from harness.topology import boot_id
 
 NAME = "heartbeat"          # the file in the run folder
+SETTING = "HPCAI500_HEARTBEAT"   # s between stamps (harness/settings.py; the file records the one in force)
 STALE_INTERVALS = 12        # missed stamps after which a run on another kernel is taken for dead
 # --status's exit status per state; 1 is every command's error (not a run, unreadable)
 EXIT = {"complete": 0, "running": 2, "interrupted": 3, "failed": 4, "dead": 5}
@@ -154,7 +155,7 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
     if beat is None:
         return State("running", None, f"status `{rec.status}` and no heartbeat file: a live run cannot be told"
                      " from a dead one (a run of a version before heartbeats?)", finished, planned)
-    age, interval = now - float(beat["time"]), float(beat.get("interval") or 5.0)
+    age, interval = now - float(beat["time"]), float(beat.get("interval") or settings.TABLE[SETTING].default)
     where = f"{beat.get('host', '?')} pid {beat.get('pid', '?')}"
     last = f"last heartbeat at {_clock(beat['time'])} ({age:.0f} s ago, {where})"
     if alive is False:

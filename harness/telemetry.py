@@ -29,6 +29,8 @@ import time
 
 import psutil
 
+from harness.topology import machine_of_each_node
+
 GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
 OTHER_LOAD_LIMIT = 0.25   # cores a rank: other load above this on a machine makes the test warn
 OTHER_LOAD_WARNING = "processes other than the run kept"   # how that warning begins
@@ -276,7 +278,7 @@ def other_load(windows: dict[int, dict], node_of_rank, machine_of_node, hosts) -
     cores its ranks kept busy (their sum), and the difference, the cores other processes
     kept busy. `windows`: world rank -> cpu_window (every rank of the test, idle ones
     included: they are the run's); `machine_of_node` () = every node its own machine."""
-    machine_of_node = list(machine_of_node) or list(range(len(hosts)))
+    machine_of_node = machine_of_each_node(machine_of_node, len(hosts))
     by_machine: dict[int, list[dict]] = {}
     for rank, w in sorted(windows.items()):
         if w and w["seconds"] > 0:
@@ -304,6 +306,8 @@ def other_load_warnings(machines: list[dict]) -> list[str]:
     return [f"{OTHER_LOAD_WARNING} {m['other_cores']:.2f} cores busy on {', '.join(m['hosts'])} during"
             f" the timed span, over {OTHER_LOAD_LIMIT:g} a rank ({m['ranks']} rank(s) there): the figures carry that"
             " load" for m in machines if m["other_cores"] > OTHER_LOAD_LIMIT * m["ranks"]]
+
+
 def _over_ranks(stats: list) -> dict | None:
     stats = [s for s in stats if s]
     if not stats:

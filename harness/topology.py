@@ -144,11 +144,17 @@ def contested(node_of_rank, machine_of_node, masks: list[int], machine_cores) ->
     return out
 
 
+def machine_of_each_node(machine_of_node, nodes: int) -> list[int]:
+    """The machine index of each of `nodes` nodes: `machine_of_node` as recorded, where ()
+    means every node its own machine (a cluster, or a record that predates machines)."""
+    return list(machine_of_node) or list(range(nodes))
+
+
 def sharing(nodes: Nodes) -> list[str]:
     """The report's lines on shared machines, oversubscribed cores and widened bindings
     (none on a cluster whose ranks have a core each)."""
     lines = []
-    machine_of_node = nodes.machine_of_node or tuple(range(len(nodes.hosts)))
+    machine_of_node = machine_of_each_node(nodes.machine_of_node, len(nodes.hosts))
     cores = nodes.machine_cores
     for m in sorted(set(machine_of_node)):
         members = [n for n, mm in enumerate(machine_of_node) if mm == m]

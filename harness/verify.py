@@ -33,10 +33,11 @@ import math
 import os
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from harness import (communication, dat, division, flops, heartbeat, metrics, mllog, report, results, settings,
-                     telemetry, train, workloads)
+                     telemetry, topology, train, workloads)
 from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
@@ -265,13 +266,9 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
     out = [_num(f"{name}: other load on {', '.join(m['hosts'])} (busy cores - the ranks' cores)", m["other_cores"],
                 telemetry.other_cores(m["busy_cores"], m["ranks_cores"])) for m in t.other_load]
     env = res.environment
-    hosts, node_of_rank = env.get("hosts") or [], env.get("node_of_rank") or []
-    machine_of_node = env.get("machine_of_node") or list(range(len(hosts)))
-    ranks = {}
-    for node in node_of_rank:
-        ranks[machine_of_node[node]] = ranks.get(machine_of_node[node], 0) + 1
+    machine_of_node = topology.machine_of_each_node(env.get("machine_of_node") or (), len(env.get("hosts") or []))
     recorded = sorted(m["ranks"] for m in t.other_load)
-    derived = sorted(ranks.values())
+    derived = sorted(Counter(machine_of_node[n] for n in env.get("node_of_rank") or []).values())
     out.append(Check(f"{name}: ranks counted per machine (the node map)", recorded == derived, recorded, derived))
     want = telemetry.other_load_warnings(t.other_load)
     out.append(Check(f"{name}: other-load warnings ({len(want)}, over {telemetry.OTHER_LOAD_LIMIT:g} core a rank)",
