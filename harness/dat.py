@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import dataclass, fields
 
-from harness import ensemble, sampler, train, workloads
+from harness import ensemble, frameworks, sampler, train, workloads
 
 # The keyword choices of the input file, each table kept beside what implements it:
 # name -> (T/V code, meaning); the first name is the default.
@@ -34,14 +34,15 @@ CHOICES = {
     "sampler": sampler.METHODS,
     "aggregation": ensemble.AGGREGATIONS,
     "compiler": train.COMPILERS,
+    "framework": frameworks.CHOICES,
 }
 KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
-NLINES = 33
+NLINES = 35
 # Lines added since the first release: first line -> what brought it. A file that ends
 # before one of them predates it (and everything after it).
-ADDED = {31: "time to quality", 33: "the compiler line"}
+ADDED = {31: "time to quality", 33: "the compiler line", 34: "the framework lines"}
 FIRST_NEW = min(ADDED)
 _ONE_OF = {kind: ", ".join(names) for kind, names in KNOWN.items()}
 LINES = (None,  # what line N holds, 1-based (used when the file is short)
@@ -60,13 +61,14 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "roofline micro-kernels (0=skip, 1=run)",
     "evaluate every K epochs (0 = only at the end)",
     "stop at target (0=no, 1=at the first evaluation that reaches it)",
-    f"compiler ({_ONE_OF['compiler']})")
-# What to add to a file that predates lines 31-33: the shipped file's lines (value, then LINES' text).
-NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}", f"{'none':<13} {LINES[33]}")
+    f"compiler ({_ONE_OF['compiler']})", "# of frameworks", f"frameworks ({_ONE_OF['framework']})")
+# What to add to a file that predates lines 31-35: the shipped file's lines (value, then LINES' text).
+NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}", f"{'none':<13} {LINES[33]}",
+             f"{'1':<13} {LINES[34]}", f"{'tensorflow':<13} {LINES[35]}")
 # The T/V code's fields, in order (Test.tv); the report prints "T/V : Encoded variant ({TV_LEGEND})"
-# (XLA's code is empty for none: codes from before line 33 read as they did)
+# (XLA's code is empty for none, TensorFlow's for the framework: codes from before lines 33-35 read as they did)
 TV_FIELDS = (("sampler", "sampler"), ("precision", "prec"), ("comm_precision", "comm"), ("optimizer", "opt"),
-             ("allreduce", "AR"), ("compiler", "XLA"))
+             ("allreduce", "AR"), ("compiler", "XLA"), ("framework", "FW"))
 TV_LEGEND = ", ".join(f"{short} {'|'.join(code or '(none)' for code, _ in CHOICES[kind].values())}"
                       for kind, short in TV_FIELDS)
 SEED_MAX = 2**32 - 1
@@ -118,6 +120,7 @@ class Config:
     eval_every: int = 0                   # line 31: evaluate every K epochs (epochs); 0 = at the end only
     stop_at_target: bool = False          # line 32: stop at the first evaluation that reaches the target
     compiler: str = "none"                # line 33: xla = the training step's forward and backward by XLA
+    frameworks: tuple[str, ...] = ("tensorflow",)  # lines 34-35
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 
 
@@ -130,9 +133,10 @@ class Test:
     P: int
     batch: int
     precision: str
+    framework: str = "tensorflow"
 
     def tv(self, cfg: Config) -> str:
-        value = {**vars(cfg), "precision": self.precision}
+        value = {**vars(cfg), "precision": self.precision, "framework": self.framework}
         return "".join(CHOICES[kind][value[kind]][0] for kind, _ in TV_FIELDS)
 
 
@@ -309,6 +313,7 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     stop_at_target = bool(r.number(32, "stop at target: 0 (no) or 1 (at the first evaluation that reaches it)",
                                    lambda v: v in (0, 1)))
     compiler = r.keyword(33, "compiler", "compiler")
+    frameworks = r.keywords(35, 34, "framework", "framework")
     for n in range(NLINES + 1, len(r.lines) + 1):
         if r.lines[n - 1].strip():
             raise r.err(n, r.lines[n - 1].split()[0], f"end of file (unexpected line {n}: "
@@ -321,7 +326,8 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
         comm_precision=comm_precision, allreduce=allreduce, sampler=sampler,
         aggregation=aggregation, target_quality=target, penalty_n=penalty_n,
         repetitions=repetitions, staging=staging, seed=seed, roofline=roofline,
-        eval_every=eval_every, stop_at_target=stop_at_target, staging_keep=staging_keep, compiler=compiler)
+        eval_every=eval_every, stop_at_target=stop_at_target, staging_keep=staging_keep, compiler=compiler,
+        frameworks=frameworks)
 
 
 def parse(path: str) -> Config:
@@ -349,9 +355,10 @@ def parse(path: str) -> Config:
 
 
 def expand(cfg: Config) -> list[Test]:
-    """One Test per combination: workload (outer), layout, batch, precision (inner)."""
-    combos = [(w, m, p, b, pr) for w in cfg.workloads for m, p in cfg.layouts
-              for b in cfg.batch_sizes for pr in cfg.precisions]
+    """One Test per combination: workload (outer), layout, batch, precision, framework
+    (inner: the same test in each framework side by side)."""
+    combos = [(w, m, p, b, pr, fw) for w in cfg.workloads for m, p in cfg.layouts
+              for b in cfg.batch_sizes for pr in cfg.precisions for fw in cfg.frameworks]
     return [Test(i, *c) for i, c in enumerate(combos, 1)]
 
 
@@ -377,7 +384,9 @@ def describe(cfg: Config) -> list[str]:
             ("EVAL", "at the end only" if not cfg.eval_every else f"every {_n(cfg.eval_every, 'epoch')} and at the end"),
             ("STOP", "at the first evaluation that reaches the target" if cfg.stop_at_target
                      else f"after epoch {cfg.epochs} (line 15)"),
-            ("COMPILER", "XLA (forward and backward pass)" if cfg.compiler == "xla" else "none (TensorFlow graph)"),
+            ("COMPILER", "XLA (forward and backward pass)" if cfg.compiler == "xla"
+                         else "none (TensorFlow: graph, tf.function; PyTorch: eager)"),
+            ("FRAMEWRK", " ".join(cfg.frameworks)),
             ("OUTPUT", dev),
             ("RESULTS", cfg.results_dir)]
     return [f"{k:<8}: {v}" for k, v in rows]

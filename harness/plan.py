@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness import communication, dat, division, files, heartbeat, results, settings, staging, topology, workloads
+from harness import (communication, dat, division, files, frameworks, heartbeat, results, settings, staging, topology,
+                     workloads)
 from harness.errors import RunError, agree, first_failure
 
 
@@ -93,6 +94,7 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     planned, skipped = layouts(cfg, given.tests, world.size, nodes.node_of_rank)
     check_aggregations(cfg)
     check_allreduce(cfg, planned)
+    first_failure(world, framework_problem(cfg))   # each rank of its own node: installs differ between nodes
     if cfg.staging != "none":
         watchdog.beat("staging directory check")
         agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
@@ -127,6 +129,21 @@ def check_aggregations(cfg: dat.Config) -> None:
         if cfg.aggregation not in supported:
             raise RunError(f"{cfg.path}:24: found {cfg.aggregation!r}, expected an aggregation that workload"
                            f" {name} defines ({', '.join(supported)})")
+
+
+def framework_problem(cfg: dat.Config) -> str | None:
+    """Why a framework of line 35 cannot train on this rank's node, or None: its training
+    not built yet, or its packages not installed here (frameworks.missing: found without
+    importing them, so that a refused input costs no framework's start-up)."""
+    for name in cfg.frameworks:
+        if name not in frameworks.TRAINING:
+            return (f"{cfg.path}:35: found {name}, expected a framework whose training is built"
+                    f" ({', '.join(frameworks.TRAINING)}): {frameworks.NOT_YET[name]}")
+        gone = frameworks.missing(name)
+        if gone:
+            return (f"{cfg.path}:35: found {name}, expected a framework installed on this node:"
+                    f" {', '.join(gone)} cannot be imported here (README.md, Frameworks)")
+    return None
 
 
 def results_dir_problem(cfg: dat.Config) -> str | None:

@@ -386,7 +386,7 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
     others = telemetry.other_load({r.rank: (r.telemetry or {}).get("cpu_window") for r in records},
                                   nodes.node_of_rank, nodes.machine_of_node, nodes.hosts)
     return TestResult(
-        index=t.index, tv=t.tv(cfg), workload=t.workload, M=layout.M, P=layout.P, B=t.batch,
+        index=t.index, tv=t.tv(cfg), workload=t.workload, framework=t.framework, M=layout.M, P=layout.P, B=t.batch,
         precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep, seed=part.seed,
         epochs=cfg.epochs, epochs_trained=roots[0].epochs, eval_every=cfg.eval_every,
         stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),

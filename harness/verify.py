@@ -395,14 +395,16 @@ def _sweep_check(t: results.TestResult, cfg) -> Check:
         return Check(f"{_name(t)}: a test of the input's sweep", False, t.index, len(tests),
                      note="no such test in the sweep")
     s = tests[t.index - 1]
-    want = {"workload": s.workload, "P": s.P, "B": s.batch, "precision": s.precision, "tv": s.tv(cfg),
+    want = {"workload": s.workload, "framework": s.framework, "P": s.P, "B": s.batch, "precision": s.precision,
+            "tv": s.tv(cfg),
             "sampler": cfg.sampler, "aggregation": cfg.aggregation, "epochs": cfg.epochs,
             "eval_every": cfg.eval_every, "stop_at_target": cfg.stop_at_target,
             "seed": cfg.seed + t.repetition, "M": s.M or t.M}
     diff = {k: v for k, v in want.items() if getattr(t, k) != v}
     return Check(f"{_name(t)}: test {s.index} of the input's sweep, with its parameters", not diff,
                  {k: getattr(t, k) for k in diff} or None, diff or None,
-                 note="" if diff else f"{s.workload} M {t.M} P {s.P} B {s.batch} {s.precision} seed {want['seed']}")
+                 note="" if diff else f"{s.workload} {s.framework} M {t.M} P {s.P} B {s.batch} {s.precision}"
+                                      f" seed {want['seed']}")
 
 
 def division_check(t: results.TestResult, cfg, values: dict, resumed: bool = False) -> Check:

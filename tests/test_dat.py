@@ -47,7 +47,7 @@ def fails(text, line, token=None, path="HPCAI500.dat"):
 
 def test_shipped_file_parses_and_expands_to_three_tests():
     cfg = parse(str(DAT))
-    assert len(SHIPPED.splitlines()) == dat.NLINES == 33
+    assert len(SHIPPED.splitlines()) == dat.NLINES == 35
     assert cfg.text == SHIPPED and cfg.path == str(DAT)
     assert (cfg.output_file, cfg.device_out, cfg.results_dir) == ("HPCAI500.out", 6, "runs")
     assert cfg.workloads == ("digits",) and cfg.dataset.text == "embedded" and cfg.dataset.kind == "embedded"
@@ -60,10 +60,11 @@ def test_shipped_file_parses_and_expands_to_three_tests():
     assert (cfg.staging, cfg.seed, cfg.roofline) == ("none", 42, 1)
     assert (cfg.eval_every, cfg.stop_at_target) == (1, False)      # a new user sees the quality curve
     assert cfg.compiler == "none"                                   # XLA is an accelerator's option
+    assert cfg.frameworks == ("tensorflow",)
     assert SHIPPED.splitlines()[30:] == list(dat.NEW_LINES)        # what an older file is told to add
     tests = expand(cfg)
     assert [(t.index, t.M, t.P) for t in tests] == [(1, 1, 1), (2, 2, 1), (3, 4, 1)]
-    assert all((t.workload, t.batch, t.precision) == ("digits", 32, "fp32") for t in tests)
+    assert all((t.workload, t.batch, t.precision, t.framework) == ("digits", 32, "fp32", "tensorflow") for t in tests)
 
 
 def test_shipped_file_is_column_aligned():
@@ -114,6 +115,8 @@ BAD = [  # (line, value, offending token); value EMPTY = empty line
     (29, EMPTY, None), (29, "-1", "-1"), (29, "4294967296", "4294967296"), (29, "x", "x"),
     (29, "1.5", "1.5"),
     (30, EMPTY, None), (30, "2", "2"), (30, "-1", "-1"), (30, "x", "x"),
+    (34, EMPTY, None), (34, "0", "0"), (34, "x", "x"),
+    (35, EMPTY, None), (35, "torch", "torch"), (35, "mindspore", "mindspore"),
 ]
 
 
@@ -144,11 +147,12 @@ def test_message_format(line, value, expected):
 def test_keywords_are_the_tables_of_what_implements_them():
     """Line 7's and lines 17-24's choices come from the modules that implement them:
     a choice that lands there is accepted here, with its T/V code."""
-    from harness import ensemble, sampler, train, workloads
+    from harness import ensemble, frameworks, sampler, train, workloads
     assert dat.KNOWN == {"workload": tuple(workloads.CHOICES), "precision": tuple(train.PRECISIONS),
                          "optimizer": tuple(train.OPTIMIZERS), "comm_precision": tuple(train.COMMUNICATION),
                          "allreduce": tuple(train.ALLREDUCE), "sampler": tuple(sampler.METHODS),
-                         "aggregation": tuple(ensemble.AGGREGATIONS), "compiler": tuple(train.COMPILERS)}
+                         "aggregation": tuple(ensemble.AGGREGATIONS), "compiler": tuple(train.COMPILERS),
+                         "framework": tuple(frameworks.CHOICES)}
     cfg = parse_text(edit({18: "adam", 22: "hierarchical", 27: "100", 30: "0"}))
     assert (cfg.optimizer, cfg.allreduce, cfg.repetitions, cfg.roofline) == ("adam", "hierarchical", 100, 0)
     fails(edit({27: "101"}), 27, "101")
@@ -190,6 +194,9 @@ COUNTS = [  # (changes, line of the error, offending token[, False: drop free te
     ({17: "fp32 fp16"}, 17, "fp16"),
     ({17: "fp32 FP16"}, 17, "FP16"),
     ({16: "2", 17: "fp32 fp32"}, 17, "fp32"),        # duplicate precision
+    ({34: "2"}, 35, "frameworks"),
+    ({35: "tensorflow pytorch"}, 35, "pytorch"),
+    ({34: "2", 35: "pytorch PyTorch"}, 35, "PyTorch"),  # duplicate framework, case aside
 ]
 
 
@@ -226,7 +233,7 @@ def test_deleted_line_is_an_error(n):
 
 
 @pytest.mark.parametrize("extra,line,token", [
-    ("junk\n", 34, "junk"), ("\n\n  \n7 more\n", 37, "7"), ("\t-1\n", 34, "-1")])
+    ("junk\n", 36, "junk"), ("\n\n  \n7 more\n", 39, "7"), ("\t-1\n", 36, "-1")])
 def test_extra_lines_are_an_error(extra, line, token):
     err = fails(SHIPPED + extra, line, token)
     assert f"unexpected line {line}" in str(err)
@@ -349,6 +356,17 @@ def test_expand_nesting_order_workload_layout_batch_precision():
     assert tests[-1] == DatTest(16, "ic", 2, 2, 16, "bf16")
 
 
+def test_framework_is_the_innermost_sweep():
+    """Lines 34-35: each test in each framework, side by side, the framework innermost."""
+    cfg = parse_text(edit({16: "2", 17: "fp32 bf16", 34: "2", 35: "pytorch TensorFlow"}))
+    assert cfg.frameworks == ("pytorch", "tensorflow")
+    got = [(t.index, t.M, t.precision, t.framework) for t in expand(cfg)[:5]]
+    assert got == [(1, 1, "fp32", "pytorch"), (2, 1, "fp32", "tensorflow"), (3, 1, "bf16", "pytorch"),
+                   (4, 1, "bf16", "tensorflow"), (5, 2, "fp32", "pytorch")]
+    assert len(expand(cfg)) == 12
+    assert "FRAMEWRK: pytorch tensorflow" in describe(cfg)
+
+
 @pytest.mark.parametrize("fields,precision,code", [
     ({}, "fp32", "B32C32SR"),
     ({"sampler": "poisson"}, "fp16", "P16C32SR"),
@@ -358,15 +376,18 @@ def test_expand_nesting_order_workload_layout_batch_precision():
     ({"optimizer": "adagrad"}, "fp32", "B32C32GR"),
     ({"optimizer": "lars"}, "fp32", "B32C32LR"),
     ({"compiler": "xla"}, "fp32", "B32C32SRX"),       # XLA adds X; none adds nothing (codes as before)
+    ({"framework": "pytorch"}, "fp32", "B32C32SRPT"),  # PyTorch adds PT; TensorFlow nothing (codes as before)
+    ({"framework": "pytorch", "compiler": "xla"}, "bf16", "BBFC32SRXPT"),
 ])
 def test_tv_codes(fields, precision, code):
+    framework = fields.pop("framework", "tensorflow")   # a test's, not the Config's
     cfg = dataclasses.replace(parse_text(SHIPPED), **fields)
-    assert DatTest(1, "digits", 1, 1, 32, precision).tv(cfg) == code
+    assert DatTest(1, "digits", 1, 1, 32, precision, framework).tv(cfg) == code
 
 
 def test_tv_legend_is_one_line():
     assert dat.TV_LEGEND.startswith("sampler B|P|N") and "\n" not in dat.TV_LEGEND
-    assert all(code in dat.TV_LEGEND for code in ("32|16|BF", "C32|C16", "S|A|G|L|M", "R|H", "XLA (none)|X"))
+    assert all(code in dat.TV_LEGEND for code in ("32|16|BF", "C32|C16", "S|A|G|L|M", "R|H", "XLA (none)|X", "FW (none)|PT"))
 
 
 def test_describe():

@@ -171,11 +171,11 @@ def test_readme_groups_the_scaling_lines_by_the_fields_the_report_groups_by():
     of their own; tests differing only in M share one."""
     from harness import metrics, report
     fields = re.search(r"a scaling line for every \(([^)]*)\)", README).group(1).split(", ")
-    base = {"workload": "digits", "B": 32, "precision": "fp32", "P": 1}
+    base = {"workload": "digits", "framework": "tensorflow", "B": 32, "precision": "fp32", "P": 1}
     def tests(ms=(1, 2), **change):
         return [result(**{**base, "M": m, "flops": m * 1.0, "train_seconds": 5.0, **change}) for m in ms]
     assert len(report.scaling_lines(tests((1, 2, 4)), metrics.weak_scaling)) == 1   # M alone: one line
-    other = {"workload": "ic", "B": 64, "precision": "fp16", "P": 2}
+    other = {"workload": "ic", "framework": "pytorch", "B": 64, "precision": "fp16", "P": 2}
     for field in base:
         lines = report.scaling_lines(tests() + tests(**{field: other[field]}), metrics.weak_scaling)
         assert (len(lines) == 2) == (field in fields), (field, fields, lines)

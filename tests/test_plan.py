@@ -85,6 +85,23 @@ def test_results_directory_must_be_writable(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made, the probe removed
 
 
+def test_a_framework_must_train_and_be_installed_on_every_node(monkeypatch):
+    """Line 35: a framework whose training is not built, or whose packages this node
+    cannot import, is refused naming the line, the framework and what is missing."""
+    from harness import frameworks
+    cfg = dat.parse_text(dat_text(l34=2, l35="tensorflow pytorch"), "x.dat")
+    assert plan.framework_problem(cfg) == (
+        "x.dat:35: found pytorch, expected a framework whose training is built (tensorflow): "
+        + frameworks.NOT_YET["pytorch"])
+    monkeypatch.setattr(frameworks, "TRAINING", ("tensorflow", "pytorch"))
+    assert plan.framework_problem(cfg) is None        # torch and TensorFlow are in the suite's venv
+    monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
+    assert plan.framework_problem(cfg) == ("x.dat:35: found pytorch, expected a framework installed on this node:"
+                                           " torch (requirements-pytorch.txt) cannot be imported here (README.md,"
+                                           " Frameworks)")
+    assert frameworks.missing("tensorflow") == []
+
+
 def test_check_describes_skipped_tests():
     nodes = topology.Nodes((0, 0), ("h",), 0, 2)
     planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])
@@ -101,7 +118,8 @@ def test_check_describes_skipped_tests():
     ({"l7": "ic", "l8": "embedded"}, ":8: workload ic: ic: there is no embedded data set"),
     ({"l14": 5000}, ":14: found B=5000, expected at most 1438 with P=1"),
     ({"l28": "STAGE_UNDER_FILE"}, ":28: staging directory"),
-], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file"])
+    ({"l35": "pytorch"}, ":35: found pytorch, expected a framework whose training is built (tensorflow)"),
+], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file", "pytorch-not-yet"])
 def test_check_refuses_what_a_run_refuses(tmp_path, lines, message):
     (tmp_path / "file").write_text("")
     lines = {k: (str(tmp_path / "file" / "stage") if v == "STAGE_UNDER_FILE" else v) for k, v in lines.items()}
