@@ -194,13 +194,24 @@ def library(allreduce: str, gpu: bool, nccl: bool, mpi: bool) -> str:
     return f"{cpu} (flat: hierarchical needs NCCL)" if allreduce == "hierarchical" else cpu
 
 
-def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None, carrier: str) -> str:
-    """One job's gradient exchange in words: lines 21-22 as they ran and `carrier`
-    (`library`); the torus with its grid."""
+def carriers(framework: str, allreduce: str) -> set[str]:
+    """Every library that can carry a job's gradients in `framework`: Horovod's as its
+    build may report (`library`), torch.distributed's backends (Gloo on CPUs, NCCL on GPUs)."""
+    if framework == "pytorch":
+        return {"Gloo", "NCCL"}
+    return {library(allreduce, gpu, nccl, mpi) for gpu in (False, True) for nccl in (False, True)
+            for mpi in (False, True)}
+
+
+def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None, carrier: str,
+             framework: str = "tensorflow") -> str:
+    """One job's gradient exchange in words: lines 21-22 as they ran in `framework` and
+    `carrier` (`library`, or torch.distributed's backend); the torus with its grid."""
     if ranks == 1:
         return "none (P = 1)"
     if comm_precision == "int8":
         return f"int8 all-gather, {carrier}"
-    how = {"ring": "Horovod all-reduce", "hierarchical": "hierarchical all-reduce", "adasum": "Adasum",
+    ring = "DDP all-reduce" if framework == "pytorch" else "Horovod all-reduce"
+    how = {"ring": ring, "hierarchical": "hierarchical all-reduce", "adasum": "Adasum",
            "torus": f"torus {grid.describe() if grid else ''}"}[allreduce]
     return f"{how}{', fp16' if comm_precision == 'fp16' else ''}, {carrier}"

@@ -37,6 +37,8 @@ CHOICES = {
     "framework": frameworks.CHOICES,
 }
 KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
+# The line of each single-valued keyword (messages about a choice name its line).
+LINE_OF = {"optimizer": 18, "comm_precision": 21, "allreduce": 22, "sampler": 23, "aggregation": 24, "compiler": 33}
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
 NLINES = 35

@@ -23,8 +23,8 @@ import numpy as np
 
 from harness.errors import RunError, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import (dat, fault, heartbeat, report, results, run, settings, signals, telemetry, topology, train, verify,
-                     workloads)
+from harness import (dat, fault, frameworks, heartbeat, report, results, run, settings, signals, telemetry, topology,
+                     verify, workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
@@ -147,12 +147,13 @@ def _run(args, world, watchdog) -> int:
     # at once, and the loaders run no TensorFlow op, so the pinning below still works.
     plan = planning.make(world, given, nodes, watchdog)
     watchdog.beat("device set-up")
-    with native_stderr_captured() as native:
-        devices = train.setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
-    if not devices["gpus_on_node"] and telemetry.gpu_inventory():
-        say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but TensorFlow"
-            f" found none; its start-up messages:\n{native[0]}")
     cfg = plan.cfg
+    with native_stderr_captured() as native:   # each framework the sweep names; rank 0's first for the report
+        devices = [frameworks.get(name).setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
+                   for name in cfg.frameworks][0]
+    if not devices["gpus_on_node"] and telemetry.gpu_inventory():
+        say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but"
+            f" {cfg.frameworks[0]} found none; its start-up messages:\n{native[0]}")
     if args.check:
         if world.rank == 0:
             print("\n".join(planning.describe(plan, world.size)), flush=True)
@@ -161,9 +162,9 @@ def _run(args, world, watchdog) -> int:
     ceilings = None
     if cfg.roofline:
         watchdog.beat("roofline micro-kernels")
-        ceilings = _roofline(world, cfg.precisions)
+        ceilings = _roofline(world, cfg.frameworks, cfg.precisions)
     watchdog.beat("inventory")
-    environment = telemetry.environment(world, nodes, devices)  # collective: every rank
+    environment = telemetry.environment(world, nodes, devices, cfg.frameworks)  # collective: every rank
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     ctx = run.Context(cfg, world, nodes, devices, os.path.basename(os.path.normpath(run_dir)), ceilings or {},
                       plan.n_tests, _submission(world, environment))
@@ -218,31 +219,35 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
     record = results.Record(
         hpcai500=VERSION, run_dir=run_dir, input={"path": cfg.path, "sha256": results.sha256(cfg.text), "text": cfg.text},
         config=dat.record(cfg), settings=plan.settings, environment=environment, roofline=ceilings,
-        conventions=report.conventions(cfg, devices, notes, placement, ceilings, environment["horovod_build"]),
+        conventions=report.conventions(cfg, devices, notes, placement, ceilings,
+                                       [line for name in cfg.frameworks
+                                        for line in frameworks.get(name).conventions(cfg, environment)]),
         skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
     return report.Output(cfg, record, dat.describe(cfg) + settings.describe(plan.settings), dat.TV_LEGEND,
                          plan.previous)
 
 
-def _roofline(world, precisions) -> dict | None:
+def _roofline(world, names, precisions) -> dict | None:
     """GEMM, convolution and triad on every rank at once (they share the node's memory
-    and power, as training does), once per precision; per-rank figures on rank 0."""
-    import kernels
+    and power, as training does), in each framework of the sweep (`names`: a test's
+    utilisation is measured against the library that trained it) and each precision;
+    per-rank figures on rank 0, keyed by frameworks.roofline_key."""
     out = {}
-    for prec in precisions:
-        world.Barrier()
-        fault.point(world.rank, "roofline")
-        with native_stderr_captured():  # the triad's first XLA compilation prints banners
-            mine = kernels.roofline(prec, quick=settings.value("HPCAI500_ROOFLINE_QUICK") == "1")
-        per_rank = world.gather(mine, root=0)
-        if world.rank == 0:
-            out[prec] = _ceilings(prec, per_rank)
+    for name in names:
+        for prec in precisions:
+            world.Barrier()
+            fault.point(world.rank, "roofline")
+            with native_stderr_captured():  # the triad's first XLA compilation prints banners
+                mine = frameworks.get(name).roofline(prec, settings.value("HPCAI500_ROOFLINE_QUICK") == "1")
+            per_rank = world.gather(mine, root=0)
+            if world.rank == 0:
+                out[frameworks.roofline_key(name, prec)] = _ceilings(name, prec, per_rank)
     return out if world.rank == 0 else None
 
 
-def _ceilings(prec: str, per_rank: list[dict]) -> dict:
+def _ceilings(framework: str, prec: str, per_rank: list[dict]) -> dict:
     med = lambda xs: float(np.median(xs))  # noqa: E731 - a median over ranks, the chart's ceiling
-    return {"precision": prec, "per_rank": per_rank,
+    return {"precision": prec, "framework": framework, "per_rank": per_rank,
             "gemm_flops": med([r["gemm"]["flops"] for r in per_rank]),
             "conv_flops": med([r["conv"]["flops"] for r in per_rank]),
             "bandwidth": med([r["stream"]["bandwidth"] for r in per_rank]),

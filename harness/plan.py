@@ -132,17 +132,23 @@ def check_aggregations(cfg: dat.Config) -> None:
 
 
 def framework_problem(cfg: dat.Config) -> str | None:
-    """Why a framework of line 35 cannot train on this rank's node, or None: its training
-    not built yet, or its packages not installed here (frameworks.missing: found without
-    importing them, so that a refused input costs no framework's start-up)."""
+    """Why a framework of line 35 cannot train this input on this rank's node, or None:
+    its packages not installed here (frameworks.missing: found without importing them, so
+    that a refused input costs no framework's start-up), a workload whose model it lacks,
+    a Table 2 choice it cannot carry (frameworks.UNSUPPORTED)."""
     for name in cfg.frameworks:
-        if name not in frameworks.TRAINING:
-            return (f"{cfg.path}:35: found {name}, expected a framework whose training is built"
-                    f" ({', '.join(frameworks.TRAINING)}): {frameworks.NOT_YET[name]}")
         gone = frameworks.missing(name)
         if gone:
             return (f"{cfg.path}:35: found {name}, expected a framework installed on this node:"
                     f" {', '.join(gone)} cannot be imported here (README.md, Frameworks)")
+        for w in cfg.workloads:
+            if not frameworks.builds(name, w):
+                return (f"{cfg.path}:7: found workload {w} with framework {name} (line 35), expected a workload"
+                        f" whose model is built in {name} ({frameworks.built_workloads(name)})")
+        for (field, value), why in frameworks.UNSUPPORTED.get(name, {}).items():
+            if getattr(cfg, field) == value:
+                return (f"{cfg.path}:{dat.LINE_OF[field]}: found {value} with framework {name} (line 35),"
+                        f" expected another choice: {why}")
     return None
 
 

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from harness import experiments, files, flops, heartbeat, metrics, mllog, results, telemetry, train
+from harness import experiments, files, flops, frameworks, heartbeat, metrics, mllog, results, telemetry, train
 
 RULE = "=" * 80
 THIN = "-" * 80
@@ -250,11 +250,11 @@ def _ttq(t: results.TestResult) -> str:
 
 # -- what the report states about how it measures --------------------------------------
 def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceilings: dict,
-                build: dict) -> list[str]:
+                framework_lines: list[str]) -> list[str]:
     """The conventions block: every rule behind a figure of this run. `notes`: the
     workloads' FLOP notes; `placement`: the nodes (telemetry.node_lines) and what
-    topology.sharing says of shared machines, cores and bindings; `build`: Horovod's build
-    (telemetry.horovod_build)."""
+    topology.sharing says of shared machines, cores and bindings; `framework_lines`: how
+    each framework of the run trains (its package's conventions(): exchange, options)."""
     lines = [
         flops.CONVENTION,
         "Time: wall clock from a world barrier to the end of the last epoch, max over all ranks;"
@@ -262,8 +262,8 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         f" over less than {metrics.SHORT_SPAN:g} s carries a warning and marks its scaling line: on a quiet 2-core"
         " machine such FLOPS repeated within about 5 %, from 2.4 s on within 2.5 % (bench/span.py)",
         f"Warm-up: before that barrier each job runs {train.WARMUP_STEPS} training step(s) and undoes them (every"
-        " variable the step writes is restored): graph optimisation, XLA compilation and Horovod's first"
-        " negotiation are set-up, as MLPerf's init; the timed epochs train exactly the samples counted;"
+        " variable the step writes is restored): the framework's first-step work (TensorFlow's graph optimisation"
+        " and XLA compilation, Horovod's first negotiation; PyTorch's DDP buckets) is set-up, as MLPerf's init; the timed epochs train exactly the samples counted;"
         " the feed (one for all epochs, built there too) reads, decodes and augments inside the clock",
         "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
         "Evaluation: "
@@ -289,7 +289,7 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"
         " from the start barrier to the end of training, the evaluations along the way (line 31) included"
         " (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
-        build_line(build), *option_lines(cfg, bool(build["nccl"])), *notes, *placement]
+        *framework_lines, *run_lines(cfg), *notes, *placement]
     for c in ceilings.values():
         lines += roofline_lines(c)
     return lines
@@ -307,7 +307,8 @@ def build_line(build: dict) -> str:
 
 
 def option_lines(cfg, nccl: bool) -> list[str]:
-    """What the Table 2 choices of this input mean here, stated in the report."""
+    """What the Table 2 choices of this input mean in TensorFlow with Horovod (`nccl`: its
+    build has NCCL), stated in the report."""
     lines = []
     if set(cfg.precisions) - {"fp32"}:
         lines.append("Mixed precision (fp16, bf16): Keras policy, FP32 master weights, logits/softmax/loss"
@@ -340,6 +341,28 @@ def option_lines(cfg, nccl: bool) -> list[str]:
     if cfg.optimizer != "sgd":
         lines.append(f"Optimizer {cfg.optimizer}: see harness/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
                      " i.e. biases and batch-norm, from trust ratio and weight decay)")
+    return lines
+
+
+def torch_lines(cfg) -> list[str]:
+    """What the Table 2 choices of this input mean in PyTorch, stated in the report."""
+    lines = ["PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs, NCCL on GPUs), wired"
+             " from MPI (the job root's TCPStore, its address broadcast over the job's communicator; no torchrun);"
+             " DistributedDataParallel averages the gradients in buckets during the backward pass; the optimizers"
+             " are torch.optim's with Keras' defaults (Adam's and AdaGrad's epsilon 1e-7, AdaGrad's initial"
+             " accumulator 0.1; SGD's momentum applied as PyTorch does, v = m v + g)"]
+    if set(cfg.precisions) - {"fp32"}:
+        lines.append("Mixed precision in PyTorch (fp16, bf16): torch.autocast, FP32 master weights, the loss in FP32,"
+                     " fp16 with a dynamic gradient scaler (torch.amp.GradScaler); FLOPs counted as for fp32")
+    if cfg.comm_precision == "fp16":
+        lines.append("Communication fp16 in PyTorch: DDP's fp16_compress_hook (gradients cast to FP16 for the"
+                     " all-reduce, back to FP32 after)")
+    return lines
+
+
+def run_lines(cfg) -> list[str]:
+    """The input's choices that mean the same in every framework: staging, repetitions."""
+    lines = []
     if cfg.staging != "none":
         lines.append(f"Staging to {cfg.staging}: one writer per node copies the union of the distinct resampled"
                      " samples of the jobs the node serves and the validation set, in the workload's format; each"
@@ -358,7 +381,8 @@ def option_lines(cfg, nccl: bool) -> list[str]:
 def roofline_lines(c: dict) -> list[str]:
     """The conventions block's roofline lines for one precision."""
     n = len(c["per_rank"])
-    lines = [f"Roofline ({c['precision']}, per rank, median of {n} ranks run at once): GEMM "
+    fw = "" if c.get("framework", "tensorflow") == "tensorflow" else f"{c['framework']}, "
+    lines = [f"Roofline ({fw}{c['precision']}, per rank, median of {n} ranks run at once): GEMM "
              f"{c['gemm_flops'] / 1e12:.4f} Tflops, CONV {c['conv_flops'] / 1e12:.4f} Tflops,"
              f" triad {c['bandwidth'] / 1e9:.1f} GB/s; first call excluded, median of repeats",
              "Utilisation: FLOPS / sum of the measured GEMM (and CONV) figures of the ranks the test used"]
@@ -470,8 +494,8 @@ class Output:
             if plots.quality_curve(t, os.path.join(rec.run_dir, name + ".png")):
                 rec.charts.append(name + ".png")
         for prec, ceil in rec.roofline.items():
-            tests = [t for t in rec.tests if t.precision == prec]
-            name = "roofline.png" if len(rec.roofline) == 1 else f"roofline-{prec}.png"
+            tests = [t for t in rec.tests if frameworks.roofline_key(t.framework, t.precision) == prec]
+            name = "roofline.png" if len(rec.roofline) == 1 else f"roofline-{prec.replace('/', '-')}.png"
             if tests and plots.roofline(tests, ceil, os.path.join(rec.run_dir, name)):
                 rec.charts.append(name)
 

@@ -10,14 +10,13 @@ other failure ends the job through the driver's MPI_Abort, so no rank is left wa
 """
 from __future__ import annotations
 
-import os
 import resource
 import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import (communication, ensemble, fault, flops, metrics, mllog, sampler, settings, staging, telemetry,
-                     topology, train, workloads)
+from harness import (ensemble, fault, frameworks, metrics, mllog, sampler, settings, staging, telemetry, topology,
+                     train, workloads)
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 
@@ -202,52 +201,36 @@ def _start_barrier(world, watchdog, t) -> None:
     watchdog.beat(phase)   # back to this rank's phase: training's steps beat without naming one
 
 
-def _torus(part: Part, hvd):
-    """This rank's part in its job's 2D torus (line 22), the grid drawn from the nodes of
-    the job's ranks (communication.grid), before hvd.init registers its process sets."""
-    return communication.Torus.of(
-        communication.job_grid(part.planned.layout.jobs[part.job], part.ctx.nodes.node_of_rank), part.comm.rank, hvd)
-
-
 def _base_model(part: Part, copy, evaluation) -> RankRecord:
-    """Train and evaluate this rank's share of base model `part.job`; its record. With
+    """Train and evaluate this rank's share of base model `part.job` in the test's
+    framework (its package's Job: the job's group, the model, the step); its record. With
     staging, the model trains and predicts from the node-local `copy`."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
     ctx, t, job, watchdog, data, wl = part.ctx, part.t, part.job, part.watchdog, part.data, part.wl
     cfg, world = ctx.cfg, ctx.world
     local, local_indices = (copy.data, copy.indices) if copy else (data, part.indices)
-    # Horovod reads its all-reduce algorithm from the environment at init
-    os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
-    torus = _torus(part, hvd) if cfg.allreduce == "torus" else None
-    hvd.init(comm=part.comm, process_sets=list(torus.sets) if torus else None)
-    model = train.build(wl, local, part.seed, job, t.precision)
+    fw = frameworks.get(t.framework).open_job(part)
+    model = fw.build(wl, local, part.seed, job, t.precision)
     watchdog.beat(f"training, test {t.index}")
     gpus = ctx.devices["gpus_on_node"]
     probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
     probe.start()
     recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                           t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce)
-    evaluate = _Evaluate(part, model, local, evaluation)
-    res = train.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
-                      world_barrier=lambda: _start_barrier(world, watchdog, t),
-                      hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
-                      on_step=_on_step(watchdog, fault.injector(world.rank)), evaluate=evaluate,
-                      eval_every=cfg.eval_every, torus=torus)
+    evaluate = _Evaluate(part, fw, model, local, evaluation)
+    res = fw.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
+                   world_barrier=lambda: _start_barrier(world, watchdog, t),
+                   hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
+                   on_step=_on_step(watchdog, fault.injector(world.rank)), evaluate=evaluate,
+                   eval_every=cfg.eval_every)
     record = RankRecord(world.rank, job, staging=_staged(copy), eval_seconds=evaluate.seconds, seconds=res.seconds,
                         samples=res.samples, steps_per_epoch=res.steps_per_epoch, epochs=res.epochs,
                         loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
-                        flops=flops.count(model), telemetry=probe.stop(window=res.clock))
+                        flops=fw.count(wl, model, local), telemetry=probe.stop(window=res.clock))
     if part.comm.rank == 0:
         record = replace(record, quality=evaluate.quality, resample_size=int(len(part.indices)),
                          out_of_bag=sampler.out_of_bag_fraction(part.indices, data.n_train),
-                         index_digest=sampler.digest(part.indices), mllog=part.log.lines,
-                         exchange=communication.exchange(
-                             cfg.comm_precision, cfg.allreduce, part.comm.size, torus and torus.grid,
-                             communication.library(cfg.allreduce, bool(gpus), bool(hvd.nccl_built()),
-                                                   hvd.mpi_enabled())))
-    hvd.shutdown()
-    tf.keras.backend.clear_session()
+                         index_digest=sampler.digest(part.indices), mllog=part.log.lines, exchange=fw.exchange())
+    fw.close()
     part.comm.Free()
     return record
 
@@ -257,8 +240,8 @@ class _Evaluate:
     predictions, its root's quality and term of the ensemble, the world's reduction.
     Keeps the seconds it took and the root's last quality."""
 
-    def __init__(self, part: Part, model, local, evaluation):
-        self.part, self.model, self.local, self.evaluation = part, model, local, evaluation
+    def __init__(self, part: Part, fw, model, local, evaluation):
+        self.part, self.fw, self.model, self.local, self.evaluation = part, fw, model, local, evaluation
         self.seconds = 0.0              # s, all evaluations of the test
         self.quality = None             # job root: its model's quality at the last evaluation
 
@@ -281,7 +264,7 @@ class _Evaluate:
         p, comm = self.part, self.part.comm
         n = rows.stop - rows.start
         mine = ensemble.my_rows(n, comm.rank, comm.size)
-        full = ensemble.gather_job(comm, p.wl.predict(self.model, self.local, slice(
+        full = ensemble.gather_job(comm, self.fw.predict(p.wl, self.model, self.local, slice(
             rows.start + mine.start, rows.start + mine.stop)), n)
         if comm.rank != 0:
             return None
@@ -406,7 +389,8 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
         base_quality=[r.quality for r in roots], target_quality=target, penalty_n=n,
         penalty=metrics.penalty(quality, target, n, higher), final_loss=[r.loss for r in roots],
-        utilisation=metrics.utilisation(fl, ctx.ceilings.get(t.precision), [r.rank for r in workers]),
+        utilisation=metrics.utilisation(fl, ctx.ceilings.get(frameworks.roofline_key(t.framework, t.precision)),
+                                        [r.rank for r in workers]),
         telemetry=tele, vflops_per_watt=telemetry.per_joule(vfl, seconds, tele),
         consistency=metrics.consistency(max(r.diff for r in workers)),
         resample=[{"job": r.job, "size": r.resample_size, "out_of_bag": r.out_of_bag, "digest": r.index_digest}
@@ -456,9 +440,10 @@ class _Hooks:
     def __init__(self, t, total, log, progress: bool, evaluation: Evaluation):
         self.t, self.total, self.log, self.progress, self.evaluation = t, total, log, progress, evaluation
 
-    def recipe(self, name, optimizer, peak_lr, warmup_steps, total_steps):
+    def recipe(self, name, config, peak_lr, warmup_steps, total_steps):
+        """`config`: the optimizer's settings under Keras' names (get_config(); mllog.recipe)."""
         if self.log:
-            self.log.recipe(mllog.recipe(name, optimizer.get_config(), peak_lr, warmup_steps, total_steps))
+            self.log.recipe(mllog.recipe(name, config, peak_lr, warmup_steps, total_steps))
 
     def run_start(self):
         self.evaluation.begin()

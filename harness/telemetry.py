@@ -29,6 +29,7 @@ import time
 
 import psutil
 
+from harness import frameworks
 from harness.topology import machine_of_each_node
 
 GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
@@ -421,37 +422,29 @@ def node_lines(inventory: list[dict]) -> list[str]:
     return lines
 
 
-def software() -> dict:
-    """Versions of the stack this rank runs (the same on every rank of a sane install)."""
-    import horovod
+def software(names: tuple[str, ...]) -> dict:
+    """Versions of the stack this rank runs (the same on every rank of a sane install):
+    the neutral core's, then each framework's of `names` (its package's software())."""
     import mpi4py
     import numpy
-    import tensorflow as tf
     from mpi4py import MPI
-    return {"python": platform.python_version(), "numpy": numpy.__version__, "tensorflow": tf.__version__,
-            "horovod": horovod.__version__, "horovod_build": horovod_build(), "mpi4py": mpi4py.__version__,
-            "mpi_library": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
-            "machine": platform.machine(), "cpu_count": os.cpu_count()}
+    out = {"python": platform.python_version(), "numpy": numpy.__version__, "mpi4py": mpi4py.__version__,
+           "mpi_library": MPI.Get_library_version().strip("\x00 \n").splitlines()[0],
+           "machine": platform.machine(), "cpu_count": os.cpu_count(), "frameworks": list(names)}
+    for name in names:
+        out.update(frameworks.get(name).software())
+    return out
 
 
-def horovod_build() -> dict:
-    """What Horovod says it was built with (`horovodrun --check-build`'s answers): its
-    controllers, CUDA, and NCCL's version code (0: no NCCL; 22105 = 2.21.5), which decide
-    what carries a GPU tensor's all-reduce (communication.library)."""
-    import horovod.tensorflow as hvd
-    return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "cuda": bool(hvd.cuda_built()),
-            "nccl": int(hvd.nccl_built() or 0)}
-
-
-def environment(world, nodes, devices: dict) -> dict:
-    """COLLECTIVE over `world`: every rank must call it. Versions, the world's shape,
+def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
+    """COLLECTIVE over `world`: every rank must call it. Versions (of the frameworks `names`), the world's shape,
     each node's host and GPU inventory (from the node's first rank) and the ranks'
     start-up seconds (called just before the first test) on rank 0."""
     mine = ({**host_inventory(), "ranks": nodes.local_size, "gpus": gpu_inventory()}
             if nodes.local_rank == 0 else None)
     inventory = world.gather(mine, root=0)
     started = world.gather(startup_seconds(), root=0)
-    return {**software(), "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
+    return {**software(names), "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
             "machine_of_node": list(nodes.machine_of_node), "machine_cores": list(nodes.machine_cores),
             "widened_ranks": list(nodes.widened), "node_of_rank": list(nodes.node_of_rank),
             "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n],

@@ -20,17 +20,23 @@ import numpy as np
 from harness import communication, sampler, workloads
 
 
+def threads(sharing: int) -> tuple[int, int]:
+    """(intra-op, inter-op) threads of a rank: cores / ranks-sharing-them, so that ranks
+    do not fight (`sharing`: the ranks on this rank's node, or on its machine where
+    several nodes run on one: topology.Nodes.ranks_sharing_cores); every framework's
+    setup_devices pins these."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    intra = max(1, min(cores, (os.cpu_count() or 1) // sharing))
+    return intra, 1 if intra == 1 else 2
+
+
 def setup_devices(local_rank: int, sharing: int) -> dict:
     """Pin this rank before TensorFlow starts its runtime: one GPU per local rank where
-    there are GPUs, and cores / ranks-sharing-them threads so that ranks do not fight
-    (`sharing`: the ranks on this rank's node, or on its machine where several nodes run
-    on one: topology.Nodes.ranks_sharing_cores)."""
+    there are GPUs, and `threads(sharing)`."""
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")  # Horovod's per-test broadcasts retrace; TF warns each time
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, min(cores, (os.cpu_count() or 1) // sharing))
-    inter_op = 1 if threads == 1 else 2
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    threads_, inter_op = threads(sharing)
+    tf.config.threading.set_intra_op_parallelism_threads(threads_)
     tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     gpus = tf.config.list_physical_devices("GPU")
     device = "CPU"
@@ -39,12 +45,22 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
         tf.config.set_visible_devices([gpu], "GPU")
         tf.config.experimental.set_memory_growth(gpu, True)
         device = f"GPU {local_rank % len(gpus)} of {len(gpus)}"
-    return {"threads": threads, "inter_op": inter_op, "device": device, "gpus_on_node": len(gpus)}
+    return {"threads": threads_, "inter_op": inter_op, "device": device, "gpus_on_node": len(gpus)}
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, peak: float) -> float:
+    """The LR of step `step` (from 0): linear warm-up to `peak` (base LR x P, the linear
+    scaling rule) over `warmup_steps`, then cosine decay to zero at `total_steps`. Pure;
+    learning_rate is the same schedule in TensorFlow's ops, for its graph."""
+    if step < warmup_steps:
+        return peak * (step + 1.0) / max(1, warmup_steps)
+    frac = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * peak * (1.0 + math.cos(math.pi * min(frac, 1.0)))
 
 
 def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
-    """Linear warm-up to `peak` (base LR x P, the linear scaling rule), then cosine decay
-    to zero. Works on Python numbers and on TensorFlow scalars alike."""
+    """lr_at in TensorFlow's ops (the step number a graph variable). Works on Python
+    numbers and on TensorFlow scalars alike."""
     import tensorflow as tf
     step = tf.cast(step, tf.float32)
     warm = peak * (step + 1.0) / max(1, warmup_steps)
@@ -155,16 +171,13 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     import horovod.tensorflow as hvd
 
     size, batch, epochs = hvd.size(), recipe.batch, recipe.epochs
-    steps = len(indices) // (size * batch)
-    if steps < 1:
-        raise ValueError(f"job {job}: resample of {len(indices)} samples is smaller than "
-                         f"P x B = {size} x {batch}; lower B or P, or use more data")
+    steps = steps_per_epoch(len(indices), size, batch, job)
     # the LR schedule: warm-up then cosine to the base LR x lr_scale (P: the linear scaling rule)
     peak = recipe.base_lr * lr_scale(recipe.allreduce, size, hvd.local_size(), hvd.nccl_built())
     warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
     step, opt = _make_step(workload, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak), torus)
     if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
-        hooks.recipe(recipe.optimizer, opt, peak, warmup, total)
+        hooks.recipe(recipe.optimizer, opt.get_config(), peak, warmup, total)
     concrete = step.get_concrete_function(*workload.input_signature(data, batch))
     _refuse_hidden_random_state(concrete.graph, workload.NAME)
     shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
@@ -176,7 +189,7 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     # clock (MLPerf).
     feed = workloads.training_feed(workload, data, shards, epochs, batch, feed_seed)
     world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
-    loop = _epochs(step, feed, steps, epochs, job, hooks, on_step,
+    loop = epochs_loop(step, feed, steps, epochs, job, hooks, on_step,
                    evaluate and _evaluation(evaluate, model, hvd), eval_every)
     del feed         # tearing a pipeline down can take seconds (ic): after the clock
 
@@ -185,6 +198,15 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
         hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
     return TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
                        loop.clock, loop.trained)
+
+
+def steps_per_epoch(samples: int, size: int, batch: int, job: int) -> int:
+    """Whole global batches (P x B) in a resample of `samples`; ValueError if none."""
+    steps = samples // (size * batch)
+    if steps < 1:
+        raise ValueError(f"job {job}: resample of {samples} samples is smaller than "
+                         f"P x B = {size} x {batch}; lower B or P, or use more data")
+    return steps
 
 
 def _make_step(workload, model, recipe: Recipe, size: int, schedule, torus=None):
@@ -286,15 +308,17 @@ def _evaluation(evaluate, model, hvd):
 
 
 @dataclass(frozen=True)
-class _Loop:
+class Loop:
     seconds: float               # training, evaluations excluded
     trained: int                 # epochs trained
     mean_loss: float             # over the last epoch's steps
     clock: tuple[float, float]   # time.perf_counter() at the start and the end
 
 
-def _epochs(step, feed, steps: int, epochs: int, job: int, hooks, on_step, evaluate, eval_every: int) -> _Loop:
-    """The timed epochs: `steps` steps each from `feed`, hooks and heartbeats around them,
+def epochs_loop(step, feed, steps: int, epochs: int, job: int, hooks, on_step, evaluate,
+                eval_every: int) -> Loop:
+    """The timed epochs, every framework's: `steps` calls step(x, y) -> loss (a scalar
+    tensor that float() reads) each from `feed`, hooks and heartbeats around them,
     `evaluate` (if any) after each due epoch with the clock stopped; it ends the loop by
     returning True (the target reached)."""
     start = time.perf_counter()
@@ -313,7 +337,7 @@ def _epochs(step, feed, steps: int, epochs: int, job: int, hooks, on_step, evalu
         if len(losses) != steps:  # a short epoch on one rank would hang the others' all-reduce
             raise RuntimeError(f"job {job}: the workload fed {len(losses)} batches in epoch {epoch + 1}, "
                                f"expected {steps}")
-        mean_loss = float(np.mean([l.numpy() for l in losses]))  # also waits for the last step
+        mean_loss = float(np.mean([float(l) for l in losses]))  # also waits for the last step
         if hooks:
             hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start - paused)
         if epoch + 1 in due:
@@ -324,7 +348,7 @@ def _epochs(step, feed, steps: int, epochs: int, job: int, hooks, on_step, evalu
                 trained = epoch + 1
                 break
     stop = time.perf_counter()
-    return _Loop(stop - start - paused, trained, mean_loss, (start, stop))
+    return Loop(stop - start - paused, trained, mean_loss, (start, stop))
 
 
 def _refuse_hidden_random_state(graph, workload: str) -> None:
@@ -339,10 +363,15 @@ def _refuse_hidden_random_state(graph, workload: str) -> None:
 
 
 def _consistency(model, hvd) -> tuple[float, str]:
-    """Replica consistency, this benchmark's residual check: the largest difference
-    between this rank's trainable weights and the job root's."""
-    import hashlib
+    """replica_check of this rank's trainable weights against the job root's (Horovod's broadcast)."""
     mine = np.concatenate([v.numpy().ravel() for v in model.trainable_variables]).astype(np.float64)
-    root = hvd.broadcast(mine, root_rank=0, name="consistency_check").numpy()
+    return replica_check(mine, hvd.broadcast(mine, root_rank=0, name="consistency_check").numpy())
+
+
+def replica_check(mine: np.ndarray, root: np.ndarray) -> tuple[float, str]:
+    """Replica consistency, this benchmark's residual check, every framework's: (the
+    largest difference between this rank's trainable weights `mine` and the job root's
+    `root`, both flat float64, a digest of `mine`). Pure."""
+    import hashlib
     digest = hashlib.sha256(mine.tobytes()).hexdigest()[:16]
     return float(np.max(np.abs(mine - root))) if mine.size else 0.0, digest

@@ -36,7 +36,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from harness import (communication, dat, division, flops, heartbeat, metrics, mllog, report, results, settings,
+from harness import (communication, dat, division, flops, frameworks, heartbeat, metrics, mllog, report, results, settings,
                      telemetry, topology, train, workloads)
 from harness.errors import say
 
@@ -221,10 +221,11 @@ def conventions_checks(conv: list, cfg, roofline: dict) -> list[Check]:
     """The conventions block states the FLOP rules, the options of this input and the
     roofline figures that the run recorded (the device and FLOP-note lines are facts of
     the run that results.json holds only there)."""
-    want = [flops.CONVENTION, *[ln for c in roofline.values() for ln in report.roofline_lines(c)]]
+    want = [flops.CONVENTION, *[ln for c in roofline.values() for ln in report.roofline_lines(c)],
+            *report.run_lines(cfg), *(report.torch_lines(cfg) if "pytorch" in cfg.frameworks else [])]
     missing = [ln for ln in want if ln not in conv]
     options = [report.option_lines(cfg, nccl) for nccl in (False, True)]
-    if not any(_contains(conv, o) for o in options):
+    if "tensorflow" in cfg.frameworks and not any(_contains(conv, o) for o in options):
         missing += options[0]
     return [Check("conventions: the FLOP rule, the options and the roofline lines", not missing,
                   note="all stated" if not missing else "missing: " + " | ".join(missing))]
@@ -281,7 +282,7 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
 def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     """Each job's recorded exchange is what lines 21-22 make of a job of P ranks, its torus
     grid drawn again from the recorded node of each rank (communication.grid), carried by
-    one of the libraries Horovod can report (communication.library)."""
+    one of the libraries its framework can report (communication.carriers)."""
     what = f"{_name(t)}: each job's exchange (lines 21-22, the torus grid from the node map)"
     if not t.exchange and results.minor(res.schema) < (2, 4):
         return Check(what, True, note=f"not recorded: results schema {res.schema}")
@@ -289,9 +290,9 @@ def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     derived = []
     for ranks in t.jobs:
         grid = communication.job_grid(ranks, nodes) if cfg.allreduce == "torus" else None
-        derived.append(sorted({communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid,
-                                                      communication.library(cfg.allreduce, gpu, nccl, mpi))
-                               for gpu in (False, True) for nccl in (False, True) for mpi in (False, True)}))
+        derived.append(sorted({communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid, carrier,
+                                                      t.framework)
+                               for carrier in communication.carriers(t.framework, cfg.allreduce)}))
     ok = len(t.exchange) == len(derived) and all(e in d for e, d in zip(t.exchange, derived))
     return Check(what, ok, None if ok else t.exchange, None if ok else derived,
                  note=f"{len(derived)} job(s)" if ok else "")
@@ -370,7 +371,7 @@ def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool)
 def _device_checks(t: results.TestResult, name: str, fl: float, vfl: float, res: results.Record) -> list[Check]:
     """Utilisation against the ranks' roofline, VFLOPS per watt, the consistency verdict."""
     ranks = [r for job in t.jobs for r in job]
-    util = metrics.utilisation(fl, res.roofline.get(t.precision), ranks)
+    util = metrics.utilisation(fl, res.roofline.get(frameworks.roofline_key(t.framework, t.precision)), ranks)
     rec_util = t.utilisation
     if rec_util is None or util is None:
         out = [Check(f"{name}: utilisation", rec_util == util, rec_util, util,

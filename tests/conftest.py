@@ -59,6 +59,28 @@ def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = 300, quick: bool
                           text=True, timeout=timeout)
 
 
+# hpcai500.py with some packages absent, as on a node where they are not installed: a None
+# in sys.modules makes `import` raise ModuleNotFoundError and importlib.util.find_spec
+# answer None (PyTorch's own probes of what is installed then see them absent).
+_WITHOUT = r'''
+import runpy, sys
+
+for name in NAMES:
+    sys.modules[name] = None
+sys.argv = sys.argv[1:]
+sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])   # the harness beside hpcai500.py, as `python hpcai500.py` finds it
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def without(folder: Path, *names: str) -> tuple[str, str]:
+    """A `program` for mpirun(): hpcai500.py run with the packages `names` absent (a node
+    without them: a framework's run must not import another framework)."""
+    path = folder / "without.py"
+    path.write_text(f"NAMES = {names!r}\n" + _WITHOUT)
+    return (str(path), str(ROOT / "hpcai500.py"))
+
+
 def results(results_dir: Path) -> dict:
     runs = sorted(p for p in results_dir.iterdir() if not p.name.startswith("."))
     assert len(runs) == 1, runs

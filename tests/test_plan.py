@@ -1,6 +1,8 @@
 """The one validation step (harness/plan.py) that --check and a run share: pure checks
 in-process, and under mpirun every input a run refuses before training is refused by
 --check with the same message."""
+import dataclasses
+
 import pytest
 
 from harness import dat, plan, topology
@@ -85,16 +87,20 @@ def test_results_directory_must_be_writable(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made, the probe removed
 
 
-def test_a_framework_must_train_and_be_installed_on_every_node(monkeypatch):
-    """Line 35: a framework whose training is not built, or whose packages this node
-    cannot import, is refused naming the line, the framework and what is missing."""
+def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeypatch):
+    """Line 35: a framework whose packages this node cannot import, that lacks a
+    workload's model, or cannot carry a Table 2 choice, is refused naming the line, the
+    framework and what is missing."""
     from harness import frameworks
     cfg = dat.parse_text(dat_text(l34=2, l35="tensorflow pytorch"), "x.dat")
-    assert plan.framework_problem(cfg) == (
-        "x.dat:35: found pytorch, expected a framework whose training is built (tensorflow): "
-        + frameworks.NOT_YET["pytorch"])
-    monkeypatch.setattr(frameworks, "TRAINING", ("tensorflow", "pytorch"))
     assert plan.framework_problem(cfg) is None        # torch and TensorFlow are in the suite's venv
+    ic = dat.parse_text(dat_text(l7="ic", l34=2, l35="tensorflow pytorch"), "x.dat")
+    assert plan.framework_problem(ic) == ("x.dat:7: found workload ic with framework pytorch (line 35), expected a"
+                                          " workload whose model is built in pytorch (digits)")
+    assert plan.framework_problem(dataclasses.replace(ic, frameworks=("tensorflow",))) is None
+    int8 = dat.parse_text(dat_text(l21="int8", l35="pytorch"), "x.dat")
+    assert plan.framework_problem(int8) == ("x.dat:21: found int8 with framework pytorch (line 35), expected another"
+                                            " choice: " + frameworks.UNSUPPORTED["pytorch"]["comm_precision", "int8"])
     monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
     assert plan.framework_problem(cfg) == ("x.dat:35: found pytorch, expected a framework installed on this node:"
                                            " torch (requirements-pytorch.txt) cannot be imported here (README.md,"
@@ -118,8 +124,8 @@ def test_check_describes_skipped_tests():
     ({"l7": "ic", "l8": "embedded"}, ":8: workload ic: ic: there is no embedded data set"),
     ({"l14": 5000}, ":14: found B=5000, expected at most 1438 with P=1"),
     ({"l28": "STAGE_UNDER_FILE"}, ":28: staging directory"),
-    ({"l35": "pytorch"}, ":35: found pytorch, expected a framework whose training is built (tensorflow)"),
-], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file", "pytorch-not-yet"])
+    ({"l35": "pytorch", "l22": "adasum"}, ":22: found adasum with framework pytorch (line 35), expected another"),
+], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file", "pytorch-adasum"])
 def test_check_refuses_what_a_run_refuses(tmp_path, lines, message):
     (tmp_path / "file").write_text("")
     lines = {k: (str(tmp_path / "file" / "stage") if v == "STAGE_UNDER_FILE" else v) for k, v in lines.items()}

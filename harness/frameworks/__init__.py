@@ -18,7 +18,11 @@ test whose framework is pytorch, saying so.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from typing import Protocol
+
+from harness.frameworks.pytorch import models as pytorch_models   # plain Python: torch is not imported
 
 # Line 35's choices: name -> (T/V code, meaning). TensorFlow's code is empty, so that the
 # T/V codes of every run from before the framework line read as they did.
@@ -30,10 +34,26 @@ REQUIRES = {"tensorflow": (("tensorflow", "tensorflow (requirements.txt)"),
                            ("horovod", "horovod (requirements.txt, built by make venv)")),
             "pytorch": (("torch", "torch (requirements-pytorch.txt)"),)}
 
-# The frameworks a base model can be trained with today, and what is missing in the others.
-TRAINING = ("tensorflow",)
-NOT_YET = {"pytorch": "PyTorch's FLOP count and roofline micro-kernels are built (harness/frameworks/pytorch/), its"
-                      " training loop on torch.distributed is not yet (issue 34)"}
+# The Table 2 choices a framework cannot carry (yet): framework -> {(Config field, value): why}.
+# harness/plan.py refuses them on their line, with the reason.
+UNSUPPORTED = {"pytorch": {
+    ("allreduce", "hierarchical"): "torch.distributed has no hierarchical mode of its own (NCCL picks its"
+                                   " algorithm inside a node); use ring",
+    ("allreduce", "adasum"): "Adasum is Horovod's; PyTorch's DDP averages",
+    ("allreduce", "torus"): "the 2D torus is built on Horovod's process sets; not yet in PyTorch",
+    ("comm_precision", "int8"): "the int8 exchange as a DDP communication hook is not built yet (issue 34)",
+    ("compiler", "xla"): "torch.compile for line 33 is not built yet (issue 34)",
+    ("optimizer", "lars"): "LARS in PyTorch (timm's) is not wired yet (issue 34)",
+    ("optimizer", "lamb"): "LAMB in PyTorch (timm's) is not wired yet (issue 34)"}}
+
+
+def builds(framework: str, workload: str) -> bool:
+    """Whether `workload`'s model is built in `framework` (TensorFlow: every workload)."""
+    return framework == "tensorflow" or workload in pytorch_models.BUILT
+
+
+def built_workloads(framework: str) -> str:
+    return "every workload" if framework == "tensorflow" else ", ".join(pytorch_models.BUILT)
 
 
 def missing(name: str) -> list[str]:
@@ -41,3 +61,49 @@ def missing(name: str) -> list[str]:
     without importing them: importlib's finder only), e.g. ['torch (requirements-
     pytorch.txt)']; [] where it can run."""
     return [need for module, need in REQUIRES[name] if importlib.util.find_spec(module) is None]
+
+
+def roofline_key(framework: str, precision: str) -> str:
+    """The key of results.json's `roofline` (and the run's ceilings) for the micro-kernels
+    of one framework in one precision: the precision alone for TensorFlow (as every run
+    before the framework line keyed them), "pytorch/fp32" for another framework."""
+    return precision if framework == "tensorflow" else f"{framework}/{precision}"
+
+
+class Framework(Protocol):
+    """What a framework's package provides in its interface module
+    (harness/frameworks/<name>/interface.py): the seam between
+    the benchmark and the library that trains. Everything else (input, plan, sampler,
+    topology, staging, ensemble, metrics, results, report, verify, MLLOG, telemetry,
+    driver) is written once, for every framework."""
+    NAME: str
+
+    def setup_devices(self, local_rank: int, sharing: int) -> dict:
+        """Pin this rank (threads: harness/train.threads; a GPU: local_rank % GPUs) before
+        the framework's runtime starts: {"threads", "inter_op", "device", "gpus_on_node"}."""
+
+    def software(self) -> dict:
+        """The framework's versions and build, for results.json's environment."""
+
+    def conventions(self, cfg, environment: dict) -> list:
+        """The report's lines on how this framework trains: its gradient exchange and the
+        Table 2 options of the input as it carries them."""
+
+    def roofline(self, precision: str, quick: bool) -> dict:
+        """The GEMM, convolution and triad micro-kernels in this framework (kernels.roofline's dict)."""
+
+    def open_job(self, part):
+        """This rank's part of a job (harness/run.Part): the framework's group of the job's
+        ranks (Horovod's world, a torch.distributed process group), and what trains on it: a
+        `Job` with build(workload, data, seed, job, precision) -> model; train(workload, data,
+        model, indices, recipe, **hooks) -> harness/train.TrainResult; predict(workload, model,
+        data, rows) -> scores; count(workload, model, data) -> harness/flops.FlopCount;
+        exchange() -> the gradient exchange in words (communication.exchange); close()."""
+
+
+def get(name: str) -> Framework:
+    """The interface of framework `name` (line 35), imported now: only the frameworks a
+    run names are ever imported."""
+    if name not in CHOICES:
+        raise KeyError(f"unknown framework {name!r} (built: {', '.join(CHOICES)})")
+    return importlib.import_module(f"harness.frameworks.{name}.interface")

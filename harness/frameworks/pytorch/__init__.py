@@ -1,1 +1,2 @@
-"""PyTorch: the second framework (issue 34). Imports torch, never TensorFlow or Horovod."""
+"""PyTorch: the second framework (issue 34). Its interface: interface.py. Imports torch, never TensorFlow or
+Horovod."""

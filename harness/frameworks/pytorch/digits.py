@@ -2,12 +2,17 @@
 in Keras, layer for layer (2 convolutions with ReLU, batch norm between them, max-pool,
 2 dense), so that the two frameworks train the same architecture with the same FLOPs and
 weights (tests/test_pytorch_flops.py). The data, the feed's batches and the quality are
-the workload's own (harness/workloads/digits.py), written once for both frameworks.
+the workload's own (harness/workloads/digits.py), written once for both frameworks: this
+module turns the feed's numpy batches into tensors (`inputs`, `targets`), gives the loss
+and the predictions (the interface of harness/frameworks/pytorch/models.py).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
+
+from harness.frameworks.pytorch import train
 
 
 def build_model(data) -> nn.Module:
@@ -29,3 +34,25 @@ def sample(data) -> torch.Tensor:
     """One input of batch 1, channels first (the FLOP count's forward pass)."""
     height, width, channels = data.x_train.shape[1:]
     return torch.zeros(1, channels, height, width)
+
+
+def inputs(x: np.ndarray, device) -> torch.Tensor:
+    """A batch of the workload's images (N, H, W, C), channels first on `device`."""
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device).permute(0, 3, 1, 2).contiguous()  # NCHW in memory too
+
+
+def targets(y: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(y, np.int64)).to(device)
+
+
+def loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-sample cross-entropy of the logits (in FP32: the harness casts), as the Keras
+    twin's sparse_categorical_crossentropy(from_logits=True)."""
+    return nn.functional.cross_entropy(outputs, labels, reduction="none")
+
+
+def predict(model: nn.Module, data, rows: slice, device, batch: int = 512) -> np.ndarray:
+    """Class probabilities (computed in FP32) of validation rows `rows`."""
+    x = data.x_val[rows]
+    return train.class_probabilities(model, (inputs(x[i:i + batch], device) for i in range(0, len(x), batch)),
+                                     data.num_classes)

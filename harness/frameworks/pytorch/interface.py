@@ -1,0 +1,67 @@
+"""PyTorch's interface: PyTorch behind the framework interface (harness/frameworks.Framework): each job's
+ranks a torch.distributed process group wired from MPI (distributed.py), the base model
+trained through DistributedDataParallel (train.py), the workloads' models one module each
+(models.py), Table 3 at the operator level (flops.py), the roofline micro-kernels
+(kernels.py). Imports torch, never TensorFlow or Horovod.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from harness import communication, report
+from harness.frameworks.pytorch import distributed, flops, kernels, models, train
+
+NAME = "pytorch"
+
+
+def setup_devices(local_rank: int, sharing: int) -> dict:
+    return train.setup_devices(local_rank, sharing)
+
+
+def software() -> dict:
+    return {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
+            "torch_nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+            "torch_gloo": bool(dist.is_gloo_available())}
+
+
+def conventions(cfg, environment: dict) -> list[str]:
+    return report.torch_lines(cfg)
+
+
+def roofline(precision: str, quick: bool) -> dict:
+    return kernels.roofline(precision, quick=quick)
+
+
+def open_job(part) -> "Job":
+    return Job(part)
+
+
+class Job:
+    """One job's process group (Gloo on CPUs, NCCL on GPUs) and what trains on it."""
+
+    def __init__(self, part):
+        self.part, self.device = part, train.device()
+        self._group = distributed.job_group(part.comm, "nccl" if self.device.type == "cuda" else "gloo")
+        self.group = self._group.__enter__()
+
+    def build(self, workload, data, seed: int, job: int, precision: str):
+        return train.build(workload, data, seed, job, self.device)
+
+    def train(self, workload, data, model, indices, recipe, **hooks):
+        return train.train_base_model(workload, data, model, indices, recipe, comm=self.part.comm, dev=self.device,
+                                      **hooks)
+
+    def predict(self, workload, model, data, rows):
+        return models.get(workload.NAME).predict(model, data, rows, self.device)
+
+    def count(self, workload, model, data):
+        return flops.count(model, models.get(workload.NAME).sample(data).to(self.device))
+
+    def exchange(self) -> str:
+        cfg = self.part.ctx.cfg
+        return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size, None,
+                                      {"gloo": "Gloo", "nccl": "NCCL"}[self.group.backend], "pytorch")
+
+    def close(self) -> None:
+        self._group.__exit__(None, None, None)

@@ -1,0 +1,36 @@
+"""The workloads' models in PyTorch: one module a workload (harness/frameworks/pytorch/
+<workload>.py), behind one small interface (`Model`), as harness/workloads/ holds each
+workload's data, feed and quality once for every framework.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+# The workloads whose model is built in PyTorch (harness/frameworks.BUILT reads it).
+BUILT = ("digits",)
+
+
+class Model(Protocol):
+    def build_model(self, data): ...          # a torch.nn.Module for this data
+    def sample(self, data): ...               # one input of batch 1 (the FLOP count's forward pass)
+    def inputs(self, x, device): ...          # a feed batch's inputs (numpy, as the workload reads them) as tensors
+    def targets(self, y, device): ...         # its targets as tensors
+    def loss(self, outputs, targets): ...     # per-sample loss (outputs in FP32)
+
+    def predict(self, model, data, rows: slice, device):
+        """np.ndarray (rows, the workload's score_width): scores of validation rows."""
+
+
+REQUIRED = tuple(n for n in (*Model.__annotations__, *vars(Model)) if not n.startswith("_"))
+
+
+def get(workload: str) -> Model:
+    """The PyTorch module of `workload`, checked against the interface."""
+    if workload not in BUILT:
+        raise KeyError(f"workload {workload!r} has no PyTorch model yet (built: {', '.join(BUILT)})")
+    module = importlib.import_module(f"harness.frameworks.pytorch.{workload}")
+    missing = [n for n in REQUIRED if not hasattr(module, n)]
+    if missing:
+        raise TypeError(f"{module.__name__} lacks {', '.join(missing)}")
+    return module

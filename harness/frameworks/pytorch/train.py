@@ -1,0 +1,189 @@
+"""Base-model training in PyTorch: DistributedDataParallel on one job's process group.
+
+The same recipe as TensorFlow's (harness/train.py: Recipe, the LR schedule lr_at, the
+step count, the undone warm-up, the timed epochs_loop, the replica check), with
+PyTorch's parts: the model from the workload's PyTorch module (models.get), DDP on the
+job's group (harness/frameworks/pytorch/distributed.job_group: Gloo on CPUs, NCCL on
+GPUs), autocast for fp16/bf16 (with a gradient scaler for fp16), DDP's fp16 compression
+hook for line 21's fp16. The batches are the workload's own feed (numpy), turned into
+tensors by its PyTorch module inside the clock, as TensorFlow converts them.
+MPI at the edges (the replica check's broadcast over the job's communicator).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from harness import sampler, train, workloads
+from harness.frameworks.pytorch import models
+
+AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
+
+
+def device() -> torch.device:
+    """This rank's device: its GPU (setup_devices made it current) or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def setup_devices(local_rank: int, sharing: int) -> dict:
+    """Pin this rank: one GPU per local rank where there are GPUs, train.threads(sharing)
+    threads (PyTorch's inter-op pool can be sized only before its first parallel work)."""
+    intra, inter_op = train.threads(sharing)
+    torch.set_num_threads(intra)
+    try:
+        torch.set_num_interop_threads(inter_op)
+    except RuntimeError:   # already started (a second test in this process): the first setting stands
+        inter_op = torch.get_num_interop_threads()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    where = "CPU"
+    if gpus:
+        torch.cuda.set_device(local_rank % gpus)
+        where = f"GPU {local_rank % gpus} of {gpus}"
+    return {"threads": intra, "inter_op": inter_op, "device": where, "gpus_on_node": gpus}
+
+
+def build(workload, data, seed: int, job: int, dev: torch.device) -> torch.nn.Module:
+    """The job's model, initialised from (seed, job) as TensorFlow's is; DDP then makes the
+    job's ranks equal by broadcasting the root's weights."""
+    torch.manual_seed((seed * 1_000_003 + job) % 2**31)
+    return models.get(workload.NAME).build_model(data).to(dev)
+
+
+def make_optimizer(name: str, params, lr: float, momentum: float, options: dict):
+    """(optimizer, its settings under Keras' names for the MLLOG): line 18's optimizer in
+    PyTorch with Keras' defaults, so that both frameworks run the same recipe (Adam's and
+    AdaGrad's epsilon 1e-7, AdaGrad's initial accumulator 0.1); Adam with weight decay is
+    AdamW, Keras' decoupled kind."""
+    wd = float(options.get("weight_decay") or 0.0)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd), {"momentum": momentum,
+                                                                                   "weight_decay": wd}
+    if name == "adam":
+        eps = float(options.get("epsilon", 1e-7))
+        cls = torch.optim.AdamW if wd else torch.optim.Adam
+        return cls(params, lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=wd), {
+            "beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": wd}
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, initial_accumulator_value=0.1, eps=1e-7, weight_decay=wd), {
+            "weight_decay": wd}
+    raise ValueError(f"optimizer {name!r} is not built in PyTorch (harness/frameworks.UNSUPPORTED)")
+
+
+def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm, dev, seed: int,
+                     job: int, world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
+                     warmup_steps: int = train.WARMUP_STEPS) -> train.TrainResult:
+    """Train one base model on the job's process group (made by the caller) and its MPI
+    communicator `comm`; the arguments and the result as harness/train.train's."""
+    import torch.distributed as dist
+
+    size, rank, batch, epochs = comm.size, comm.rank, recipe.batch, recipe.epochs
+    steps = train.steps_per_epoch(len(indices), size, batch, job)
+    peak = recipe.base_lr * train.lr_scale(recipe.allreduce, size, size, False)
+    warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
+    module = models.get(workload.NAME)
+    s = Step(workload, module, model, recipe, dev, lambda n: train.lr_at(n, total, warmup, peak))
+    if hooks:
+        hooks.recipe(recipe.optimizer, s.config, peak, warmup, total)
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, rank, size, batch)  # noqa: E731
+    feed_seed = seed * 1_000_003 + job * 1009
+    tensors = lambda feed: ((module.inputs(x, dev), module.targets(y, dev)) for x, y in feed)  # noqa: E731
+    if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
+        s.undone_warm_up(tensors(workload.batches(data, shards(0)[:warmup_steps * batch], batch, training=True,
+                                                  seed=feed_seed)))
+    feed = tensors(workloads.training_feed(workload, data, shards, epochs, batch, feed_seed))
+    world_barrier()    # every job starts the clock together: FLOPS divides by the slowest
+
+    def evaluation(epoch: int) -> bool:   # every rank predicts with the root's batch-norm statistics
+        _root_buffers(model, dist)
+        return evaluate(epoch)
+    loop = train.epochs_loop(s, feed, steps, epochs, job, hooks, on_step, evaluate and evaluation, eval_every)
+    mine = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()]).numpy()
+    root = mine.copy()
+    comm.Bcast(root, root=0)
+    diff, digest = train.replica_check(mine, root)
+    if evaluate is None:
+        _root_buffers(model, dist)
+    return train.TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
+                             loop.clock, loop.trained)
+
+
+class Step:
+    """The training step of one base model: step(x, y) -> loss: forward under autocast
+    (line 17), the loss in FP32, backward (DDP averaging the gradients on the job's
+    group, through the fp16 compression hook for line 21's fp16), the update at the LR
+    `schedule(step number)` gives, with a dynamic gradient scaler for fp16. The job's
+    ranks start from the root's weights (DDP broadcasts them when it wraps the model)."""
+
+    def __init__(self, workload, module, model, recipe: train.Recipe, dev, schedule):
+        from torch.nn.parallel import DistributedDataParallel
+        self.module, self.model, self.dev, self.schedule = module, model, dev, schedule
+        self.ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        if recipe.comm_precision == "fp16":   # gradients cast to FP16 for the all-reduce, back after
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        self.opt, self.config = make_optimizer(recipe.optimizer, model.parameters(), schedule(0), workload.MOMENTUM,
+                                               workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}))
+        self.amp = AMP.get(recipe.precision)
+        self.scaler = torch.amp.GradScaler(dev.type) if recipe.precision == "fp16" else None  # FP16's narrow range
+        self.taken = 0        # steps taken: the LR schedule's step number
+
+    def __call__(self, x, y):
+        for group in self.opt.param_groups:
+            group["lr"] = self.schedule(self.taken)
+        self.taken += 1
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast(self.dev.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+            out = self.ddp(x)
+        loss = self.module.loss(out.float(), y).mean()
+        if self.scaler is None:
+            loss.backward()
+            self.opt.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        return loss.detach()
+
+    def undone_warm_up(self, batches) -> None:
+        """Set-up before the clock, like MLPerf's init phase: real steps on `batches`
+        (DDP's buckets, the allocator's first growth, the first all-reduces), then every
+        state the step writes put back (weights, batch-norm statistics, the optimizer's
+        slots, the loss scale, the step number, the random generators dropout draws
+        from): the timed epochs then train from exactly the state a run without warm-up
+        would start from."""
+        cuda = self.dev.type == "cuda"
+        saved = (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.opt.state_dict()),
+                 self.scaler and copy.deepcopy(self.scaler.state_dict()), self.taken, torch.get_rng_state(),
+                 torch.cuda.get_rng_state(self.dev) if cuda else None)
+        for x, y in batches:
+            float(self(x, y))
+        self.model.load_state_dict(saved[0])
+        self.opt.load_state_dict(saved[1])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(saved[2])
+        self.taken = saved[3]
+        torch.set_rng_state(saved[4])
+        if cuda:
+            torch.cuda.set_rng_state(saved[5], self.dev)
+
+
+def _root_buffers(model, dist) -> None:
+    """The job root's batch-norm statistics on every rank: DDP averages gradients only,
+    and each replica's own forward pass moves its statistics."""
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+
+
+def class_probabilities(model, inputs, classes: int) -> np.ndarray:
+    """Softmax of the model's logits, in FP32, over the batches `inputs` (tensors on the
+    model's device), in eval mode: what a classifier's predict() returns."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = [torch.softmax(model(x).float(), dim=1).cpu().numpy() for x in inputs]
+    finally:
+        model.train(was)
+    return np.concatenate(out) if out else np.zeros((0, classes), np.float32)

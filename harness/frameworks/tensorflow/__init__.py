@@ -1,0 +1,1 @@
+"""TensorFlow: the first framework (tf.keras, Horovod). Its interface: interface.py."""

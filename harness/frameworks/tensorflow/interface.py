@@ -1,0 +1,87 @@
+"""TensorFlow's interface: TensorFlow behind the framework interface (harness/frameworks.Framework): tf.keras
+models, Horovod's gradient exchange on each job's sub-communicator.
+
+The code it runs still lives where it was written before the seam (harness/train.py's
+step, harness/flops.py's Keras walker, kernels/, each workload module's Keras model,
+loss, feed and predict); this package is the one door through which the harness reaches
+it, so that a run that names no TensorFlow test never imports TensorFlow or Horovod.
+Moving that code in here is the rest of issue 34.
+"""
+from __future__ import annotations
+
+import os
+
+from harness import communication, flops, report, train
+
+NAME = "tensorflow"
+setup_devices = train.setup_devices
+
+
+def software() -> dict:
+    import horovod
+    import tensorflow as tf
+    return {"tensorflow": tf.__version__, "horovod": horovod.__version__, "horovod_build": horovod_build()}
+
+
+def horovod_build() -> dict:
+    """What Horovod says it was built with (`horovodrun --check-build`'s answers): its
+    controllers, CUDA, and NCCL's version code (0: no NCCL; 22105 = 2.21.5), which decide
+    what carries a GPU tensor's all-reduce (communication.library)."""
+    import horovod.tensorflow as hvd
+    return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "cuda": bool(hvd.cuda_built()),
+            "nccl": int(hvd.nccl_built() or 0)}
+
+
+def conventions(cfg, environment: dict) -> list[str]:
+    build = environment["horovod_build"]
+    return [report.build_line(build), *report.option_lines(cfg, bool(build["nccl"]))]
+
+
+def roofline(precision: str, quick: bool) -> dict:
+    import kernels
+    return kernels.roofline(precision, quick=quick)
+
+
+def open_job(part) -> "Job":
+    return Job(part)
+
+
+class Job:
+    """One job's Horovod world (hvd.init on the job's communicator: its all-reduces never
+    leave the job), with line 22's torus process sets registered at init."""
+
+    def __init__(self, part):
+        import horovod.tensorflow as hvd
+        cfg = part.ctx.cfg
+        self.part, self.hvd = part, hvd
+        # Horovod reads its all-reduce algorithm from the environment at init
+        os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
+        self.torus = communication.Torus.of(
+            communication.job_grid(part.planned.layout.jobs[part.job], part.ctx.nodes.node_of_rank), part.comm.rank,
+            hvd) if cfg.allreduce == "torus" else None
+        hvd.init(comm=part.comm, process_sets=list(self.torus.sets) if self.torus else None)
+
+    def build(self, workload, data, seed: int, job: int, precision: str):
+        return train.build(workload, data, seed, job, precision)
+
+    def train(self, workload, data, model, indices, recipe, **hooks) -> train.TrainResult:
+        return train.train(workload, data, model, indices, recipe, torus=self.torus, **hooks)
+
+    def predict(self, workload, model, data, rows):
+        return workload.predict(model, data, rows)
+
+    def count(self, workload, model, data) -> flops.FlopCount:
+        return flops.count(model)
+
+    def exchange(self) -> str:
+        cfg, hvd = self.part.ctx.cfg, self.hvd
+        gpu = bool(self.part.ctx.devices["gpus_on_node"])
+        return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size,
+                                      self.torus and self.torus.grid,
+                                      communication.library(cfg.allreduce, gpu, bool(hvd.nccl_built()),
+                                                            hvd.mpi_enabled()))
+
+    def close(self) -> None:
+        import tensorflow as tf
+        self.hvd.shutdown()
+        tf.keras.backend.clear_session()

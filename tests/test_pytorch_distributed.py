@@ -1,0 +1,75 @@
+"""harness/frameworks/pytorch/distributed.py: torch.distributed wired from MPI, for real
+(4 ranks under mpirun, Gloo) on two simulated nodes: two jobs of 2 ranks spread over the
+nodes (job = world rank mod 2), so that each job's second rank, on n2, reaches its root's
+store at n1's address over the cluster's network; each job a process group of exactly its
+ranks, made and destroyed three times (three tests of one invocation);
+DistributedDataParallel averages gradients within the job only. The address order alone,
+in-process."""
+import json
+
+import pytest
+
+from tests.conftest import ROOT, cluster_mpirun
+
+torch = pytest.importorskip("torch")
+
+RANKS, TESTS = 4, 3
+PROGRAM = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from mpi4py import MPI
+import torch
+from harness.frameworks.pytorch import distributed
+
+from harness import topology
+
+world = MPI.COMM_WORLD
+topology.discover(world)   # as the harness starts: bindings widened where simulated nodes share a core
+job = world.rank % 2
+out = {"rank": world.rank, "job": job, "tests": []}
+for test in range(1, TESTS + 1):
+    comm = world.Split(job, world.rank)        # each test its own job communicators, as the harness makes them
+    with distributed.job_group(comm, "gloo") as group:
+        x = torch.tensor([float(world.rank + 1)])
+        torch.distributed.all_reduce(x)                       # the job's ranks only
+        torch.manual_seed(test)                               # the same initial weights on the job's ranks
+        model = torch.nn.Linear(3, 1)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        data = torch.full((4, 3), float(world.rank + test))   # a different batch on every rank
+        ddp(data).sum().backward()
+        grad = model.weight.grad.numpy().ravel().tolist()
+        out["tests"].append({"sum": x.item(), "grad": grad, "size": torch.distributed.get_world_size(),
+                             "address": group.address})
+    comm.Free()
+out["imported"] = sorted(m for m in ("tensorflow", "horovod") if m in sys.modules)
+print(json.dumps(out), flush=True)
+'''.replace("TESTS", str(TESTS))
+
+
+def test_each_job_is_a_process_group_of_its_own_ranks_across_nodes(cluster, tmp_path):
+    """2 simulated nodes x 2 ranks; job 0 = ranks 0 (n1, the root) and 2 (n2), job 1 =
+    ranks 1 (n1) and 3 (n2): n2's ranks reach their roots' stores over the network."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    p = cluster_mpirun(cluster, "n1:2,n2:2", [tmp_path / "prog.py", ROOT], tmp_path, timeout=180, program=())
+    assert p.returncode == 0, p.stderr[-3000:]
+    ranks = sorted((json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == list(range(RANKS))
+    for r in ranks:
+        assert r["imported"] == []                          # torch alone: no TensorFlow, no Horovod
+        assert len(r["tests"]) == TESTS
+        members = [q for q in range(RANKS) if q % 2 == r["job"]]
+        for t, test in enumerate(r["tests"], 1):
+            assert test["size"] == 2
+            assert test["sum"] == sum(q + 1 for q in members)   # job 0: 1 + 3, job 1: 2 + 4
+            # d(sum of 4 rows of w.x + b)/dw = 4 x the row (rank + test, 3 times): averaged over the job
+            assert test["grad"] == pytest.approx([4 * sum(q + t for q in members) / 2] * 3)
+            if r["rank"] >= 2:   # n2's ranks: the root's store reached at an address of n1's network
+                assert test["address"] and not test["address"].startswith("127."), test
+            else:
+                assert test["address"] == ""                    # the roots serve
+
+
+def test_loopback_comes_last():
+    from harness.frameworks.pytorch import distributed
+    found = distributed.candidates()
+    assert found and found[-1].startswith("127.") and len(set(found)) == len(found)

@@ -1,0 +1,84 @@
+"""The benchmark trained by PyTorch (issue 34): the shipped sweep with line 35 set to
+pytorch, under a real mpirun on 1 and 4 ranks and on two simulated nodes with both job
+maps, every rank started through a wrapper that makes TensorFlow, Keras and Horovod
+unimportable (a node with PyTorch alone); every test PASSED, --verify passes (its MLLOG
+check runs MLPerf's checker on every base model's log). A mixed sweep (both frameworks
+side by side) and the option lines PyTorch refuses are tests/test_plan.py's and below."""
+import io
+import json
+
+import pytest
+
+from harness import verify
+from tests.conftest import cluster_mpirun, dat_text, mpirun, results, without
+
+pytest.importorskip("torch")
+
+def _wrapper(folder):
+    return without(folder, "tensorflow", "tf_keras", "keras", "horovod")
+
+
+def _passes(folder, p, tests: int):
+    """Exit 0, `tests` tests all PASSED and trained by PyTorch, --verify passes."""
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("...... PASSED") == tests and "FAILED" not in p.stdout, p.stdout[-2000:]
+    res = results(folder)
+    assert len(res["tests"]) == tests
+    assert res["environment"]["frameworks"] == ["pytorch"] and "tensorflow" not in res["environment"]
+    for t in res["tests"]:
+        assert t["framework"] == "pytorch" and t["tv"] == "B32C32SRPT" and t["consistency"]["passed"]
+        assert t["quality"] > 0.5          # learnt: chance is 0.1 (measured 0.96-0.98 after 10 epochs, 0.73 for 1 x 4 after 4)
+    (run,) = [d for d in folder.iterdir() if not d.name.startswith(".")]
+    out = io.StringIO()
+    assert verify.main(str(run), out=out) == 0, out.getvalue()
+    return res
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_the_shipped_sweep_trains_in_pytorch_without_tensorflow(tmp_path, ranks):
+    """1 rank: test 1 (the others skipped); 4 ranks: M = 1, 2, 4 base models. The roofline
+    micro-kernels run in PyTorch and are the utilisation's ceiling."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l35="pytorch"))
+    p = mpirun(ranks, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
+    res = _passes(tmp_path / "runs", p, {1: 1, 4: 3}[ranks])
+    assert list(res["roofline"]) == ["pytorch/fp32"] and res["roofline"]["pytorch/fp32"]["framework"] == "pytorch"
+    assert all(t["utilisation"]["gemm"] > 0 for t in res["tests"])
+    assert "- PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs" in p.stdout
+    assert "FRAMEWRK: pytorch" in p.stdout
+
+
+@pytest.mark.parametrize("pmap", [0, 1])
+def test_the_shipped_sweep_in_pytorch_on_two_nodes(cluster, tmp_path, pmap):
+    """2 simulated nodes x 2 ranks, and one base model of 4 ranks across both (its DDP
+    all-reduce crosses the network; PMAP 1 deals its ranks round-robin over the nodes)."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=4, l10="1 2 4 1", l11="1 1 1 4", l12=pmap,
+                                             l15=4, l30=0, l35="pytorch"))
+    p = cluster_mpirun(cluster, "n1:2,n2:2", [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
+    res = _passes(tmp_path / "runs", p, 4)
+    assert res["environment"]["hosts"] == ["n1", "n2"]
+    dp = res["tests"][-1]
+    assert sorted(dp["jobs"][0]) == [0, 1, 2, 3] and dp["exchange"] == ["DDP all-reduce, Gloo"]   # PMAP 1: 0, 2, 1, 3
+
+
+def test_both_frameworks_side_by_side_in_one_sweep(tmp_path):
+    """Line 35 `tensorflow pytorch`: each layout in each framework, adjacent; each test's
+    utilisation against its own framework's micro-kernels."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=2, l11=1, l15=4, l34=2,
+                                             l35="tensorflow pytorch"))
+    p = mpirun(2, [tmp_path / "t.dat"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = results(tmp_path / "runs")
+    assert [(t["index"], t["framework"], t["tv"]) for t in res["tests"]] == [
+        (1, "tensorflow", "B32C32SR"), (2, "pytorch", "B32C32SRPT")]
+    assert sorted(res["roofline"]) == ["fp32", "pytorch/fp32"]
+    assert res["environment"]["frameworks"] == ["tensorflow", "pytorch"]
+    assert {"tensorflow", "horovod", "torch"} <= set(res["environment"])
+    for t in res["tests"]:
+        assert t["consistency"]["passed"] and t["quality"] > 0.8
+        assert t["flops_by_operator"] == res["tests"][0]["flops_by_operator"]   # one architecture, one count
+        assert t["weights"] == res["tests"][0]["weights"] == 151_434
+    assert p.stdout.count("...... PASSED") == 2
+    (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    out = io.StringIO()
+    assert verify.main(str(run), out=out) == 0, out.getvalue()
+    assert json.loads((run / "results.json").read_text())["config"]["frameworks"] == ["tensorflow", "pytorch"]
