@@ -38,7 +38,7 @@ def _passes(folder, p, tests: int):
 def test_the_shipped_sweep_trains_in_pytorch_without_tensorflow(tmp_path, ranks):
     """1 rank: test 1 (the others skipped); 4 ranks: M = 1, 2, 4 base models. The roofline
     micro-kernels run in PyTorch and are the utilisation's ceiling."""
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l35="pytorch"))
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=5, l35="pytorch"))   # 5 epochs of the 10
     p = mpirun(ranks, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
     res = _passes(tmp_path / "runs", p, {1: 1, 4: 3}[ranks])
     assert list(res["roofline"]) == ["pytorch/fp32"] and res["roofline"]["pytorch/fp32"]["framework"] == "pytorch"
