@@ -37,7 +37,8 @@ CHOICES = {
     "framework": frameworks.CHOICES,
 }
 KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
-# The line of each single-valued keyword (messages about a choice name its line).
+# The line of each single-valued keyword: the parser reads it there, and messages about a
+# choice (harness/plan.py) name it.
 LINE_OF = {"optimizer": 18, "comm_precision": 21, "allreduce": 22, "sampler": 23, "aggregation": 24, "compiler": 33}
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
@@ -290,14 +291,14 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     r.unique(14, batch_sizes, "batch size")
     epochs = r.number(15, "epochs: an integer >= 1", lambda v: v >= 1)
     precisions = r.keywords(17, 16, "precision", "training precision")
-    optimizer = r.keyword(18, "optimizer", "optimizer", "an")
+    optimizer = r.keyword(LINE_OF["optimizer"], "optimizer", "optimizer", "an")
     base_lr = r.number(19, "a base learning rate: a number > 0", lambda v: v > 0, _num)
     warmup = r.number(20, f"warm-up epochs: a number >= 0 and <= epochs ({epochs}, line 15)",
                       lambda v: 0 <= v <= epochs, _num)
-    comm_precision = r.keyword(21, "comm_precision", "communication precision")
-    allreduce = r.keyword(22, "allreduce", "all-reduce", "an")
-    sampler = r.keyword(23, "sampler", "sampler")
-    aggregation = r.keyword(24, "aggregation", "aggregation", "an")
+    comm_precision = r.keyword(LINE_OF["comm_precision"], "comm_precision", "communication precision")
+    allreduce = r.keyword(LINE_OF["allreduce"], "allreduce", "all-reduce", "an")
+    sampler = r.keyword(LINE_OF["sampler"], "sampler", "sampler")
+    aggregation = r.keyword(LINE_OF["aggregation"], "aggregation", "aggregation", "an")
     target = r.number(25, "a target quality: -1 (workload default) or a number in (0, 1]",
                       lambda v: v == -1 or 0 < v <= 1, _num)
     penalty_n = r.number(26, "a penalty exponent n: -1 (workload default) or a number >= 0",
@@ -314,7 +315,7 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     eval_every = r.number(31, "evaluate every K epochs: an integer >= 0 (0 = only at the end)", lambda v: v >= 0)
     stop_at_target = bool(r.number(32, "stop at target: 0 (no) or 1 (at the first evaluation that reaches it)",
                                    lambda v: v in (0, 1)))
-    compiler = r.keyword(33, "compiler", "compiler")
+    compiler = r.keyword(LINE_OF["compiler"], "compiler", "compiler")
     frameworks = r.keywords(35, 34, "framework", "framework")
     for n in range(NLINES + 1, len(r.lines) + 1):
         if r.lines[n - 1].strip():

@@ -36,13 +36,15 @@ def agree(comm, fn, what: str):
     return value
 
 
-def first_failure(comm, err: str | None) -> None:
-    """Exchange each rank's error (None for none); raise the lowest rank's on all."""
+def first_failure(comm, err: str | None, error: type[Exception] = RunError) -> None:
+    """Exchange each rank's error (None for none); raise the lowest rank's on all, as
+    `error` (RunError: printed once and exit 1; RuntimeError inside a test, where only
+    some ranks take part and the driver must abort the rest)."""
     errors = comm.allgather(err)
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         r, e = failed[0]
-        raise RunError(e if comm.size == 1 else f"rank {r}: {e}")
+        raise error(e if comm.size == 1 else f"rank {r}: {e}")
 
 
 @contextmanager

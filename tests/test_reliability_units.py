@@ -220,6 +220,9 @@ def test_first_failure():
         first_failure(FakeComm(3, {2: "b"}), "a")
     with pytest.raises(RunError, match="^only$"):
         first_failure(FakeComm(1), "only")
+    with pytest.raises(RuntimeError, match="^rank 1: c$") as raised:   # inside a test: the driver's abort
+        first_failure(FakeComm(3, {1: "c"}), None, RuntimeError)
+    assert not isinstance(raised.value, RunError)
 
 
 def test_say_writes_one_prefixed_line_on_stderr(capsys):

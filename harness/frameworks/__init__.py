@@ -2,19 +2,17 @@
 
 Table 2 of HPC AI500 V3.0 lets a user choose the framework: TensorFlow by default, PyTorch
 beside it (lines 34-35 of the input file, a sweep like the workloads). This module is
-the registry: CHOICES (the input file's keywords, their T/V codes and meanings) and
-`missing(name)`, which says, without importing anything, why a framework cannot run
-on this node (its packages not installed), so that `--check` refuses the input before
-any rank imports a framework. No framework is imported by this file.
+the registry: CHOICES (the input file's keywords, their T/V codes and meanings), what
+each framework needs installed (`missing`, found without importing anything, so that
+`--check` refuses the input before any rank imports a framework), which workloads and
+Table 2 choices it carries (`builds`, UNSUPPORTED: harness/plan.py refuses the rest on
+their line), the interface every framework's package gives (`Framework`) and `get`,
+which imports one. No framework is imported by this file.
 
-What is built in harness/frameworks/pytorch/ so far: `flops`, Table 3 counted over a
-PyTorch model at the operator level by harness/flops.py's rules; `digits`, the digits
-CNN in PyTorch; `kernels`, the roofline micro-kernels in PyTorch. TensorFlow's training
-still lives in harness/train.py and the workloads' modules; moving it here, behind the
-interface the PyTorch package will share (build the model, train a base model on a
-job's group, exchange gradients, count FLOPs, run the kernels, predict), is the rest of
-issue 34, as is PyTorch's training loop: until it is built, harness/plan.py refuses a
-test whose framework is pytorch, saying so.
+PyTorch trains the workloads of pytorch/models.BUILT (digits so far). TensorFlow's
+interface is a door to the code that predates the seam (harness/train.py, harness/flops.py's
+Keras walker, kernels/, the workloads' Keras members); moving that code into
+harness/frameworks/tensorflow/ is the rest of issue 34.
 """
 from __future__ import annotations
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from harness.errors import first_failure
+
 TIMEOUT = datetime.timedelta(minutes=30)   # a rendezvous or collective this slow is the watchdog's to end
 CONNECT = datetime.timedelta(seconds=5)    # a store client's connection to one of the root's addresses
 
@@ -53,13 +55,9 @@ class Group:
 
 
 def agree(comm, err: str | None) -> None:
-    """Raise the lowest failing rank's error on every rank of `comm` (a RuntimeError:
-    inside a test, the driver's abort), or nothing when no rank failed."""
-    errors = comm.allgather(err)
-    failed = [(r, e) for r, e in enumerate(errors) if e]
-    if failed:
-        r, e = failed[0]
-        raise RuntimeError(f"torch.distributed, rank {r} of the job: {e}")
+    """The lowest failing rank of the job's `comm` (its rank in the job) and its error,
+    raised on every rank of the job as a RuntimeError (inside a test: the driver's abort)."""
+    first_failure(comm, err and f"torch.distributed in the job: {err}", RuntimeError)
 
 
 def _connect(addresses: list[str], port: int):

@@ -17,14 +17,15 @@ import numpy as np
 import torch
 
 from harness import sampler, train, workloads
-from harness.frameworks.pytorch import models
+from harness.frameworks.pytorch import kernels, models
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
 
 
 def device() -> torch.device:
-    """This rank's device: its GPU (setup_devices made it current) or the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    """This rank's device: its GPU (setup_devices made it current) or the CPU, as the
+    micro-kernels pick it (kernels.where)."""
+    return kernels.where()[0]
 
 
 def setup_devices(local_rank: int, sharing: int) -> dict:
@@ -80,6 +81,7 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
 
     size, rank, batch, epochs = comm.size, comm.rank, recipe.batch, recipe.epochs
     steps = train.steps_per_epoch(len(indices), size, batch, job)
+    # the linear scaling rule; lr_scale's other branch is Adasum's, which PyTorch refuses (frameworks.UNSUPPORTED)
     peak = recipe.base_lr * train.lr_scale(recipe.allreduce, size, size, False)
     warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
     module = models.get(workload.NAME)
