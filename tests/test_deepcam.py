@@ -108,6 +108,16 @@ def test_flops_agree_with_tensorflows_profiler(size, rates, within):
         # the reference's trainable parameters, summed module by module from its PyTorch code (conv
         # Cin/groups x Cout x k^2 (+ bias), BN 2 x C, the affine 2 x 256): 56,454,720
         assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == 56_454_720
+        # PyTorch's build (harness/frameworks/pytorch/deepcam.py), counted on the meta device: the
+        # same count by operator and the same weights (batch-norm statistics included in both)
+        torch = pytest.importorskip("torch")
+        from harness.frameworks.pytorch import deepcam as torch_deepcam, flops as torch_flops
+        with torch.device("meta"):
+            twin_model = torch_deepcam.DeepLab(16, 3)
+            twin = torch_flops.count(twin_model, torch.zeros(1, 16, *size))
+        ours = flops.count(model)
+        assert twin.by_operator == ours.by_operator and twin.weights == ours.weights
+        assert sum(p.numel() for p in twin_model.parameters()) == 56_454_720
 
 
 # ---- real runs (mpirun) ------------------------------------------------------------------

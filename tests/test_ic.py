@@ -1,6 +1,7 @@
 """The ic workload: TFRecord index and random access, the reader, synthetic data,
 staging, ResNet-50 v1.5's FLOPs, the recipe, and a run under mpirun."""
 import os
+import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 2 API, before TensorFlow
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -77,6 +78,46 @@ def test_crc_matches_tensorflow_writer(handmade):
     with open(path / "train-00000-of-00002", "rb") as f:
         head = np.frombuffer(f.read(12), np.uint8)
     assert tfrecord.masked_crc32c(head[None, :8])[0] == head[8:].view("<u4")[0]
+
+
+def test_a_frame_is_what_tensorflows_writer_writes(tmp_path, monkeypatch):
+    """CRC-32C's published check value: crc("123456789") = 0xE3069283, masked as TFRecord
+    masks (rotated right 15, + 0xA282EAD8) here from the definition; the crc32c package
+    and the numpy table agree, and a framed record is byte for byte TFRecordWriter's."""
+    crc = 0xE3069283
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    assert tfrecord.masked_crc32c_of(b"123456789") == masked
+    monkeypatch.setitem(sys.modules, "crc32c", None)             # the fallback: the numpy table
+    assert tfrecord.masked_crc32c_of(b"123456789") == masked
+    monkeypatch.delitem(sys.modules, "crc32c")
+    with tf.io.TFRecordWriter(str(tmp_path / "theirs")) as w:
+        w.write(b"abc" * 100)
+    assert (tmp_path / "theirs").read_bytes() == tfrecord.frame(b"abc" * 100)
+
+
+def test_example_codec_by_hand_and_against_tensorflows_protos():
+    """{"a": [1]}: Int64List packed (0A 01 01) in Feature field 3 (1A 03 ...), the map
+    entry's key (0A 01 61) and value (12 05 ...), Features field 1 (0A 0A ...), Example
+    field 1 (0A 0C ...): 14 bytes. Then both directions against TensorFlow's protos, the
+    unpacked forms another writer may use, and damaged bytes."""
+    assert tfrecord.encode_example({"a": [1]}) == bytes.fromhex("0A0C 0A0A 0A0161 1205 1A03 0A0101")
+    feats = {"image/encoded": [b"\xff\xd8jpeg", b""], "y": np.array([0.5, -1.25, 3e38], np.float32),
+             "label": [7, -2, 2 ** 40]}
+    ours = tfrecord.encode_example(feats)
+    theirs = tf.train.Example.FromString(ours).features.feature
+    assert list(theirs["image/encoded"].bytes_list.value) == feats["image/encoded"]
+    assert list(theirs["y"].float_list.value) == list(feats["y"])
+    assert list(theirs["label"].int64_list.value) == feats["label"]
+    back = tfrecord.parse_example(tf.train.Example(features=tf.train.Features(feature=theirs)).SerializeToString())
+    assert back["image/encoded"] == feats["image/encoded"] and back["label"].tolist() == feats["label"]
+    assert back["y"].dtype == np.float32 and back["y"].tolist() == feats["y"].tolist()
+    # unpacked: "x" a float_list of one fixed32 1.0 (0D 0000803F), 16 bytes in all;
+    # "n" an int64_list of the varints 3 and 4 (08 03 08 04), 15 bytes in all
+    assert tfrecord.parse_example(bytes.fromhex("0A0E 0A0C 0A0178 1207 1205 0D0000803F"))["x"].tolist() == [1.0]
+    assert tfrecord.parse_example(bytes.fromhex("0A0D 0A0B 0A016E 1206 1A04 08030804"))["n"].tolist() == [3, 4]
+    for bad in (ours[:-3], b"\x0a\xff", b"\x0b"):
+        with pytest.raises(ValueError, match="not a tf.train.Example"):
+            tfrecord.parse_example(bad)
 
 
 def test_reader_labels_shapes_and_pixels(handmade, monkeypatch):
@@ -222,6 +263,51 @@ def test_augmentation_is_seeded(synthetic):
     assert abs(float(plain.mean())) < 1.0 and 0.3 < float(plain.std()) < 2.0   # normalised
 
 
+def test_the_numpy_feed_reads_the_records_tf_data_reads(handmade):
+    """ic.numpy_batches (PyTorch's feed, Pillow in threads): the same labels, the same
+    colours in RGB order and normalisation, the validation transform's pixels within a
+    few levels of tf.data's (the two bilinear resizes differ at edges only: solid
+    colours), bootstrap repeats and the dropped remainder as batches()."""
+    path, _ = handmade
+    data = ic.read(str(path))
+    rows = np.array([3, 0, 3, 6, 6, 1, 5, 3])
+    ours = list(ic.numpy_batches(data, data.train, rows, 3, augment=False, workers=2))
+    theirs = list(ic.batches(data, rows, 3, training=False, seed=0))
+    assert len(ours) == len(theirs) == 2
+    for (x, y), (tx, ty) in zip(ours, theirs):
+        assert x.shape == (3, 224, 224, 3) and x.dtype == np.float32 and y.dtype == np.int64
+        assert list(y) == list(ty.numpy())
+        assert np.allclose(_colour(x), _colour(tx.numpy()), atol=1)
+    assert np.allclose(_colour(np.concatenate([x for x, _ in ours])), [COLOURS[r] for r in rows[:6]], atol=4)
+    (last,) = list(ic.numpy_batches(data, data.val, [1], 4, augment=False, drop_remainder=False))
+    assert list(last[1]) == [RAW_LABELS[8] - 1]
+
+
+def test_the_numpy_feeds_augmentation_is_seeded_whatever_the_threads(synthetic):
+    data, _ = synthetic
+    rows = np.arange(32)
+    def run(seed, workers):
+        return np.concatenate([b[0] for b in ic.numpy_batches(data, data.train, rows, 8, augment=True, seed=seed,
+                                                                 workers=workers)])
+    a, b, c = run(7, 1), run(7, 3), run(8, 2)
+    assert a.shape == (32, 24, 24, 3) and np.array_equal(a, b) and not np.array_equal(a, c)
+    plain = np.concatenate([b[0] for b in ic.numpy_batches(data, data.train, rows, 8, augment=False)])
+    assert not np.array_equal(a, plain)
+    assert abs(float(plain.mean())) < 1.0 and 0.3 < float(plain.std()) < 2.0
+
+
+def test_random_crop_draws_as_tensorflows_box_sampler():
+    """Area 8-100 %, aspect 3/4-4/3, inside the image; a 1 x 40 image fits no crop in 10
+    draws (every aspect needs at least 2 pixels of height at 8 % of 40): the whole image."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        left, top, right, bottom = ic._random_crop(rng, 64, 48)
+        w, h = right - left, bottom - top
+        assert 0 <= left < right <= 64 and 0 <= top < bottom <= 48
+        assert 0.07 * 64 * 48 <= w * h <= 64 * 48 and 0.7 < w / h < 1.4
+    assert ic._random_crop(rng, 40, 1) == (0, 0, 40, 1)
+
+
 def test_stream_feeds_every_epoch_from_one_pipeline(synthetic):
     """ic.stream: epoch e's rows, whole batches only, in turn; shards drawn lazily; the
     same sample is augmented differently in each epoch, and the stream is seeded."""
@@ -283,6 +369,13 @@ def test_resnet50_v1_5_flops():
     v1 = flops.count(resnet.build((224, 224, 3), 1000, v1_5=False))
     assert v1.training * 512 == pytest.approx(11_776e9, rel=0.02)       # the paper's figure
     assert c.by_operator["convolution"] / v1.by_operator["convolution"] == pytest.approx(1.06, abs=0.005)
+    # PyTorch's twin (harness/frameworks/pytorch/ic.py), counted on the meta device: the same
+    # count by operator and the same weights (batch-norm statistics included in both)
+    torch = pytest.importorskip("torch")
+    from harness.frameworks.pytorch import flops as torch_flops, ic as torch_ic
+    with torch.device("meta"):
+        twin = torch_flops.count(torch_ic.resnet_v1_5(1000), torch.zeros(1, 3, 224, 224))
+    assert twin.by_operator == c.by_operator and twin.weights == c.weights == 25_610_152
 
 
 def test_model_regularizers_and_init(synthetic):

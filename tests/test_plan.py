@@ -94,10 +94,10 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     from harness import frameworks
     cfg = dat.parse_text(dat_text(l34=2, l35="tensorflow pytorch"), "x.dat")
     assert plan.framework_problem(cfg) is None        # torch and TensorFlow are in the suite's venv
-    ic = dat.parse_text(dat_text(l7="ic", l34=2, l35="tensorflow pytorch"), "x.dat")
-    assert plan.framework_problem(ic) == ("x.dat:7: found workload ic with framework pytorch (line 35), expected a"
-                                          " workload whose model is built in pytorch (digits)")
-    assert plan.framework_problem(dataclasses.replace(ic, frameworks=("tensorflow",))) is None
+    ewa = dat.parse_text(dat_text(l7="ewa", l34=2, l35="tensorflow pytorch"), "x.dat")
+    assert plan.framework_problem(ewa) == ("x.dat:7: found workload ewa with framework pytorch (line 35), expected a"
+                                           " workload whose model is built in pytorch (digits, ic, cosmoflow, deepcam)")
+    assert plan.framework_problem(dataclasses.replace(ewa, frameworks=("tensorflow",))) is None
     int8 = dat.parse_text(dat_text(l21="int8", l35="pytorch"), "x.dat")
     assert plan.framework_problem(int8) == ("x.dat:21: found int8 with framework pytorch (line 35), expected another"
                                             " choice: " + frameworks.UNSUPPORTED["pytorch"]["comm_precision", "int8"])

@@ -104,3 +104,31 @@ def test_an_operator_on_a_parameter_without_a_rule_stops_the_count():
         tflops.count(Odd(), torch.zeros(1, 3))
     with pytest.raises(ValueError, match="found a sample of batch 2, expected batch 1"):
         tflops.count(Odd(), torch.zeros(2, 3))
+
+
+def test_a_count_on_the_meta_device_is_the_built_models_and_draws_no_random_numbers(digits_data):
+    """count_built builds the workload's model again on the meta device (no storage, no
+    arithmetic): the same count as the model on the CPU, and the random generator's state
+    untouched (the training goes on from it)."""
+    state = torch.get_rng_state()
+    meta = tflops.count_built(torch_digits, digits_data)
+    assert torch.equal(state, torch.get_rng_state())
+    real = tflops.count(torch_digits.build_model(digits_data), torch_digits.sample(digits_data))
+    assert (meta.forward, meta.weights, meta.by_operator) == (real.forward, real.weights, real.by_operator)
+
+
+def test_weight_decay_reaches_the_kernels_only():
+    """Two 3x3 kernels' worth of weights (conv 2x1x3x3, dense 4x2) decay; the biases and the
+    batch norm's gamma and beta (1-D) do not, as harness/optimizers.py excludes them. A
+    workload's decay is decoupled (Adam becomes AdamW), a model's L2 is coupled."""
+    from harness.frameworks.pytorch import train
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2, 4))
+    opt, config = train.make_optimizer("adam", model, 0.1, 0.9, {"weight_decay": 0.01, "epsilon": 1e-6})
+    decay, plain = opt.param_groups
+    assert isinstance(opt, torch.optim.AdamW) and config["weight_decay"] == 0.01 and config["epsilon"] == 1e-6
+    assert [tuple(p.shape) for p in decay["params"]] == [(2, 1, 3, 3), (4, 2)] and decay["weight_decay"] == 0.01
+    assert [tuple(p.shape) for p in plain["params"]] == [(2,), (2,), (2,), (4,)] and plain["weight_decay"] == 0.0
+    opt, _ = train.make_optimizer("adam", model, 0.1, 0.9, {}, l2=3e-5)
+    assert type(opt) is torch.optim.Adam and opt.param_groups[0]["weight_decay"] == 3e-5
+    opt, config = train.make_optimizer("sgd", model, 0.1, 0.875, {}, l2=3e-5)
+    assert opt.param_groups[0]["momentum"] == 0.875 and config == {"momentum": 0.875, "weight_decay": 3e-5}

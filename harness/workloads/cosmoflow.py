@@ -24,7 +24,7 @@ a GZIP set whole once, as long as one epoch's reading; the cache spares the next
 A training record is parsed again when it is fed, and a bad one stops there, named too.
 
 Feed: numpy, like ewa's: a Python generator reads a batch's records (one pread each, or
-from the decompressed file), parses them (protobuf, no TensorFlow op) and takes
+from the decompressed file), parses them (tfrecord.parse_example: plain Python, no TensorFlow) and takes
 log1p in float32. No augmentation (the reference has none).
 
 `synthetic[:SAMPLES[:SIDE]]` (default 320 universes of 32^3): cosmoflow_synthetic.py
@@ -205,20 +205,19 @@ def _index(files, keep_y: bool):
 
 def parse(record: bytes, file: str, k: int) -> tuple[bytes, np.ndarray]:
     """(x bytes, y float32 (4,)) of a record, or DataError naming the file and record."""
-    from google.protobuf.message import DecodeError
-    from tensorflow.core.example import example_pb2
     try:
-        feats = example_pb2.Example.FromString(record).features.feature
-    except DecodeError:
+        feats = tfrecord.parse_example(record)
+    except ValueError:
         raise DataError(f"{file}: record {k} is not a tf.train.Example") from None
-    if X_KEY not in feats or len(feats[X_KEY].bytes_list.value) != 1:
+    x, y = feats.get(X_KEY), feats.get(Y_KEY)
+    if not isinstance(x, list) or len(x) != 1:
         raise DataError(f"{file}: record {k}: found no '{X_KEY}' bytes feature, expected the raw bytes of an "
                         f"int16 [S, S, S, {CHANNELS}] volume")
-    if Y_KEY not in feats or len(feats[Y_KEY].float_list.value) != PARAMETERS:
-        found = len(feats[Y_KEY].float_list.value) if Y_KEY in feats else "no"
+    if not isinstance(y, np.ndarray) or y.dtype != np.float32 or len(y) != PARAMETERS:
+        found = len(y) if isinstance(y, np.ndarray) and y.dtype == np.float32 else "no"
         raise DataError(f"{file}: record {k}: found {found} '{Y_KEY}' float(s), expected {PARAMETERS} "
                         "(the cosmological parameters)")
-    return feats[X_KEY].bytes_list.value[0], np.array(feats[Y_KEY].float_list.value, np.float32)
+    return x[0], y
 
 
 def decoded_side(record: bytes, file: str, k: int) -> int:
@@ -399,10 +398,15 @@ def predict(model, data: CosmoData, rows: slice) -> np.ndarray:
     """The 4 predicted parameters (float64) of validation rows `rows`: averaging them over
     base models is the ensemble's prediction."""
     import tensorflow as tf
-    idx = np.arange(data.n_val)[rows]
-    out = [tf.cast(model(x, training=False), tf.float32).numpy()
-           for x, _ in _volumes(data, data.val, idx, EVAL_BATCH, drop_remainder=False)]
+    out = [tf.cast(model(x, training=False), tf.float32).numpy() for x in validation_volumes(data, rows)]
     return np.concatenate(out).astype(np.float64) if out else np.zeros((0, PARAMETERS))
+
+
+def validation_volumes(data: CosmoData, rows: slice):
+    """The decoded volumes x of validation rows `rows`, EVAL_BATCH at a time, in order:
+    what each framework's predict() feeds its model."""
+    idx = np.arange(data.n_val)[rows]
+    return (x for x, _ in _volumes(data, data.val, idx, EVAL_BATCH, drop_remainder=False))
 
 
 def quality(scores: np.ndarray, data: CosmoData) -> float:

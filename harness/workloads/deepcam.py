@@ -168,14 +168,17 @@ def predict(model, data: climate.Data, rows: slice) -> np.ndarray:
     samples `rows`, each flattened H x W x 3 (pixel-major: a pixel's 3 columns are
     adjacent, VOTE_GROUP)."""
     import tensorflow as tf
+    out = [tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy().reshape(len(x), -1)
+           for x in validation_samples(data, rows)]
+    return np.concatenate(out) if out else np.zeros((0, score_width(data)), np.float32)
+
+
+def validation_samples(data: climate.Data, rows: slice):
+    """The normalised inputs x of validation samples `rows`, in order, EVAL_PIXELS pixels
+    a batch at most: what each framework's predict() feeds its model."""
     index = np.arange(data.n_val)[rows]
     batch = max(1, EVAL_PIXELS // (data.height * data.width))
-    out = []
-    for lo in range(0, len(index), batch):
-        x, _ = climate.samples(data, "validation", index[lo:lo + batch])
-        probs = tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy()
-        out.append(probs.reshape(len(x), -1))
-    return np.concatenate(out) if out else np.zeros((0, score_width(data)), np.float32)
+    return (climate.samples(data, "validation", index[lo:lo + batch])[0] for lo in range(0, len(index), batch))
 
 
 def iou(predicted: np.ndarray, labels: np.ndarray, classes: int = climate.CLASSES) -> np.ndarray:

@@ -243,15 +243,12 @@ def _labels(index: tfrecord.Index) -> np.ndarray:
     """The raw labels of every record of an index, parsed as protobufs (no JPEG decode,
     and no TensorFlow op: data is loaded before the harness pins TensorFlow's threads,
     which it can only do before the runtime starts)."""
-    import tensorflow as tf
-    from google.protobuf.message import DecodeError
     out = np.zeros(len(index), np.int64)
     with tfrecord.Reader(index) as r:
         for k in range(len(index)):
             try:
-                out[k] = tf.train.Example.FromString(r.record(k)).features.feature[
-                    tfrecord.LABEL_KEY].int64_list.value[0]
-            except (DecodeError, IndexError):
+                out[k] = tfrecord.parse_example(r.record(k))[tfrecord.LABEL_KEY][0]
+            except (ValueError, KeyError, IndexError, TypeError):
                 raise DataError(f"{index.files[index.shard[k]]}: record at byte {int(index.offset[k])} "
                                 f"is not a tf.train.Example with an int64 '{tfrecord.LABEL_KEY}'") from None
     return out
@@ -281,14 +278,14 @@ def _write_meta(path: str, side: int, classes: int, label_offset: int) -> None:
 
 # ---- the model and the recipe ---------------------------------------------------------
 
-def _shape() -> tuple[int, tuple[int, ...]]:
+def shape() -> tuple[int, tuple[int, ...]]:
     """(stem width, bottlenecks per stage): ResNet-50's unless the test-only settings shrink it."""
     return settings.value("HPCAI500_IC_WIDTH") or resnet.WIDTH, settings.value("HPCAI500_IC_STAGES") or resnet.STAGES
 
 
 def describe_model(data: ICData) -> tuple[str, list[str]]:
     """The FLOP note of the model built, and how it differs from ResNet-50 v1.5 at 224 px."""
-    width, stages = _shape()
+    width, stages = shape()
     deviations = []
     if (width, tuple(stages)) != (resnet.WIDTH, tuple(resnet.STAGES)):
         deviations.append(f"a reduced ResNet (stem width {width}, stages {','.join(map(str, stages))}; "
@@ -303,7 +300,7 @@ def describe_model(data: ICData) -> tuple[str, list[str]]:
 
 
 def build_model(data: ICData):
-    width, stages = _shape()
+    width, stages = shape()
     return resnet.build((data.side, data.side, 3), data.num_classes, weight_decay=WEIGHT_DECAY,
                         width=width, stages=stages)
 
@@ -444,6 +441,93 @@ def stream(data: ICData, shards, epochs: int, batch: int, *, seed: int):
     iterator held a rank 8-9 s at 2 ranks a rank, measured: bench/README.md)."""
     parts = lambda: (_rows(data.train, shards(e), batch, True) for e in range(epochs))  # noqa: E731
     return iter(_pipeline(data, data.train, parts, batch, augment=True, seed=seed, drop_remainder=True))
+
+
+# ---- the numpy feed (a framework without tf.data: PyTorch) ------------------------------
+# The same records, labels and transforms as the tf.data pipeline above, decoded with
+# Pillow: random resized crop (TF's sampling: area 8-100 %, aspect 3/4-4/3 uniform, 10
+# attempts, else the whole image) and a flip, or the central square, resized bilinearly
+# to side x side, normalised. Pillow's resize filters when it shrinks (antialiased), TF's
+# does not, and the random draws are numpy's from (seed, position): the same distribution
+# of crops, not the same crops, which a test in the other framework does not need.
+
+def numpy_batches(data: ICData, index: tfrecord.Index, rows, batch: int, *, augment: bool, seed: int = 0,
+                  drop_remainder: bool = True, workers: int = 1):
+    """Batches (x float32 (n, side, side, 3), y int64 (n,)) of records `rows` of `index`, in
+    order: the records read here (one pread each), decoded and transformed in `workers`
+    threads (Pillow lets go of the GIL while it decodes and resizes), `workers` batches
+    ahead. Training sample i of the feed is drawn from numpy's generator (seed, i)."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    rows = _rows(index, rows, batch, drop_remainder)
+    ahead = deque()
+    with tfrecord.Reader(index) as reader, ThreadPoolExecutor(max(1, workers)) as pool:
+        for a in range(0, len(rows), batch):
+            part = rows[a:a + batch]
+            ahead.append(pool.submit(_decode_batch, data, index, part, reader.records(part), augment, seed, a))
+            if len(ahead) > max(1, workers):
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
+def _decode_batch(data: ICData, index: tfrecord.Index, part, records, augment: bool, seed: int, first: int):
+    x = np.empty((len(part), data.side, data.side, 3), np.float32)
+    y = np.empty(len(part), np.int64)
+    for j, (k, record) in enumerate(zip(part, records)):
+        jpeg, y[j] = _example_of(data, index, k, record)
+        rng = np.random.default_rng((seed % 2**63, first + j)) if augment else None
+        x[j] = _pil_image(jpeg, data.side, rng)
+    return x, y
+
+
+def _example_of(data: ICData, index: tfrecord.Index, k: int, record: bytes) -> tuple[bytes, int]:
+    """(JPEG bytes, 0-based label) of record k; DataError naming its shard otherwise."""
+    file = index.files[index.shard[k]]
+    try:
+        feats = tfrecord.parse_example(record)
+        jpeg, raw = feats[tfrecord.IMAGE_KEY][0], int(feats[tfrecord.LABEL_KEY][0])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise DataError(f"{file}: record at byte {int(index.offset[k])} is not a tf.train.Example with"
+                        f" '{tfrecord.IMAGE_KEY}' bytes and an int64 '{tfrecord.LABEL_KEY}'") from None
+    label = raw - data.label_offset
+    if not 0 <= label < data.num_classes:
+        raise DataError(f"{file}: label {raw} lies outside {data.label_offset}..{data.label_offset + data.num_classes - 1}"
+                        f" ({data.num_classes} classes, labels {data.label_offset}-based: see the report's conventions;"
+                        f" {OFFSET_ENV} sets the base)")
+    return jpeg, label
+
+
+def _pil_image(jpeg: bytes, side: int, rng) -> np.ndarray:
+    """One image decoded, cropped (random resized crop and flip where `rng` is given, else
+    the central CENTER_FRACTION square), resized to side x side, normalised."""
+    import io
+
+    from PIL import Image
+    image = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    w, h = image.size
+    if rng is None:
+        crop = max(1, int(CENTER_FRACTION * min(w, h)))
+        box = ((w - crop) // 2, (h - crop) // 2, (w - crop) // 2 + crop, (h - crop) // 2 + crop)
+    else:
+        box = _random_crop(rng, w, h)
+    image = image.resize((side, side), Image.BILINEAR, box=box)
+    if rng is not None and rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    return (np.asarray(image, np.float32) - 255 * np.asarray(MEAN, np.float32)) / (255 * np.asarray(STD, np.float32))
+
+
+def _random_crop(rng, w: int, h: int) -> tuple[int, int, int, int]:
+    """TF's sample_distorted_bounding_box as train_image asks it: up to 10 draws of an area
+    fraction in [0.08, 1] and an aspect ratio in [3/4, 4/3], the first that fits placed
+    uniformly; none fits: the whole image. (left, top, right, bottom)."""
+    for _ in range(10):
+        area, aspect = rng.uniform(0.08, 1.0) * w * h, rng.uniform(3 / 4, 4 / 3)
+        cw, ch = int(round(np.sqrt(area * aspect))), int(round(np.sqrt(area / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            left, top = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+            return left, top, left + cw, top + ch
+    return 0, 0, w, h
 
 
 # ---- evaluation -----------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""TFRecord shards without TensorFlow's sequential reader: index, random access, copy.
+"""TFRecord shards without TensorFlow: index, random access, copy, write, and the
+tf.train.Example records in them (encode_example, parse_example: protobuf's wire format in
+plain Python), so that a node with PyTorch alone reads and writes the same files.
 
 A TFRecord file is a sequence of framed records:
 
@@ -51,12 +53,34 @@ _TABLE = _crc32c_table()
 
 
 def masked_crc32c(rows: np.ndarray) -> np.ndarray:
-    """TFRecord's masked CRC-32C of each row of a (n, k) uint8 array: (n,) uint32."""
+    """TFRecord's masked CRC-32C of each row of a (n, k) uint8 array: (n,) uint32 (one
+    numpy step a column: for many short rows, the length headers)."""
     crc = np.full(len(rows), 0xFFFFFFFF, np.uint32)
     for j in range(rows.shape[1]):
         crc = _TABLE[(crc ^ rows[:, j]) & 0xFF] ^ (crc >> np.uint32(8))
-    crc ^= np.uint32(0xFFFFFFFF)
+    return _mask(crc ^ np.uint32(0xFFFFFFFF))
+
+
+def _mask(crc):
+    """TFRecord's mask of a CRC-32C (uint32 numpy values)."""
     return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
+
+
+def masked_crc32c_of(data: bytes) -> int:
+    """The masked CRC-32C of one payload: the `crc32c` package's (hardware CRC, 80 kB
+    wheel, requirements.txt) where installed, else the numpy table byte by byte (right,
+    but ~1 s a megabyte)."""
+    try:
+        from crc32c import crc32c
+    except ImportError:
+        return int(masked_crc32c(np.frombuffer(data, np.uint8)[None, :])[0])
+    return int(_mask(np.array([crc32c(data)], np.uint32))[0])   # an array: uint32 arithmetic wraps silently
+
+
+def frame(data: bytes) -> bytes:
+    """One framed record: length, its masked CRC, the data, its masked CRC."""
+    head = struct.pack("<Q", len(data))
+    return head + struct.pack("<I", masked_crc32c_of(head)) + data + struct.pack("<I", masked_crc32c_of(data))
 
 
 @dataclass(frozen=True)
@@ -331,26 +355,18 @@ def list_shards(path: str, split: str) -> list:
 
 def example(jpeg: bytes, label: int, height: int, width: int) -> bytes:
     """One serialized tf.train.Example with the converter's main features."""
-    import tensorflow as tf
-    f = tf.train.Feature
-    feats = {IMAGE_KEY: f(bytes_list=tf.train.BytesList(value=[jpeg])),
-             LABEL_KEY: f(int64_list=tf.train.Int64List(value=[int(label)])),
-             "image/format": f(bytes_list=tf.train.BytesList(value=[b"JPEG"])),
-             "image/height": f(int64_list=tf.train.Int64List(value=[height])),
-             "image/width": f(int64_list=tf.train.Int64List(value=[width])),
-             "image/channels": f(int64_list=tf.train.Int64List(value=[3]))}
-    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+    return encode_example({IMAGE_KEY: [jpeg], LABEL_KEY: [int(label)], "image/format": [b"JPEG"],
+                           "image/height": [height], "image/width": [width], "image/channels": [3]})
 
 
 def write_split(path: str, split: str, records, n: int, shards: int) -> None:
     """Write n serialized records (any iterable, consumed in order) into `shards`
     shard files of `split`, as evenly as possible."""
-    import tensorflow as tf
     it = iter(records)
     for i, size in enumerate(len(p) for p in np.array_split(np.arange(n), shards)):
-        with tf.io.TFRecordWriter(os.path.join(path, shard_name(split, i, shards))) as w:
+        with open(os.path.join(path, shard_name(split, i, shards)), "wb") as w:
             for _ in range(size):
-                w.write(next(it))
+                w.write(frame(next(it)))
 
 
 def encode_jpeg(image: np.ndarray, quality: int = 90) -> bytes:
@@ -379,3 +395,124 @@ def synthetic_images(samples: int, side: int, classes: int, seed: int):
         img = (colours[c] + rng.normal(0, 0.06, 3))[None, None, :] + stripes[..., None]
         img = img + rng.normal(0, 0.15, (side, side, 3))
         yield np.clip(img * 255, 0, 255).astype(np.uint8), int(c)
+
+
+# ---- tf.train.Example in protobuf's wire format -----------------------------------------
+# Written and read here in plain Python, so that a node without TensorFlow (nor protobuf)
+# reads and writes the same files: Example {Features features = 1}; Features {map<string,
+# Feature> feature = 1}, each entry {string key = 1; Feature value = 2}; Feature {oneof
+# BytesList bytes_list = 1, FloatList float_list = 2, Int64List int64_list = 3}; each list
+# {repeated value = 1}, floats and int64s packed as TensorFlow writes them (unpacked ones
+# are read too). tests/test_datasets.py checks both directions against TensorFlow's protos.
+_VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1                  # a negative int64: two's complement, 10 bytes
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _delimited(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | _BYTES) + _varint(len(payload)) + payload
+
+
+def encode_example(features: dict) -> bytes:
+    """A serialized tf.train.Example of `features`: name -> a list of bytes (a BytesList),
+    of floats (a FloatList: a list of Python floats or a numpy float array) or of ints (an
+    Int64List)."""
+    entries = []
+    for name, values in features.items():
+        values = list(values)
+        if all(isinstance(v, bytes) for v in values):
+            feature = _delimited(1, b"".join(_delimited(1, v) for v in values))
+        elif all(isinstance(v, (int, np.integer)) for v in values):
+            feature = _delimited(3, _delimited(1, b"".join(_varint(int(v)) for v in values)))
+        else:
+            feature = _delimited(2, _delimited(1, np.asarray(values, "<f4").tobytes()))
+        entries.append(_delimited(1, _delimited(1, name.encode()) + _delimited(2, feature)))
+    return _delimited(1, b"".join(entries))
+
+
+def parse_example(record: bytes) -> dict:
+    """name -> list of bytes | float32 array | int64 array: the features of a serialized
+    tf.train.Example. ValueError for bytes that are not one (truncated, a wrong wire type)."""
+    out = {}
+    for number, _, features in _fields(record, _BYTES):
+        if number != 1:
+            continue
+        for n, _, entry in _fields(features, _BYTES):
+            if n != 1:
+                continue
+            name, feature = "", b""
+            for k, _, v in _fields(entry, _BYTES):
+                if k == 1:
+                    name = v.decode("utf-8", "replace")
+                elif k == 2:
+                    feature = v
+            out[name] = _feature(feature)
+    return out
+
+
+def _feature(feature: bytes):
+    for kind, _, values in _fields(feature, _BYTES):
+        items = list(_fields(values))
+        if kind == 1:
+            return [bytes(v) for k, _, v in items if k == 1]
+        if kind == 2:
+            return np.concatenate([np.frombuffer(v, "<f4") for k, _, v in items if k == 1] or [np.zeros(0, "<f4")]
+                                  ).astype(np.float32)
+        if kind == 3:
+            ints = [i for k, wire, v in items if k == 1
+                    for i in (_unpack_varints(v) if wire == _BYTES else [v])]
+            return np.array([i - (1 << 64) if i >> 63 else i for i in ints], np.int64)
+    return []
+
+
+def _unpack_varints(data: bytes) -> list:
+    out, pos = [], 0
+    while pos < len(data):
+        v, pos = _read_varint(data, pos)
+        out.append(v)
+    return out
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("not a tf.train.Example: a truncated or overlong varint")
+        b = data[pos]
+        value |= (b & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not b & 0x80:
+            return value, pos
+
+
+def _fields(data: bytes, only: int | None = None):
+    """(field number, wire type, value) of each field of a message: an int for a varint,
+    bytes otherwise (a FIXED32 value as its 4 bytes, the float list's unpacked form).
+    `only`: the wire type every field must have (ValueError otherwise)."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if only is not None and wire != only:
+            raise ValueError(f"not a tf.train.Example: field {number} of wire type {wire}, expected {only}")
+        if wire == _VARINT:
+            value, pos = _read_varint(data, pos)
+        elif wire == _BYTES:
+            size, pos = _read_varint(data, pos)
+            value, pos = data[pos:pos + size], pos + size
+        elif wire in (_FIXED64, _FIXED32):
+            size = 8 if wire == _FIXED64 else 4
+            value, pos = data[pos:pos + size], pos + size
+        else:
+            raise ValueError(f"not a tf.train.Example: wire type {wire}")
+        if pos > len(data):
+            raise ValueError("not a tf.train.Example: a field runs past the end")
+        yield number, wire, value

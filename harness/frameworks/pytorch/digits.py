@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.frameworks.pytorch import train
+from harness.frameworks.pytorch import models, train
 
 
 def build_model(data) -> nn.Module:
@@ -38,7 +38,7 @@ def sample(data) -> torch.Tensor:
 
 def inputs(x: np.ndarray, device) -> torch.Tensor:
     """A batch of the workload's images (N, H, W, C), channels first on `device`."""
-    return torch.from_numpy(np.ascontiguousarray(x)).to(device).permute(0, 3, 1, 2).contiguous()  # NCHW in memory too
+    return models.channels_first(x, device)
 
 
 def targets(y: np.ndarray, device) -> torch.Tensor:

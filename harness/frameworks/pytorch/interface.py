@@ -56,7 +56,7 @@ class Job:
         return models.get(workload.NAME).predict(model, data, rows, self.device)
 
     def count(self, workload, model, data):
-        return flops.count(model, models.get(workload.NAME).sample(data).to(self.device))
+        return flops.count_built(models.get(workload.NAME), data)
 
     def exchange(self) -> str:
         cfg = self.part.ctx.cfg

@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
+import numpy as np
+
 # The workloads whose model is built in PyTorch (harness/frameworks.BUILT reads it).
-BUILT = ("digits",)
+BUILT = ("digits", "ic", "cosmoflow", "deepcam")
 
 
 class Model(Protocol):
@@ -21,8 +23,26 @@ class Model(Protocol):
     def predict(self, model, data, rows: slice, device):
         """np.ndarray (rows, the workload's score_width): scores of validation rows."""
 
+    # Optional (DEFAULTS): the training feed where the workload's own would need another
+    # framework (ic's is tf.data): batches(data, rows, batch, *, training, seed), the
+    # workloads' batches() contract; None: the workload's feed.
+    batches: object
+    # Optional (DEFAULTS): coupled weight decay on the kernels, the Keras twin's L2 kernel
+    # regularizer (train.make_optimizer).
+    L2: float
 
-REQUIRED = tuple(n for n in (*Model.__annotations__, *vars(Model)) if not n.startswith("_"))
+
+DEFAULTS = {"batches": None, "L2": 0.0}
+
+
+def channels_first(x: np.ndarray, device):
+    """A feed batch (N, ..., C: channels last, as the workloads' readers give them) as a
+    tensor on `device`, channels first (N, C, ...) in memory too, as PyTorch's layers take it."""
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device).movedim(-1, 1).contiguous()
+
+
+REQUIRED = tuple(n for n in (*Model.__annotations__, *vars(Model)) if not n.startswith("_") and n not in DEFAULTS)
 
 
 def get(workload: str) -> Model:
@@ -33,4 +53,7 @@ def get(workload: str) -> Model:
     missing = [n for n in REQUIRED if not hasattr(module, n)]
     if missing:
         raise TypeError(f"{module.__name__} lacks {', '.join(missing)}")
+    for key, value in DEFAULTS.items():
+        if not hasattr(module, key):
+            setattr(module, key, value)
     return module

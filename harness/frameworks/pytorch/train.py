@@ -52,24 +52,38 @@ def build(workload, data, seed: int, job: int, dev: torch.device) -> torch.nn.Mo
     return models.get(workload.NAME).build_model(data).to(dev)
 
 
-def make_optimizer(name: str, params, lr: float, momentum: float, options: dict):
+def make_optimizer(name: str, model, lr: float, momentum: float, options: dict, l2: float = 0.0):
     """(optimizer, its settings under Keras' names for the MLLOG): line 18's optimizer in
     PyTorch with Keras' defaults, so that both frameworks run the same recipe (Adam's and
-    AdaGrad's epsilon 1e-7, AdaGrad's initial accumulator 0.1); Adam with weight decay is
-    AdamW, Keras' decoupled kind."""
-    wd = float(options.get("weight_decay") or 0.0)
+    AdaGrad's epsilon 1e-7, AdaGrad's initial accumulator 0.1). Weight decay reaches the
+    kernels only (weights of 2 or more dimensions), never biases or batch norm, as
+    harness/optimizers.py excludes them: the workload's `options` weight decay is Keras'
+    decoupled kind (Adam then is AdamW), the model's `l2` (its Keras twin's L2 kernel
+    regularizer) the coupled kind, PyTorch's plain weight_decay."""
+    decoupled = float(options.get("weight_decay") or 0.0)
+    wd = decoupled or l2
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd), {"momentum": momentum,
-                                                                                   "weight_decay": wd}
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum), {"momentum": momentum, "weight_decay": wd}
     if name == "adam":
         eps = float(options.get("epsilon", 1e-7))
-        cls = torch.optim.AdamW if wd else torch.optim.Adam
-        return cls(params, lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=wd), {
+        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+        return cls(groups, lr=lr, betas=(0.9, 0.999), eps=eps), {
             "beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": wd}
     if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, initial_accumulator_value=0.1, eps=1e-7, weight_decay=wd), {
-            "weight_decay": wd}
+        return torch.optim.Adagrad(groups, lr=lr, initial_accumulator_value=0.1, eps=1e-7), {"weight_decay": wd}
     raise ValueError(f"optimizer {name!r} is not built in PyTorch (harness/frameworks.UNSUPPORTED)")
+
+
+def feed(workload, module, data, shards, epochs: int, batch: int, seed: int):
+    """The training batches of every epoch: the model module's own batches() where it has
+    one (a feed without TensorFlow, e.g. ic's Pillow decoding), else the workload's feed."""
+    if module.batches is None:
+        return workloads.training_feed(workload, data, shards, epochs, batch, seed)
+    return workloads.each_epoch(lambda rows, s: module.batches(data, rows, batch, training=True, seed=s), shards,
+                                epochs, seed)
 
 
 def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm, dev, seed: int,
@@ -92,15 +106,15 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
     feed_seed = seed * 1_000_003 + job * 1009
     tensors = lambda feed: ((module.inputs(x, dev), module.targets(y, dev)) for x, y in feed)  # noqa: E731
     if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
-        s.undone_warm_up(tensors(workload.batches(data, shards(0)[:warmup_steps * batch], batch, training=True,
-                                                  seed=feed_seed)))
-    feed = tensors(workloads.training_feed(workload, data, shards, epochs, batch, feed_seed))
+        s.undone_warm_up(tensors((module.batches or workload.batches)(
+            data, shards(0)[:warmup_steps * batch], batch, training=True, seed=feed_seed)))
+    batches = tensors(feed(workload, module, data, shards, epochs, batch, feed_seed))
     world_barrier()    # every job starts the clock together: FLOPS divides by the slowest
 
     def evaluation(epoch: int) -> bool:   # every rank predicts with the root's batch-norm statistics
         _root_buffers(model, dist)
         return evaluate(epoch)
-    loop = train.epochs_loop(s, feed, steps, epochs, job, hooks, on_step, evaluate and evaluation, eval_every)
+    loop = train.epochs_loop(s, batches, steps, epochs, job, hooks, on_step, evaluate and evaluation, eval_every)
     mine = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()]).numpy()
     root = mine.copy()
     comm.Bcast(root, root=0)
@@ -125,8 +139,8 @@ class Step:
         if recipe.comm_precision == "fp16":   # gradients cast to FP16 for the all-reduce, back after
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        self.opt, self.config = make_optimizer(recipe.optimizer, model.parameters(), schedule(0), workload.MOMENTUM,
-                                               workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}))
+        self.opt, self.config = make_optimizer(recipe.optimizer, model, schedule(0), workload.MOMENTUM,
+                                               workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
         self.amp = AMP.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(dev.type) if recipe.precision == "fp16" else None  # FP16's narrow range
         self.taken = 0        # steps taken: the LR schedule's step number
@@ -181,11 +195,19 @@ def _root_buffers(model, dist) -> None:
 def class_probabilities(model, inputs, classes: int) -> np.ndarray:
     """Softmax of the model's logits, in FP32, over the batches `inputs` (tensors on the
     model's device), in eval mode: what a classifier's predict() returns."""
+    out = outputs(model, inputs, lambda logits: torch.softmax(logits.float(), dim=1))
+    return out if len(out) else np.zeros((0, classes), np.float32)
+
+
+def outputs(model, inputs, post=lambda out: out.float()) -> np.ndarray:
+    """`post` of the model's outputs (FP32 by default) over the batches `inputs`, in eval
+    mode and without gradients, concatenated on the host (an empty array where `inputs`
+    is): the one loop of every workload's predict()."""
     was = model.training
     model.eval()
     try:
         with torch.no_grad():
-            out = [torch.softmax(model(x).float(), dim=1).cpu().numpy() for x in inputs]
+            out = [post(model(x)).cpu().numpy() for x in inputs]
     finally:
         model.train(was)
-    return np.concatenate(out) if out else np.zeros((0, classes), np.float32)
+    return np.concatenate(out) if out else np.zeros((0,), np.float32)
