@@ -350,7 +350,9 @@ def torch_lines(cfg) -> list[str]:
              " from MPI (the job root's TCPStore, its address broadcast over the job's communicator; no torchrun);"
              " DistributedDataParallel averages the gradients in buckets during the backward pass; the optimizers"
              " are torch.optim's with Keras' defaults (Adam's and AdaGrad's epsilon 1e-7, AdaGrad's initial"
-             " accumulator 0.1; SGD's momentum applied as PyTorch does, v = m v + g)"]
+             " accumulator 0.1; SGD's momentum applied as PyTorch does, v = m v + g); weight decay on kernels only"
+             " (never biases or batch norm); on a GPU the models and their 4-D inputs are channels-last in memory"
+             " (cuDNN's fast layout for convolutions, as NVIDIA's PyTorch references train)"]
     if set(cfg.precisions) - {"fp32"}:
         lines.append("Mixed precision in PyTorch (fp16, bf16): torch.autocast, FP32 master weights, the loss in FP32,"
                      " fp16 with a dynamic gradient scaler (torch.amp.GradScaler); FLOPs counted as for fp32")

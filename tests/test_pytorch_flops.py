@@ -132,3 +132,14 @@ def test_weight_decay_reaches_the_kernels_only():
     assert type(opt) is torch.optim.Adam and opt.param_groups[0]["weight_decay"] == 3e-5
     opt, config = train.make_optimizer("sgd", model, 0.1, 0.875, {}, l2=3e-5)
     assert opt.param_groups[0]["momentum"] == 0.875 and config == {"momentum": 0.875, "weight_decay": 3e-5}
+
+
+def test_channels_last_for_2d_models_only():
+    """On a GPU (train.build): a 2-D model's kernels go channels-last (NHWC in memory), a
+    model with 3-D kernels is left as built (Module.to would refuse a 5-D channels_last)."""
+    from harness.frameworks.pytorch import train
+    conv2d = train.channels_last(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+    assert conv2d[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not conv2d[0].weight.is_contiguous()
+    conv3d = nn.Sequential(nn.Conv3d(2, 4, 3), nn.Flatten(), nn.Linear(4, 1))
+    assert train.channels_last(conv3d) is conv3d and conv3d[0].weight.is_contiguous()

@@ -37,9 +37,14 @@ DEFAULTS = {"batches": None, "L2": 0.0}
 
 def channels_first(x: np.ndarray, device):
     """A feed batch (N, ..., C: channels last, as the workloads' readers give them) as a
-    tensor on `device`, channels first (N, C, ...) in memory too, as PyTorch's layers take it."""
+    tensor on `device` of shape (N, C, ...), as PyTorch's layers take it: in memory channels
+    first on a CPU, channels last (as read, no copy) for a 4-D batch on a GPU, where the
+    model is channels-last too (train.build)."""
     import torch
-    return torch.from_numpy(np.ascontiguousarray(x)).to(device).movedim(-1, 1).contiguous()
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device).movedim(-1, 1)
+    if torch.device(device).type == "cuda" and t.dim() == 4:
+        return t.contiguous(memory_format=torch.channels_last)
+    return t.contiguous()
 
 
 REQUIRED = tuple(n for n in (*Model.__annotations__, *vars(Model)) if not n.startswith("_") and n not in DEFAULTS)

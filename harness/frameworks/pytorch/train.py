@@ -49,7 +49,18 @@ def build(workload, data, seed: int, job: int, dev: torch.device) -> torch.nn.Mo
     """The job's model, initialised from (seed, job) as TensorFlow's is; DDP then makes the
     job's ranks equal by broadcasting the root's weights."""
     torch.manual_seed((seed * 1_000_003 + job) % 2**31)
-    return models.get(workload.NAME).build_model(data).to(dev)
+    model = models.get(workload.NAME).build_model(data).to(dev)
+    return channels_last(model) if dev.type == "cuda" else model
+
+
+def channels_last(model: torch.nn.Module) -> torch.nn.Module:
+    """A 2-D convolutional model channels-last in memory: cuDNN's fast layout on a GPU, and
+    the one the feed's NHWC batches already have (models.channels_first). A model with 3-D
+    convolutions (cosmoflow) stays as it is: channels_last is a 4-D format, and Module.to
+    would refuse its 5-D kernels."""
+    if any(p.dim() == 5 for p in model.parameters()):
+        return model
+    return model.to(memory_format=torch.channels_last)
 
 
 def make_optimizer(name: str, model, lr: float, momentum: float, options: dict, l2: float = 0.0):
