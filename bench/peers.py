@@ -29,6 +29,15 @@ also the ratio of the two Tflops, the model and its FLOP count being the same):
   harness / bare fed what the harness adds to a loop with the same input.
 Runs alternate harness, bare, bare fed, RUNS times; medians with min-max. Goals (issue
 14): harness / bare >= 0.98 steady state, >= 0.95 whole run. See bench/README.md on noise.
+
+--framework pytorch (issue 34): the harness with line 35 = pytorch against a bare DDP loop
+as PyTorch's DDP tutorial writes it (init_process_group from MASTER_ADDR/MASTER_PORT, rank
+0's port broadcast over MPI; DistributedDataParallel; zero_grad, forward, loss, backward,
+step), the same model module, loss, SGD with the workload's momentum and weight decay,
+threads per rank and batches as above; cases ic224, ic64 and deepcam (ewa has no PyTorch
+model yet). Same measures and goals.
+
+    .venv/bin/python bench/peers.py --framework pytorch --cases ic64,deepcam --no-scaling
 """
 import argparse
 import functools
@@ -54,10 +63,10 @@ GOALS = {"steady": 0.98, "whole": 0.95}
 RUNS_OF = ("harness", "bare", "bare fed")   # each pair of the goals, and the bare loop on the harness's feed
 
 
-def harness_run(case: str, ranks: int) -> tuple[dict, float]:
+def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[dict, float]:
     wl, dataset, batch, env = CASES[case]
-    dat = common.make_dat(f"peers-{case}-{ranks}", l7=wl, l8=dataset, l9=1, l10=1, l11=ranks, l13=1, l14=batch,
-                          l15=EPOCHS, l30=0, l31=0)
+    dat = common.make_dat(f"peers-{case}-{ranks}-{framework}", l7=wl, l8=dataset, l9=1, l10=1, l11=ranks, l13=1,
+                          l14=batch, l15=EPOCHS, l30=0, l31=0, l35=framework)
     before = set(glob.glob(os.path.join(common.WORK, "*", "results.json")))
     _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env)
     (new,) = set(glob.glob(os.path.join(common.WORK, "*", "results.json"))) - before
@@ -77,10 +86,69 @@ def harness_run(case: str, ranks: int) -> tuple[dict, float]:
             "steady": per_epoch * (EPOCHS - 1) / (stops[EPOCHS] - stops[1])}, load
 
 
-def bare_run(case: str, ranks: int, steps: int, fed: bool = False) -> tuple[dict, float]:
+def bare_run(case: str, ranks: int, steps: int, fed: bool = False, framework: str = "tensorflow") -> tuple[dict, float]:
     out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), *(["--feed"] if fed else []),
-                              np=ranks, env=CASES[case][3])
+                              "--framework", framework, np=ranks, env=CASES[case][3])
     return json.loads(out.strip().splitlines()[-1]), load
+
+
+def bare_ddp_loop(case: str, steps: int, fed: bool = False) -> None:
+    """bare_loop's PyTorch twin: PyTorch's DDP tutorial loop on in-memory batches (or, fed,
+    on the harness's training feed), warm-up, then timed iterations."""
+    import socket
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+    from torch.nn.parallel import DistributedDataParallel
+    from harness import workloads
+    from harness.frameworks.pytorch import models, train as torch_train
+    wl_name, dataset, batch, _ = CASES[case]
+    comm = MPI.COMM_WORLD
+    if comm.rank == 0:
+        with socket.socket() as probe:     # a free port, as the tutorial's fixed one would not be on a shared machine
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(comm.bcast(port if comm.rank == 0 else None)))
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    torch_train.setup_devices(local.rank, local.size)   # the harness's threads per rank (and GPU)
+    dev = torch_train.device()
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=comm.rank, world_size=comm.size)
+    wl, module = workloads.get(wl_name), models.get(wl_name)
+    data = wl.load(workloads.Dataset.parse(dataset), os.path.join(common.WORK, ".data"), local.rank, local.Barrier)
+    tensors = lambda feed: ((module.inputs(x, dev), module.targets(y, dev)) for x, y in feed)  # noqa: E731
+    rows = np.random.default_rng(comm.rank).integers(0, data.n_train, 4 * batch)
+    batches = list(tensors((module.batches or wl.batches)(data, rows, batch, training=True, seed=1)))
+    model = torch_train.build(wl, data, 7, 0, dev)   # the harness's model, as the harness lays it out on a GPU
+    ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    opt, _ = torch_train.make_optimizer("sgd", model, 0.01 * comm.size, wl.MOMENTUM, {}, module.L2)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = module.loss(ddp(x).float(), y).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for s in range(WARMUP):
+        float(step(*batches[s % len(batches)]))
+    shards = lambda e: np.random.default_rng([comm.rank, e]).integers(0, data.n_train, steps * batch)  # noqa: E731
+    feed = (tensors(torch_train.feed(wl, module, data, shards, EPOCHS, batch, 1)) if fed
+            else (batches[s % len(batches)] for s in itertools.count()))
+    seconds = []
+    for epoch in range(EPOCHS):
+        comm.Barrier()
+        start = time.perf_counter()
+        for x, y in itertools.islice(feed, steps):
+            loss = step(x, y)
+        float(loss)   # the GPU's queue drained
+        seconds.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    dist.destroy_process_group()
+    if comm.rank == 0:
+        per_iter = steps * batch * comm.size
+        print(json.dumps({"seconds": seconds, "whole": per_iter * EPOCHS / sum(seconds),
+                          "steady": per_iter * (EPOCHS - 1) / sum(seconds[1:])}), flush=True)
 
 
 def bare_loop(case: str, steps: int, fed: bool = False) -> None:
@@ -133,8 +201,9 @@ def spread(xs) -> str:
     return f"{common.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
-def main(runs: int, cases: list[str], ranks: list[int], scaling: bool) -> None:
-    print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}")
+def main(runs: int, cases: list[str], ranks: list[int], scaling: bool, framework: str = "tensorflow") -> None:
+    print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}; framework {framework}"
+          f" ({'bare: Horovod' if framework == 'tensorflow' else 'bare: PyTorch DDP'})")
     rows, summary, parts, loads = [], [], [], []
     for case in cases:
         for r in ranks:
@@ -143,8 +212,8 @@ def main(runs: int, cases: list[str], ranks: list[int], scaling: bool) -> None:
                 steps = None   # the harness's steps per epoch, which the bare loops time
                 for what in RUNS_OF:   # alternated: harness, bare, bare fed, harness, ...
                     got_one, load = common.quietest(functools.partial(
-                        harness_run, case, r) if what == "harness" else functools.partial(
-                        bare_run, case, r, steps, fed=what == "bare fed"))
+                        harness_run, case, r, framework) if what == "harness" else functools.partial(
+                        bare_run, case, r, steps, fed=what == "bare fed", framework=framework))
                     steps = steps or got_one["steps"]
                     got[what].append(got_one)
                     loads.append(load)
@@ -191,8 +260,9 @@ if __name__ == "__main__":
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--no-scaling", action="store_true")
+    p.add_argument("--framework", choices=("tensorflow", "pytorch"), default="tensorflow")
     a = p.parse_args()
     if a.bare:
-        bare_loop(a.bare, a.steps, a.feed)
+        (bare_ddp_loop if a.framework == "pytorch" else bare_loop)(a.bare, a.steps, a.feed)
     else:
-        main(a.runs, a.cases.split(","), [int(r) for r in a.ranks.split(",")], not a.no_scaling)
+        main(a.runs, a.cases.split(","), [int(r) for r in a.ranks.split(",")], not a.no_scaling, a.framework)
