@@ -306,6 +306,13 @@ def build_line(build: dict) -> str:
              " CUDA-aware; `make venv GPU=1` builds NCCL in)") + "; each test's Exchange line says what carried its jobs")
 
 
+# Line 21's int8 exchange in words, the same scheme in every framework
+INT8 = ("each gradient quantised to int8 with one scale a tensor the job agrees on (max |g| over its ranks / 127),"
+        " all-gathered and summed in FP32 on every rank, then averaged: within scale / 2 of the FP32 average; a rank"
+        " receives (P - 1) x N bytes a step for N gradient elements, fewer than a ring all-reduce in fp32"
+        " (8 (P - 1) / P x N) while P < 8 and in fp16 (4 (P - 1) / P x N) while P < 4")
+
+
 def option_lines(cfg, nccl: bool) -> list[str]:
     """What the Table 2 choices of this input mean in TensorFlow with Horovod (`nccl`: its
     build has NCCL), stated in the report."""
@@ -316,11 +323,7 @@ def option_lines(cfg, nccl: bool) -> list[str]:
     if cfg.comm_precision == "fp16":
         lines.append("Communication fp16: gradients cast to FP16 for the all-reduce (Horovod Compression.fp16)")
     if cfg.comm_precision == "int8":
-        lines.append("Communication int8: each gradient quantised to int8 with one scale a tensor the job agrees on"
-                     " (max |g| over its ranks / 127), all-gathered and summed in FP32 on every rank, then averaged:"
-                     " within scale / 2 of the FP32 average (harness/communication.py); a rank receives (P - 1) x N"
-                     " bytes a step for N gradient elements, fewer than a ring all-reduce in fp32 (8 (P - 1) / P x N)"
-                     " while P < 8 and in fp16 (4 (P - 1) / P x N) while P < 4")
+        lines.append("Communication int8: " + INT8 + " (harness/communication.py)")
     if cfg.allreduce == "hierarchical":
         lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
                      " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if nccl else
@@ -359,6 +362,9 @@ def torch_lines(cfg) -> list[str]:
     if cfg.comm_precision == "fp16":
         lines.append("Communication fp16 in PyTorch: DDP's fp16_compress_hook (gradients cast to FP16 for the"
                      " all-reduce, back to FP32 after)")
+    if cfg.comm_precision == "int8":
+        lines.append("Communication int8 in PyTorch, a DDP communication hook"
+                     " (harness/frameworks/pytorch/communication.py): " + INT8)
     return lines
 
 

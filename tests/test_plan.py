@@ -98,9 +98,10 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     assert plan.framework_problem(ewa) == ("x.dat:7: found workload ewa with framework pytorch (line 35), expected a"
                                            " workload whose model is built in pytorch (digits, ic, cosmoflow, deepcam)")
     assert plan.framework_problem(dataclasses.replace(ewa, frameworks=("tensorflow",))) is None
-    int8 = dat.parse_text(dat_text(l21="int8", l35="pytorch"), "x.dat")
-    assert plan.framework_problem(int8) == ("x.dat:21: found int8 with framework pytorch (line 35), expected another"
-                                            " choice: " + frameworks.UNSUPPORTED["pytorch"]["comm_precision", "int8"])
+    adasum = dat.parse_text(dat_text(l22="adasum", l35="pytorch"), "x.dat")
+    assert plan.framework_problem(adasum) == ("x.dat:22: found adasum with framework pytorch (line 35), expected"
+                                              " another choice: " + frameworks.UNSUPPORTED["pytorch"]["allreduce",
+                                                                                                    "adasum"])
     monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
     assert plan.framework_problem(cfg) == ("x.dat:35: found pytorch, expected a framework installed on this node:"
                                            " torch (requirements-pytorch.txt) cannot be imported here (README.md,"

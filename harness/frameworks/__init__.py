@@ -39,7 +39,6 @@ UNSUPPORTED = {"pytorch": {
                                    " algorithm inside a node); use ring",
     ("allreduce", "adasum"): "Adasum is Horovod's; PyTorch's DDP averages",
     ("allreduce", "torus"): "the 2D torus is built on Horovod's process sets; not yet in PyTorch",
-    ("comm_precision", "int8"): "the int8 exchange as a DDP communication hook is not built yet (issue 34)",
     ("compiler", "xla"): "torch.compile for line 33 is not built yet (issue 34)",
     ("optimizer", "lars"): "LARS in PyTorch (timm's) is not wired yet (issue 34)",
     ("optimizer", "lamb"): "LAMB in PyTorch (timm's) is not wired yet (issue 34)"}}

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from harness import sampler, train, workloads
-from harness.frameworks.pytorch import kernels, models
+from harness.frameworks.pytorch import communication, kernels, models
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
 
@@ -150,6 +150,8 @@ class Step:
         if recipe.comm_precision == "fp16":   # gradients cast to FP16 for the all-reduce, back after
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif recipe.comm_precision == "int8":  # harness/frameworks/pytorch/communication.py
+            self.ddp.register_comm_hook(None, communication.int8_hook)
         self.opt, self.config = make_optimizer(recipe.optimizer, model, schedule(0), workload.MOMENTUM,
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
         self.amp = AMP.get(recipe.precision)

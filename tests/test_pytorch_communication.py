@@ -1,0 +1,68 @@
+"""harness/frameworks/pytorch/communication.py: line 21's int8 exchange as a DDP hook.
+The arithmetic by hand; the hook on a one-rank Gloo group in this process (a real DDP
+backward through it); two ranks under mpirun: tests/test_pytorch_run.py."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+from harness.frameworks.pytorch import communication as c  # noqa: E402
+
+
+def test_two_ranks_by_hand():
+    """Rank 1: [0.5, -1.0, 0.25], rank 2: [1.27, 0.0, -0.5]. The job's max |g| 1.27, scale
+    0.01; int8 [50, -100, 25] and [127, 0, -50]; summed [177, -100, -25] x 0.01 / 2 =
+    [0.885, -0.5, -0.125], here the FP32 average exactly."""
+    g1, g2 = torch.tensor([0.5, -1.0, 0.25]), torch.tensor([1.27, 0.0, -0.5])
+    m = torch.maximum(c.maxima([g1]), c.maxima([g2]))          # what the Max all-reduce gives
+    s = c.scales(m)
+    assert m.tolist() == pytest.approx([1.27]) and s.tolist() == pytest.approx([0.01])
+    q1, q2 = c.quantise(g1, s[0]), c.quantise(g2, s[0])
+    assert q1.dtype == torch.int8 and q1.tolist() == [50, -100, 25] and q2.tolist() == [127, 0, -50]
+    mean = c.dequantised_mean(torch.stack([q1, q2]), s[0], 2)
+    assert mean.tolist() == pytest.approx([0.885, -0.5, -0.125], abs=1e-6)
+
+
+def test_rounding_zeros_and_non_finite_gradients():
+    """0.004 at scale 0.01 rounds to 0 (within scale / 2); a tensor zero everywhere gets
+    scale 1; an inf anywhere makes the scale inf, every int8 0 and every element NaN."""
+    s = c.scales(c.maxima([torch.tensor([1.27, 0.004]), torch.zeros(3)]))
+    assert s.tolist() == pytest.approx([0.01, 1.0])
+    assert c.quantise(torch.tensor([1.27, 0.004]), s[0]).tolist() == [127, 0]
+    bad = torch.tensor([float("inf"), 1.0])
+    s = c.scales(c.maxima([bad]))
+    assert math.isinf(s[0]) and c.quantise(bad, s[0]).tolist() == [0, 0]
+    assert all(math.isnan(v) for v in c.dequantised_mean(torch.zeros(2, 2, dtype=torch.int8), s[0], 2).tolist())
+
+
+def test_the_hook_replaces_each_gradient_by_its_int8_round_trip(tmp_path):
+    """One rank: DDP's backward through int8_hook leaves each parameter's gradient equal to
+    its own quantise / dequantise round trip (scale max |g| / 127 a tensor): within scale
+    / 2 of the FP32 gradient, and not equal to it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    plain = [p.grad for p in _grads(model, x, y)]
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(None, c.int8_hook)
+        model.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        hooked = [p.grad.clone() for p in model.parameters()]
+    finally:
+        dist.destroy_process_group()
+    for g, h in zip(plain, hooked):
+        scale = g.abs().max() / 127
+        assert torch.allclose(h, torch.round(g / scale) * scale, rtol=0, atol=1e-7)
+        assert (h - g).abs().max() <= scale / 2 + 1e-7
+    assert any(not torch.equal(g, h) for g, h in zip(plain, hooked))
+
+
+def _grads(model, x, y):
+    model.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    return [p for p in model.parameters()]
