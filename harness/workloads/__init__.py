@@ -233,8 +233,30 @@ class Workload(Protocol):
 DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "VOTE_GROUP": None,
             "OPTIMIZER_OPTIONS": {}, "QUALITY_PER_SAMPLE": False,
             "describe_model": lambda data: (None, []), "describe_data": lambda data: []}
-REQUIRED = tuple(n for n in (*Workload.__annotations__, *vars(Workload))
-                 if not n.startswith("_") and n not in DEFAULTS)
+
+
+def required_members(protocol, defaults: dict) -> tuple:
+    """The members of an interface `protocol` a module must give itself: every public
+    annotation and method but the optional ones of `defaults`."""
+    return tuple(n for n in (*protocol.__annotations__, *vars(protocol)) if not n.startswith("_") and n not in defaults)
+
+
+def checked_module(path: str, required: tuple, defaults: dict, what: str = ""):
+    """Module `path`, imported, checked to give every member of `required` (TypeError naming
+    it, `what` before its name, and what it lacks), with the optional members of `defaults`
+    it does not give filled in: the one check of every interface of modules (the workloads,
+    a framework's workload models)."""
+    module = importlib.import_module(path)
+    missing = [n for n in required if not hasattr(module, n)]
+    if missing:
+        raise TypeError(f"{what}{module.__name__} lacks {', '.join(missing)}")
+    for key, value in defaults.items():
+        if not hasattr(module, key):
+            setattr(module, key, value)
+    return module
+
+
+REQUIRED = required_members(Workload, DEFAULTS)
 
 
 def training_feed(workload, data, shards, epochs: int, batch: int, seed: int):
@@ -273,11 +295,4 @@ def get(name: str) -> Workload:
     against the interface, with the optional constants' defaults filled in."""
     if name not in CHOICES:
         raise KeyError(f"unknown workload {name!r} (built: {', '.join(CHOICES)})")
-    module = importlib.import_module(f"harness.workloads.{name}")
-    missing = [n for n in REQUIRED if not hasattr(module, n)]
-    if missing:
-        raise TypeError(f"workload module {module.__name__} lacks {', '.join(missing)}")
-    for key, value in DEFAULTS.items():
-        if not hasattr(module, key):
-            setattr(module, key, value)
-    return module
+    return checked_module(f"harness.workloads.{name}", REQUIRED, DEFAULTS, "workload module ")

@@ -348,6 +348,12 @@ def _rows(index: tfrecord.Index, rows, batch: int, drop_remainder: bool) -> np.n
     return rows[:len(rows) // batch * batch] if drop_remainder else rows
 
 
+def outside(offset: int, classes: int) -> str:
+    """The end of the error for a training label outside the range, in both feeds."""
+    return (f"lies outside {offset}..{offset + classes - 1} ({classes} classes, labels {offset}-based: see the"
+            f" report's conventions; {OFFSET_ENV} sets the base)")
+
+
 def _parse(record, shard, offset: int, classes: int, files):
     """(JPEG bytes, 0-based label) of a record; a label outside 0..classes-1 after the
     offset stops the pipeline with an error naming the record's shard (`files`: a
@@ -359,9 +365,7 @@ def _parse(record, shard, offset: int, classes: int, files):
     label = raw - offset
     check = tf.debugging.Assert(
         (label >= 0) & (label < classes),
-        ["ic: label", raw, "in", tf.gather(files, shard), f"lies outside {offset}..{offset + classes - 1}"
-         f" ({classes} classes, labels {offset}-based: see the report's conventions; {OFFSET_ENV} sets the base)"],
-        summarize=1)
+        ["ic: label", raw, "in", tf.gather(files, shard), outside(offset, classes)], summarize=1)
     with tf.control_dependencies([check]):
         return f[tfrecord.IMAGE_KEY], tf.identity(label)
 
@@ -492,9 +496,7 @@ def _example_of(data: ICData, index: tfrecord.Index, k: int, record: bytes) -> t
                         f" '{tfrecord.IMAGE_KEY}' bytes and an int64 '{tfrecord.LABEL_KEY}'") from None
     label = raw - data.label_offset
     if not 0 <= label < data.num_classes:
-        raise DataError(f"{file}: label {raw} lies outside {data.label_offset}..{data.label_offset + data.num_classes - 1}"
-                        f" ({data.num_classes} classes, labels {data.label_offset}-based: see the report's conventions;"
-                        f" {OFFSET_ENV} sets the base)")
+        raise DataError(f"{file}: label {raw} {outside(data.label_offset, data.num_classes)}")
     return jpeg, label
 
 

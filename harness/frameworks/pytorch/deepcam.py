@@ -18,6 +18,8 @@ tests as they shrink the Keras model. 56,454,720 trainable parameters at scale 1
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import nn
@@ -182,8 +184,14 @@ def targets(y: np.ndarray, device) -> torch.Tensor:
 
 def loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-sample loss: the mean over pixels of the class-weighted cross entropy."""
-    weights = torch.tensor(deepcam.CLASS_WEIGHTS, dtype=outputs.dtype, device=outputs.device)
+    weights = _class_weights(outputs.device, outputs.dtype)
     return torch.mean(F.cross_entropy(outputs, labels, reduction="none") * weights[labels], dim=(1, 2))
+
+
+@functools.cache
+def _class_weights(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """CLASS_WEIGHTS on `device`, made once: not a host-to-device copy every step."""
+    return torch.tensor(deepcam.CLASS_WEIGHTS, dtype=dtype, device=device)
 
 
 def predict(model: nn.Module, data, rows: slice, device) -> np.ndarray:

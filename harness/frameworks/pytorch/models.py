@@ -4,10 +4,11 @@ workload's data, feed and quality once for every framework.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Protocol
 
 import numpy as np
+
+from harness import workloads
 
 # The workloads whose model is built in PyTorch (harness/frameworks.BUILT reads it).
 BUILT = ("digits", "ic", "cosmoflow", "deepcam")
@@ -47,18 +48,11 @@ def channels_first(x: np.ndarray, device):
     return t.contiguous()
 
 
-REQUIRED = tuple(n for n in (*Model.__annotations__, *vars(Model)) if not n.startswith("_") and n not in DEFAULTS)
+REQUIRED = workloads.required_members(Model, DEFAULTS)
 
 
 def get(workload: str) -> Model:
     """The PyTorch module of `workload`, checked against the interface."""
     if workload not in BUILT:
         raise KeyError(f"workload {workload!r} has no PyTorch model yet (built: {', '.join(BUILT)})")
-    module = importlib.import_module(f"harness.frameworks.pytorch.{workload}")
-    missing = [n for n in REQUIRED if not hasattr(module, n)]
-    if missing:
-        raise TypeError(f"{module.__name__} lacks {', '.join(missing)}")
-    for key, value in DEFAULTS.items():
-        if not hasattr(module, key):
-            setattr(module, key, value)
-    return module
+    return workloads.checked_module(f"harness.frameworks.pytorch.{workload}", REQUIRED, DEFAULTS)

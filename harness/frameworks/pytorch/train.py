@@ -117,8 +117,8 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
     feed_seed = seed * 1_000_003 + job * 1009
     tensors = lambda feed: ((module.inputs(x, dev), module.targets(y, dev)) for x, y in feed)  # noqa: E731
     if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
-        s.undone_warm_up(tensors((module.batches or workload.batches)(
-            data, shards(0)[:warmup_steps * batch], batch, training=True, seed=feed_seed)))
+        s.undone_warm_up(tensors(feed(workload, module, data, lambda e: shards(0)[:warmup_steps * batch], 1, batch,
+                                      feed_seed)))
     batches = tensors(feed(workload, module, data, shards, epochs, batch, feed_seed))
     world_barrier()    # every job starts the clock together: FLOPS divides by the slowest
 
