@@ -122,7 +122,7 @@ class Config:
     roofline: int                         # line 30
     eval_every: int = 0                   # line 31: evaluate every K epochs (epochs); 0 = at the end only
     stop_at_target: bool = False          # line 32: stop at the first evaluation that reaches the target
-    compiler: str = "none"                # line 33: xla = the training step's forward and backward by XLA
+    compiler: str = "none"                # line 33: xla (TensorFlow) or inductor (PyTorch's torch.compile) = the training step's forward and backward compiled
     frameworks: tuple[str, ...] = ("tensorflow",)  # lines 34-35
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 
@@ -387,8 +387,9 @@ def describe(cfg: Config) -> list[str]:
             ("EVAL", "at the end only" if not cfg.eval_every else f"every {_n(cfg.eval_every, 'epoch')} and at the end"),
             ("STOP", "at the first evaluation that reaches the target" if cfg.stop_at_target
                      else f"after epoch {cfg.epochs} (line 15)"),
-            ("COMPILER", "XLA (forward and backward pass)" if cfg.compiler == "xla"
-                         else "none (TensorFlow: graph, tf.function; PyTorch: eager)"),
+            ("COMPILER", {"xla": "XLA (forward and backward pass)",
+                          "inductor": "torch.compile, TorchInductor (forward and backward pass)"}.get(
+                              cfg.compiler, "none (TensorFlow: graph, tf.function; PyTorch: eager)")),
             ("FRAMEWRK", " ".join(cfg.frameworks)),
             ("OUTPUT", dev),
             ("RESULTS", cfg.results_dir)]

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from harness.errors import RunError, native_stderr_captured, say
+from harness.errors import RunError, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
 from harness import (dat, fault, frameworks, heartbeat, report, results, run, settings, signals, telemetry, topology,
                      verify, workloads)
@@ -154,6 +154,8 @@ def _run(args, world, watchdog) -> int:
     if not devices["gpus_on_node"] and telemetry.gpu_inventory():
         say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but"
             f" {cfg.frameworks[0]} found none; its start-up messages:\n{native[0]}")
+    first_failure(world, planning.shared_gpu_problem(cfg, plan.tests, nodes.node_of_rank,
+                                                     world.allgather(devices["gpus_on_node"]), nodes.hosts))
     if args.check:
         if world.rank == 0:
             print("\n".join(planning.describe(plan, world.size)), flush=True)

@@ -217,6 +217,34 @@ def check_allreduce(cfg: dat.Config, planned) -> None:
                            " Adasum reduces a job's ranks in pairs")
 
 
+def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hosts) -> str | None:
+    """Why a PyTorch job cannot start on these GPUs, or None: NCCL refuses a communicator
+    with two of its ranks on one GPU, and each rank takes GPU local_rank % GPUs of its node
+    (train.setup_devices). Base models of one rank share a GPU freely (each job is its own
+    group). PyTorch's jobs only: TensorFlow's exchange is Horovod's, with checks of its own.
+    `gpus_of_rank`: the GPUs each world rank's framework sees (0: a CPU node, no NCCL).
+    Pure: every rank passes the same lists and gets the same answer."""
+    local = [node_of_rank[:r].count(node_of_rank[r]) for r in range(len(node_of_rank))]
+    for p in planned:
+        if p.test.framework != "pytorch" or p.layout.P < 2:
+            continue
+        for j, ranks in enumerate(p.layout.jobs):
+            seen = {}
+            for r in ranks:
+                if not gpus_of_rank[r]:
+                    continue
+                key = (node_of_rank[r], local[r] % gpus_of_rank[r])
+                if key in seen:
+                    node = hosts[key[0]]
+                    return (f"{cfg.path}:11: found P = {p.layout.P} (test {p.test.index}, job {j}) with world ranks"
+                            f" {seen[key]} and {r} both on GPU {key[1]} of {node} ({gpus_of_rank[r]} GPU(s) there for"
+                            f" its {node_of_rank.count(key[0])} ranks), expected each rank of a PyTorch job on a GPU"
+                            f" of its own: NCCL refuses two ranks of one communicator on one GPU; start at most"
+                            f" {gpus_of_rank[r]} rank(s) a node on {node}, or P = 1 there")
+                seen[key] = r
+    return None
+
+
 def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
     for p in planned:
         t, n = p.test, datas[p.test.workload].n_train

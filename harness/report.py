@@ -365,6 +365,15 @@ def torch_lines(cfg) -> list[str]:
     if cfg.comm_precision == "int8":
         lines.append("Communication int8 in PyTorch, a DDP communication hook"
                      " (harness/frameworks/pytorch/communication.py): " + INT8)
+    if cfg.optimizer in ("lars", "lamb"):
+        lines.append(f"Optimizer {cfg.optimizer} in PyTorch: harness/frameworks/pytorch/optimizers.py, TensorFlow's"
+                     " update rule (harness/optimizers.py) step for step, the same exclusions; a workload's global"
+                     " gradient clipping by torch.nn.utils.clip_grad_norm_ on the job's averaged gradients")
+    if cfg.compiler == "inductor":
+        lines.append("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on CPUs, Triton on"
+                     " GPUs); forward and backward pass compiled, graphs split at DDP's buckets so each bucket's"
+                     " all-reduce starts during the backward pass; loss, update and evaluation run eagerly;"
+                     " compilation happens in the warm-up, before the clock")
     return lines
 
 

@@ -81,7 +81,9 @@ ALLREDUCE = {"ring": ("R", "Horovod's default all-reduce: NCCL's ring for GPU te
              "adasum": ("A", "Horovod's Adasum (op=hvd.Adasum), adaptive summation; P a power of 2"),
              "torus": ("T", "2D-torus all-reduce over Horovod process sets: harness/communication.py")}
 COMPILERS = {"none": ("", "TensorFlow graph (tf.function), no XLA"),
-             "xla": ("X", "XLA: forward and backward pass jit_compiled; all-reduce and update outside")}
+             "xla": ("X", "XLA: forward and backward pass jit_compiled; all-reduce and update outside"),
+             "inductor": ("I", "torch.compile (TorchInductor), PyTorch's: forward and backward pass compiled,"
+                               " DDP's all-reduce between its graphs; loss and update outside")}
 OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Keras Adam"), "adagrad": ("G", "Keras AdaGrad"),
               "lars": ("L", "LARS, harness/optimizers.py"), "lamb": ("M", "LAMB, harness/optimizers.py")}
 
@@ -96,7 +98,7 @@ class Recipe:
     optimizer: str = "sgd"
     precision: str = "fp32"     # fp16/bf16: Keras mixed precision, FP32 master weights
     comm_precision: str = "fp32"  # fp16: gradients cast to FP16 for the all-reduce
-    compiler: str = "none"      # xla: the forward and backward pass compiled by XLA (line 33)
+    compiler: str = "none"      # line 33: xla (TensorFlow) or inductor (PyTorch): the forward and backward pass compiled
     allreduce: str = "ring"     # line 22: adasum reduces by Horovod's Adasum instead of averaging; torus
     #                             averages over the grid of train's `torus` (communication.Torus)
 

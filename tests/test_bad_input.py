@@ -21,7 +21,7 @@ LINES = {  # line -> (bad value, what the message must show)
     19: ("0", ":19: found '0'"), 20: ("11", ":20: found '11'"), 21: ("fp8", ":21: found 'fp8'"),
     22: ("tree", ":22: found 'tree'"), 23: ("jackknife", ":23: found 'jackknife'"),
     24: ("median", ":24: found 'median'"), 25: ("1.5", ":25: found '1.5'"), 26: ("-2", ":26: found '-2'"),
-    27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"), 33: ("jit", ":33: found 'jit', expected a compiler (none, xla)"),
+    27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"), 33: ("jit", ":33: found 'jit', expected a compiler (none, xla, inductor)"),
     31: ("-1", ":31: found '-1'"), 32: ("yes", ":32: found 'yes'"), 34: ("0", ":34: found '0'"),
     35: ("mxnet", ":35: found 'mxnet', expected a framework (tensorflow, pytorch)"),
 }
@@ -50,7 +50,7 @@ def _cases():
         " add them, e.g. '1             evaluate every K epochs"
     yield "32-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:32]) + "\n\n"), \
         ":33: found end of file, expected lines 33-35 (an input file from before the compiler line has 32 lines);" \
-        " add them, e.g. 'none          compiler (none, xla)'"
+        " add them, e.g. 'none          compiler (none, xla, inductor)'"
     yield "33-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:33]) + "\n"), \
         ":34: found end of file, expected lines 34-35 (an input file from before the framework lines has 33 lines);" \
         " add them, e.g. '1             # of frameworks' and 'tensorflow    frameworks (tensorflow, pytorch)'"

@@ -109,6 +109,31 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     assert frameworks.missing("tensorflow") == []
 
 
+def test_a_pytorch_job_needs_a_gpu_a_rank():
+    """Two nodes of 2 ranks each (world ranks 0, 1 on n1; 2, 3 on n2), layouts 2 x 1 and
+    1 x 2 in PyTorch. NCCL refuses a communicator with two ranks on one GPU: with one GPU on
+    n1 the 1 x 2 job puts ranks 0 and 1 on GPU 0 (local ranks 0 and 1, 1 % 1 = 0); with
+    two GPUs a node, or a CPU node (0 GPUs: Gloo), or TensorFlow, nothing is refused, and
+    base models of one rank may share a GPU."""
+    cfg = dat.parse_text(dat_text(l9=2, l10="2 1", l11="1 2", l35="pytorch"), "x.dat")
+    planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 1, 1])
+    hosts = ("n1", "n2")
+    assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [1, 1, 2, 2], hosts) == (
+        "x.dat:11: found P = 2 (test 2, job 0) with world ranks 0 and 1 both on GPU 0 of n1 (1 GPU(s) there for its 2"
+        " ranks), expected each rank of a PyTorch job on a GPU of its own: NCCL refuses two ranks of one communicator"
+        " on one GPU; start at most 1 rank(s) a node on n1, or P = 1 there")
+    assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [2, 2, 2, 2], hosts) is None
+    assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [0, 0, 0, 0], hosts) is None
+    assert plan.shared_gpu_problem(cfg, planned[:1], (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None   # 2 x 1 only
+    tf = [dataclasses.replace(p, test=dataclasses.replace(p.test, framework="tensorflow")) for p in planned]
+    assert plan.shared_gpu_problem(cfg, tf, (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None
+    # PMAP 1 deals job ranks round-robin over the nodes: ranks 0 and 2, one a node, one GPU each: fine
+    cfg1 = dat.parse_text(dat_text(l9=2, l10="2 1", l11="1 2", l12=1, l35="pytorch"), "x.dat")
+    planned1, _ = plan.layouts(cfg1, dat.expand(cfg1), 4, [0, 0, 1, 1])
+    assert planned1[1].layout.jobs == ((0, 2),)
+    assert plan.shared_gpu_problem(cfg1, planned1, (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None
+
+
 def test_check_describes_skipped_tests():
     nodes = topology.Nodes((0, 0), ("h",), 0, 2)
     planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])

@@ -19,15 +19,15 @@ def _wrapper(folder):
     return without(folder, "tensorflow", "tf_keras", "keras", "horovod")
 
 
-def _passes(folder, p, tests: int):
-    """Exit 0, `tests` tests all PASSED and trained by PyTorch, --verify passes."""
+def _passes(folder, p, tests: int, tv: str = "B32C32SRPT"):
+    """Exit 0, `tests` tests all PASSED and trained by PyTorch with T/V code `tv`, --verify passes."""
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("...... PASSED") == tests and "FAILED" not in p.stdout, p.stdout[-2000:]
     res = results(folder)
     assert len(res["tests"]) == tests
     assert res["environment"]["frameworks"] == ["pytorch"] and "tensorflow" not in res["environment"]
     for t in res["tests"]:
-        assert t["framework"] == "pytorch" and t["tv"] == "B32C32SRPT" and t["consistency"]["passed"]
+        assert t["framework"] == "pytorch" and t["tv"] == tv and t["consistency"]["passed"]
         assert t["quality"] > 0.5          # learnt: chance is 0.1 (measured 0.96-0.98 after 10 epochs, 0.73 for 1 x 4 after 4)
     (run,) = [d for d in folder.iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
@@ -37,11 +37,18 @@ def _passes(folder, p, tests: int):
 
 @pytest.mark.parametrize("ranks", [1, 4])
 def test_the_shipped_sweep_trains_in_pytorch_without_tensorflow(tmp_path, ranks):
-    """1 rank: test 1 (the others skipped); 4 ranks: M = 1, 2, 4 base models. The roofline
-    micro-kernels run in PyTorch and are the utilisation's ceiling."""
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=5, l35="pytorch"))   # 5 epochs of the 10
+    """1 rank: test 1 (the others skipped), trained by LAMB (harness/frameworks/pytorch/
+    optimizers.py) through torch.compile (line 33's inductor); 4 ranks: the shipped
+    options, M = 1, 2, 4 base models. The roofline micro-kernels run in PyTorch and are
+    the utilisation's ceiling."""
+    options = {1: {"l18": "lamb", "l19": 0.01, "l33": "inductor"}, 4: {}}[ranks]
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=5, l35="pytorch", **options))  # 5 epochs of 10
     p = mpirun(ranks, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
-    res = _passes(tmp_path / "runs", p, {1: 1, 4: 3}[ranks])
+    res = _passes(tmp_path / "runs", p, {1: 1, 4: 3}[ranks], {1: "B32C32MRIPT", 4: "B32C32SRPT"}[ranks])
+    if ranks == 1:
+        assert "- Compiler inductor: torch.compile of the DDP-wrapped model" in p.stdout
+        assert "- Optimizer lamb in PyTorch: harness/frameworks/pytorch/optimizers.py" in p.stdout
+        assert "COMPILER: torch.compile, TorchInductor" in p.stdout
     assert list(res["roofline"]) == ["pytorch/fp32"] and res["roofline"]["pytorch/fp32"]["framework"] == "pytorch"
     assert all(t["utilisation"]["gemm"] > 0 for t in res["tests"])
     assert "- PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs" in p.stdout

@@ -39,9 +39,9 @@ UNSUPPORTED = {"pytorch": {
                                    " algorithm inside a node); use ring",
     ("allreduce", "adasum"): "Adasum is Horovod's; PyTorch's DDP averages",
     ("allreduce", "torus"): "the 2D torus is built on Horovod's process sets; not yet in PyTorch",
-    ("compiler", "xla"): "torch.compile for line 33 is not built yet (issue 34)",
-    ("optimizer", "lars"): "LARS in PyTorch (timm's) is not wired yet (issue 34)",
-    ("optimizer", "lamb"): "LAMB in PyTorch (timm's) is not wired yet (issue 34)"}}
+    ("compiler", "xla"): "XLA is TensorFlow's compiler; PyTorch's (torch.compile) is line 33's inductor"},
+    "tensorflow": {
+    ("compiler", "inductor"): "torch.compile (TorchInductor) is PyTorch's compiler; TensorFlow's is line 33's xla"}}
 
 
 def builds(framework: str, workload: str) -> bool:

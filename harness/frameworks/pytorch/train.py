@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from harness import sampler, train, workloads
-from harness.frameworks.pytorch import communication, kernels, models
+from harness.frameworks.pytorch import communication, kernels, models, optimizers
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
 
@@ -70,21 +70,32 @@ def make_optimizer(name: str, model, lr: float, momentum: float, options: dict, 
     kernels only (weights of 2 or more dimensions), never biases or batch norm, as
     harness/optimizers.py excludes them: the workload's `options` weight decay is Keras'
     decoupled kind (Adam then is AdamW), the model's `l2` (its Keras twin's L2 kernel
-    regularizer) the coupled kind, PyTorch's plain weight_decay."""
+    regularizer) the coupled kind, PyTorch's plain weight_decay. LARS and LAMB are ours
+    (optimizers.py: TensorFlow's rules); an option's global_clipnorm (deepcam's LAMB) is
+    applied by the Step, to the job's averaged gradients before the update, as Keras does."""
     decoupled = float(options.get("weight_decay") or 0.0)
     wd = decoupled or l2
     params = [p for p in model.parameters() if p.requires_grad]
+    clip = {"global_clipnorm": float(options["global_clipnorm"])} if options.get("global_clipnorm") else {}
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum), {"momentum": momentum, "weight_decay": wd}
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum), {"momentum": momentum, "weight_decay": wd, **clip}
     if name == "adam":
         eps = float(options.get("epsilon", 1e-7))
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
         return cls(groups, lr=lr, betas=(0.9, 0.999), eps=eps), {
-            "beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": wd}
+            "beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": wd, **clip}
     if name == "adagrad":
-        return torch.optim.Adagrad(groups, lr=lr, initial_accumulator_value=0.1, eps=1e-7), {"weight_decay": wd}
+        return torch.optim.Adagrad(groups, lr=lr, initial_accumulator_value=0.1, eps=1e-7), {"weight_decay": wd,
+                                                                                                **clip}
+    if name == "lars":   # ours (optimizers.py): decay in the rule, the model's l2 on the gradient, as in TF
+        return optimizers.LARS(params, lr=lr, momentum=momentum, weight_decay=decoupled, l2=l2), {
+            "momentum": momentum, "weight_decay": decoupled, **clip}
+    if name == "lamb":
+        eps = float(options.get("epsilon", 1e-6))
+        return optimizers.LAMB(params, lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=decoupled, l2=l2), {
+            "beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": decoupled, **clip}
     raise ValueError(f"optimizer {name!r} is not built in PyTorch (harness/frameworks.UNSUPPORTED)")
 
 
@@ -138,7 +149,7 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
 
 class Step:
     """The training step of one base model: step(x, y) -> loss: forward under autocast
-    (line 17), the loss in FP32, backward (DDP averaging the gradients on the job's
+    (line 17; compiled by torch.compile for line 33's inductor), the loss in FP32, backward (DDP averaging the gradients on the job's
     group, through the fp16 compression hook for line 21's fp16), the update at the LR
     `schedule(step number)` gives, with a dynamic gradient scaler for fp16. The job's
     ranks start from the root's weights (DDP broadcasts them when it wraps the model)."""
@@ -152,8 +163,13 @@ class Step:
             self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif recipe.comm_precision == "int8":  # harness/frameworks/pytorch/communication.py
             self.ddp.register_comm_hook(None, communication.int8_hook)
+        # line 33's inductor: torch.compile of the DDP-wrapped model (PyTorch's way: DDP's
+        # optimizer splits the graph at its buckets, so each bucket's all-reduce still starts
+        # during the backward pass); compiled at the first call, in the warm-up before the clock
+        self.forward = torch.compile(self.ddp) if recipe.compiler == "inductor" else self.ddp
         self.opt, self.config = make_optimizer(recipe.optimizer, model, schedule(0), workload.MOMENTUM,
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
+        self.max_norm = self.config.get("global_clipnorm", 0.0)
         self.amp = AMP.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(dev.type) if recipe.precision == "fp16" else None  # FP16's narrow range
         self.taken = 0        # steps taken: the LR schedule's step number
@@ -164,16 +180,26 @@ class Step:
         self.taken += 1
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(self.dev.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
-            out = self.ddp(x)
+            out = self.forward(x)
         loss = self.module.loss(out.float(), y).mean()
         if self.scaler is None:
             loss.backward()
+            self.clip()
             self.opt.step()
         else:
             self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.opt)   # the clip sees the true gradients; step() then skips unscaling
+            self.clip()
             self.scaler.step(self.opt)
             self.scaler.update()
         return loss.detach()
+
+    def clip(self) -> None:
+        """Scale the job's averaged gradients to the option's global norm where theirs is
+        larger (Keras' global_clipnorm; apex FusedLAMB's max_grad_norm, deepcam's reference).
+        An fp16 overflow is already on the scaler's record (unscale_ found it): the step is skipped."""
+        if self.max_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
 
     def undone_warm_up(self, batches) -> None:
         """Set-up before the clock, like MLPerf's init phase: real steps on `batches`
