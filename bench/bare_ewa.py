@@ -2,7 +2,7 @@
 
     mpirun -np 2 python bench/bare_ewa.py --steps 40 --batch 4 --samples 400 --side 96
 
-The harness's Faster-RCNN (harness.workloads.faster_rcnn, the backbone config_for
+The harness's Faster-RCNN (harness.workloads.faster_rcnn, the backbone detector.config_for
 picks for the size, or --backbone), SGD with momentum 0.9 at a constant learning rate,
 DistributedGradientTape, `--steps` steps; one step runs before the clock. Threads per
 rank as the harness sets them. Timed from a barrier to the end of the last step, max
@@ -48,7 +48,7 @@ def main() -> None:
     from mpi4py import MPI
     import horovod.tensorflow as hvd
     import tensorflow as tf
-    from harness.workloads import Dataset, ewa, faster_rcnn
+    from harness.workloads import Dataset, detector, ewa, faster_rcnn
 
     hvd.init()
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())  # as harness.train.setup_devices
@@ -56,7 +56,7 @@ def main() -> None:
     tf.config.threading.set_inter_op_parallelism_threads(1 if threads == 1 else 2)
     comm = MPI.COMM_WORLD
     data = ewa.load(Dataset.parse(f"synthetic:{a.samples}:{a.side}"), a.cache, hvd.local_rank(), comm.Barrier)
-    cfg = faster_rcnn.config_for(data.height, data.width, data.max_boxes, a.backbone)
+    cfg = detector.config_for(data.height, data.width, data.max_boxes, a.backbone)
 
     # this rank's rows: a seeded shuffle, rank r takes every size-th, repeated as needed
     rng = np.random.default_rng(0)

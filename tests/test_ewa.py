@@ -56,6 +56,19 @@ def test_anchors_by_hand():
 
 # ---- mAP@0.5 ------------------------------------------------------------------------
 
+def test_greedy_nms_by_hand():
+    """Boxes in order of score: 0 and 1 overlap at IoU 0.6, 2 overlaps 1 only (IoU 0.6),
+    3 stands alone. Threshold 0.5: 0 kept, 1 suppressed by 0, 2 kept (its only overlap, 1,
+    was not kept), 3 kept; max_out 2 stops after 0 and 2. IoU exactly at the threshold
+    is not suppressed (TensorFlow's rule: above)."""
+    over = np.array([[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 0], [0, 0, 0, 1]], bool)
+    assert det.greedy_keep(over, 10).tolist() == [0, 2, 3]
+    assert det.greedy_keep(over, 2).tolist() == [0, 2]
+    assert det.greedy_keep(np.zeros((0, 0), bool), 3).tolist() == []
+    b = np.array([[0, 0, 10, 10], [0, 0, 10, 5]], np.float64)           # IoU 0.5 exactly
+    assert det.greedy_keep(det.iou(b, b) > 0.5, 5).tolist() == [0, 1]
+
+
 def test_map_perfect_detector_is_one():
     gts = [np.array([[0, 0, 0, 10, 10], [3, 20, 20, 30, 60]]), np.array([[1, 5, 5, 9, 9]])]
     dets = [np.column_stack([g[:, :1], np.full(len(g), 0.5), g[:, 1:]]) for g in gts]
@@ -565,16 +578,16 @@ def test_backbone_choice_and_resnet50_trunk(monkeypatch):
     import tensorflow as tf
 
     from harness import flops
-    from harness.workloads import faster_rcnn
-    assert faster_rcnn.config_for(768, 1152, 15).backbone == "resnet50"
-    assert faster_rcnn.config_for(96, 144, 3).backbone == "small"
+    from harness.workloads import detector, faster_rcnn
+    assert detector.config_for(768, 1152, 15).backbone == "resnet50"
+    assert detector.config_for(96, 144, 3).backbone == "small"
     monkeypatch.setenv("HPCAI500_EWA_BACKBONE", "small")
-    assert faster_rcnn.config_for(768, 1152, 15).backbone == "small"
+    assert detector.config_for(768, 1152, 15).backbone == "small"
     monkeypatch.setenv("HPCAI500_EWA_BACKBONE", "vgg16")
     with pytest.raises(ValueError, match="HPCAI500_EWA_BACKBONE='vgg16'"):
-        faster_rcnn.config_for(768, 1152, 15)
+        detector.config_for(768, 1152, 15)
     monkeypatch.setenv("HPCAI500_EWA_BACKBONE", "resnet50")
-    cfg = faster_rcnn.config_for(64, 96, 3)
+    cfg = detector.config_for(64, 96, 3)
     assert (cfg.backbone, cfg.stride, cfg.feature_hw) == ("resnet50", 16, (4, 6))
     model = faster_rcnn.build(cfg)
     features = model.get_layer("rpn_conv").input
@@ -587,12 +600,100 @@ def test_backbone_choice_and_resnet50_trunk(monkeypatch):
 
 
 def test_anchors_include_elongated_ones_for_rivers(data):
-    from harness.workloads import faster_rcnn
-    for cfg in (ewa.config(data), faster_rcnn.config_for(768, 1152, 15)):
+    from harness.workloads import detector
+    for cfg in (ewa.config(data), detector.config_for(768, 1152, 15)):
         a = cfg.anchors()
         ratio = (a[:, 3] - a[:, 1]) / (a[:, 2] - a[:, 0])    # width / height
         assert np.isclose(ratio, 4).any() and np.isclose(ratio, 2).any()
     assert np.isclose(ratio, 0.25).any()                      # full size: north-south rivers too
+
+
+# ---- the same detector in PyTorch (harness/frameworks/pytorch/ewa.py) --------------------
+
+def test_the_pytorch_detector_counts_as_its_keras_twin(data):
+    """The same Table 3 count, by operator, and the same weights in both frameworks: the
+    small model of the fixture and the ResNet-50 one at 768 x 1152 (PyTorch's counted on
+    the meta device: 163,988,720,256 FLOPs forward, 63,439,981 weights in both)."""
+    torch = pytest.importorskip("torch")
+    from harness import flops
+    from harness.frameworks.pytorch import ewa as pt
+    from harness.frameworks.pytorch import flops as ptflops
+    from harness.workloads import detector, faster_rcnn
+    for cfg in (ewa.config(data), detector.config_for(768, 1152, 15)):
+        keras = flops.count(faster_rcnn.build(cfg))
+        with torch.device("meta"):
+            ours = ptflops.count(pt.FasterRCNN(cfg), (torch.zeros(1, 16, cfg.height, cfg.width),
+                                                      torch.full((1, cfg.max_boxes, 5), -1.0)))
+        assert (ours.forward, ours.by_operator, ours.weights) == (keras.forward, keras.by_operator, keras.weights)
+    assert (ours.forward, ours.weights) == (163_988_720_256, 63_439_981)
+
+
+def _outputs(data, seed=0):
+    """A detector's outputs as numbers (no model): random RPN logits and deltas, ROIs that
+    are jittered ground-truth boxes and random boxes (some empty), head logits and deltas,
+    the sampling draws; with the batch's ground truth."""
+    rng = np.random.default_rng(seed)
+    cfg = ewa.config(data)
+    (_, gt), _ = next(ewa.numpy_batches(data, np.arange(2), 2, False, 0))
+    a, r = len(cfg.anchors()), cfg.rois
+    corner = rng.uniform(0, [cfg.height, cfg.width], (2, r, 2))
+    rois = np.concatenate([corner, corner + rng.uniform(2, 12, (2, r, 2))], -1)
+    rois[:, -3:] = np.where(gt[..., :1] >= 0, gt[..., 1:5] + rng.normal(0, 1, (2, 3, 4)), 0.0)
+    rois[:, :5] = 0.0                                    # NMS padding: empty ROIs
+    out = {"rpn_logits": rng.normal(0, 2, (2, a)), "rpn_deltas": rng.normal(0, 0.3, (2, a, 4)),
+           "anchors": np.broadcast_to(cfg.anchors(), (2, a, 4)), "rois": rois,
+           "cls_logits": rng.normal(0, 2, (2, r, 5)), "box_deltas": rng.normal(0, 0.3, (2, r, 4)),
+           "rpn_noise": rng.uniform(size=(2, a)), "roi_noise": rng.uniform(size=(2, r))}
+    return cfg, {k: np.array(v, np.float32) for k, v in out.items()}, gt.astype(np.float32)
+
+
+def test_the_pytorch_loss_and_detections_are_tensorflows(data):
+    """Given the same outputs and draws, PyTorch's four loss terms equal faster_rcnn's
+    (1e-5), and its detections (class-wise greedy NMS, the K best) equal
+    tf.image.combined_non_max_suppression's, row for row."""
+    torch = pytest.importorskip("torch")
+    import tensorflow as tf
+
+    from harness.frameworks.pytorch import ewa as pt
+    from harness.workloads import faster_rcnn
+    cfg, out, gt = _outputs(data)
+    theirs = faster_rcnn.loss_terms(tf.constant(gt), {k: tf.constant(v) for k, v in out.items()})
+    ours = pt.loss_terms(torch.from_numpy(gt), {k: torch.from_numpy(v[:1] if k == "anchors" else v)
+                                               for k, v in out.items()})
+    for name in ("rpn_cls", "rpn_box", "head_cls", "head_box"):
+        np.testing.assert_allclose(ours[name].numpy(), theirs[name].numpy(), rtol=1e-5, atol=1e-6)
+    assert all(float(ours[n].min()) > 0 for n in ("rpn_cls", "head_cls", "head_box"))   # every term at work
+    want = faster_rcnn.detections({k: tf.constant(v) for k, v in out.items()}, cfg).numpy()
+    got = pt.detections({k: torch.from_numpy(v) for k, v in out.items()}, cfg).numpy()
+    assert (want[..., 1] > 0).sum() > 10
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_pytorch_proposals_and_roi_crop_are_tensorflows(data):
+    """The RPN's proposals (decode, top pre_nms, greedy NMS at 0.7, R boxes; in training the
+    ground truth last) and the ROI crop (crop_and_resize's bilinear samples, 0 outside the
+    map) from the same numbers in both frameworks."""
+    torch = pytest.importorskip("torch")
+    import tensorflow as tf
+
+    from harness.frameworks.pytorch import ewa as pt
+    from harness.workloads import faster_rcnn
+    cfg, out, gt = _outputs(data, seed=1)
+    args = [out["rpn_logits"], out["rpn_deltas"], gt]
+    for training in (False, True):
+        want = faster_rcnn.Proposals(cfg.anchors(), cfg)([tf.constant(a) for a in args], training=training).numpy()
+        model = pt.FasterRCNN(cfg).train(training)
+        got = model.proposals(*[torch.from_numpy(a) for a in args]).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+        assert (np.abs(want).sum(-1) > 0).sum() > cfg.rois   # boxes chosen, not padding
+    fh, fw = cfg.feature_hw
+    features = np.random.default_rng(2).normal(size=(2, fh, fw, 8)).astype(np.float32)
+    rois = out["rois"] * 1.3 - 4.0                           # some boxes reach past the image
+    want = faster_rcnn.RoiCrop(cfg)([tf.constant(features), tf.constant(rois)]).numpy()   # (N, R, p, p, C)
+    got = pt.roi_crop(torch.from_numpy(features).permute(0, 3, 1, 2), torch.from_numpy(rois), cfg.stride,
+                      2 * cfg.pool).permute(0, 1, 3, 4, 2).numpy()
+    assert (want == 0).any() and (want != 0).mean() > 0.25   # 5 ROIs empty, others partly outside
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # ---- end to end ----------------------------------------------------------------------

@@ -96,30 +96,31 @@ SMALL_MODELS = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1", "HPCA
                 "HPCAI500_DEEPCAM_WIDTH": "4", "HPCAI500_DEEPCAM_MIDDLE": "1"}
 
 
-def test_ic_cosmoflow_and_deepcam_train_in_pytorch_without_tensorflow(tmp_path, monkeypatch):
-    """One mpirun of 2 ranks, TensorFlow, Keras and Horovod absent: ic, cosmoflow and deepcam
-    on synthetic:16:32 (written and read without TensorFlow: TFRecords and tf.train.Example
-    in plain Python, JPEGs by Pillow, HDF5), the models shrunk (SMALL_MODELS), M = 2 base
+def test_ic_cosmoflow_deepcam_and_ewa_train_in_pytorch_without_tensorflow(tmp_path, monkeypatch):
+    """One mpirun of 2 ranks, TensorFlow, Keras and Horovod absent: ic, cosmoflow, deepcam and
+    ewa on synthetic:16:32 (written and read without TensorFlow: TFRecords and tf.train.Example
+    in plain Python, JPEGs by Pillow, HDF5), the models shrunk (SMALL_MODELS; ewa's small
+    backbone below 384 px, its detections fused and scored by mAP), M = 2 base
     models of 1 rank and 1 of 2 (DDP across the ranks, its gradients exchanged in int8 through
     the DDP hook, line 21), Adam, 2 epochs: every test PASSED its replica check, --verify
     passes; the weights are the Keras twins' (Keras' count of
     the same shrunk models: tests/test_pytorch_flops.py compares the two frameworks where
     both are installed), cosmoflow's FLOPs its hand formula."""
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=3, l7="ic cosmoflow deepcam",
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=4, l7="ic cosmoflow deepcam ewa",
                                              l8="synthetic:16:32", l9=2, l10="2 1", l11="1 2", l14=2, l15=2,
                                              l18="adam", l19=0.001, l21="int8", l30=0, l35="pytorch"))
     p = mpirun(2, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path), env=SMALL_MODELS)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.count("...... PASSED") == 6 and "FAILED" not in p.stdout, p.stdout[-2000:]
+    assert p.stdout.count("...... PASSED") == 8 and "FAILED" not in p.stdout, p.stdout[-2000:]
     res = results(tmp_path / "runs")
     assert "tensorflow" not in res["environment"]
     assert [(t["workload"], t["M"], t["P"]) for t in res["tests"]] == [
-        (w, m, p_) for w in ("ic", "cosmoflow", "deepcam") for m, p_ in ((2, 1), (1, 2))]
+        (w, m, p_) for w in ("ic", "cosmoflow", "deepcam", "ewa") for m, p_ in ((2, 1), (1, 2))]
     for name, value in SMALL_MODELS.items():
         monkeypatch.setenv(name, value)
     for t in res["tests"]:
         assert t["framework"] == "pytorch" and t["consistency"]["passed"] and t["consistency"]["max_diff"] == 0.0
-        assert t["weights"] == {"ic": 133_378, "cosmoflow": 90_832, "deepcam": 523_983}[t["workload"]]
+        assert t["weights"] == {"ic": 133_378, "cosmoflow": 90_832, "deepcam": 523_983, "ewa": 542_725}[t["workload"]]
         assert t["exchange"] == (["int8 all-gather, Gloo"] if t["P"] == 2 else ["none (P = 1)"] * 2)
         assert t["tv"] == "B32C8ARPT"     # fp32, int8 communication, Adam, ring, PyTorch
     assert res["tests"][2]["forward_flops_per_sample"] == cosmoflow.forward_flops(32)   # filters 4 .. 64

@@ -9,7 +9,7 @@ Table 2 choices it carries (`builds`, UNSUPPORTED: harness/plan.py refuses the r
 their line), the interface every framework's package gives (`Framework`) and `get`,
 which imports one. No framework is imported by this file.
 
-PyTorch trains the workloads of pytorch/models.BUILT (every workload but ewa so far). TensorFlow's
+PyTorch trains the workloads of pytorch/models.BUILT (all five). TensorFlow's
 interface is a door to the code that predates the seam (harness/train.py, harness/flops.py's
 Keras walker, kernels/, the workloads' Keras members); moving that code into
 harness/frameworks/tensorflow/ is the rest of issue 34.

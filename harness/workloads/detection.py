@@ -103,6 +103,23 @@ def decode(deltas, refs, xp=np, scale=DELTA_SCALE):
     return xp.stack([cy - 0.5 * h, cx - 0.5 * w, cy + 0.5 * h, cx + 0.5 * w], -1)
 
 
+def greedy_keep(over: np.ndarray, max_out: int) -> np.ndarray:
+    """Greedy non-maximum suppression on boxes already in order of score, best first:
+    `over[i, j]` says box i overlaps box j beyond the threshold (TensorFlow's rule: IoU >
+    threshold). Each box is kept unless a box kept before it overlaps it; at most
+    `max_out`. Returns the kept positions, in order. The IoU is the caller's (in its
+    framework, on its device); this loop is the part no framework op gives without
+    torchvision."""
+    suppressed, keep = np.zeros(len(over), bool), []
+    for i in range(len(over)):
+        if len(keep) == max_out:
+            break
+        if not suppressed[i]:
+            keep.append(i)
+            suppressed |= over[i]
+    return np.asarray(keep, np.int64)
+
+
 def _iou_one(b, boxes: np.ndarray) -> np.ndarray:
     """`iou` of one box with many, without the broadcasting machinery (fusion's inner loop)."""
     h = np.clip(np.minimum(b[2], boxes[:, 2]) - np.maximum(b[0], boxes[:, 0]), 0, None)

@@ -47,6 +47,7 @@ import numpy as np
 from harness import settings
 from harness.workloads import DataError, Dataset, each_epoch, synthetic_once
 from harness.workloads import detection as det
+from harness.workloads import detector
 from harness.workloads import extreme_weather as ew
 from harness.workloads import weather_synthetic
 from harness.workloads.extreme_weather import CHANNELS, CLASSES, Data
@@ -125,18 +126,16 @@ def _model():
 
 def config(data: Data):
     """The detector's configuration for this data's image size and boxes an image."""
-    faster_rcnn = _model()
-    return faster_rcnn.config_for(data.height, data.width, data.max_boxes)
+    return detector.config_for(data.height, data.width, data.max_boxes)
 
 
 def describe_model(data: Data) -> tuple[str, list[str]]:
     """The FLOP note of the detector built, and how it differs from the reference
     (ResNet-50 trunk on 768 x 1152 images). The automatic switch to the small backbone
     below 384 px is said here, as a setting would be."""
-    faster_rcnn = _model()
     cfg = config(data)
-    forced = settings.value(faster_rcnn.BACKBONE_ENV) != "auto"
-    how = f"{faster_rcnn.BACKBONE_ENV}={cfg.backbone}" if forced else f"automatic for {data.height} px images"
+    forced = settings.value(detector.BACKBONE_ENV) != "auto"
+    how = f"{detector.BACKBONE_ENV}={cfg.backbone}" if forced else f"automatic for {data.height} px images"
     deviations = []
     if cfg.backbone != "resnet50":
         deviations.append(f"the small backbone ({how}), not the ResNet-50 trunk")
@@ -168,7 +167,7 @@ def batches(data: Data, rows, batch: int, *, training: bool = True, seed: int = 
     Numpy arrays by default; with HPCAI500_EWA_PREFETCH=N > 0, tensors from the same
     generator through tf.data.Dataset.from_generator + prefetch(N), which reads the
     next batches on a tf.data thread while the step runs (see the module docstring)."""
-    return _fed(data, batch, lambda: _generate(data, rows, batch, training, seed))
+    return _fed(data, batch, lambda: numpy_batches(data, rows, batch, training, seed))
 
 
 def stream(data: Data, shards, epochs: int, batch: int, *, seed: int):
@@ -176,11 +175,14 @@ def stream(data: Data, shards, epochs: int, batch: int, *, seed: int):
     `shards(e)` flipped from seed + e: the batches a call of batches() per epoch gives.
     With prefetch on, one tf.data pipeline for the whole training: tearing one down
     every epoch held a rank for seconds at 2 ranks (bench/README.md, peers.py)."""
-    return _fed(data, batch, lambda: each_epoch(lambda rows, s: _generate(data, rows, batch, True, s),
+    return _fed(data, batch, lambda: each_epoch(lambda rows, s: numpy_batches(data, rows, batch, True, s),
                                                  shards, epochs, seed))
 
 
-def _generate(data: Data, rows, batch: int, training: bool, seed: int):
+def numpy_batches(data: Data, rows, batch: int, training: bool, seed: int):
+    """The feed's batches as numpy arrays, ((images, boxes), boxes): images normalised, channels
+    last; training batches flipped left-right at random from `seed` (`batches` says why).
+    Both frameworks' feed."""
     rng = np.random.default_rng(seed)
     order = np.asarray(rows)
     for s in range(len(order) // batch):

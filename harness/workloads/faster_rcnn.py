@@ -34,80 +34,23 @@ is Dense layers on (batch, R, features) tensors, so the analytic FLOP count
 """
 from __future__ import annotations
 
-import math
 import random
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 2 API (tf-keras), before TensorFlow
 import tensorflow as tf  # noqa: E402
 
-from harness import settings
 from harness.workloads import detection as det  # noqa: E402
-
-RPN_BATCH, RPN_POS_FRACTION = 256, 0.5      # anchors sampled per image for the RPN loss
-RPN_POS_IOU, RPN_NEG_IOU = 0.7, 0.3
-ROI_BATCH, ROI_POS_FRACTION = 128, 0.25     # ROIs sampled per image (capped at `rois`)
-ROI_POS_IOU = 0.5
-
-
-@dataclass(frozen=True)
-class Config:
-    height: int
-    width: int
-    max_boxes: int                 # G: ground-truth rows per image (padded)
-    channels: int = 16
-    classes: int = 4               # foreground classes; the head adds background
-    backbone: str = "resnet50"     # or "small": basic blocks of `widths`, `blocks`
-    widths: tuple = (32, 64)       # small backbone: stages, each halving the resolution
-    blocks: tuple = (1, 1)         # small backbone: residual blocks per stage
-    anchor_sizes: tuple = (0.0625, 0.125, 0.25, 0.5)   # fractions of the image height
-    anchor_ratios: tuple = (0.25, 0.5, 1.0, 2.0, 4.0)  # height / width
-    rpn_channels: int = 256
-    pre_nms: int = 2000
-    rpn_nms_iou: float = 0.7
-    rois: int = 128                # R: proposals per image, training and inference
-    pool: int = 7
-    fc: int = 1024
-    detections: int = 32           # K: detections per image returned by `predict`
-
-    @property
-    def stride(self) -> int:
-        return 16 if self.backbone == "resnet50" else 2 ** (1 + len(self.widths))
-
-    @property
-    def feature_hw(self) -> tuple[int, int]:
-        return math.ceil(self.height / self.stride), math.ceil(self.width / self.stride)
-
-    def anchors(self) -> np.ndarray:
-        sizes = [s * self.height for s in self.anchor_sizes]
-        return det.anchors(self.feature_hw, self.stride, sizes, self.anchor_ratios)
-
-
-BACKBONE_ENV = "HPCAI500_EWA_BACKBONE"
-RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2))   # conv2..conv4: inner width, blocks, stride
-
-
-def config_for(height: int, width: int, max_boxes: int, backbone: str | None = None) -> Config:
-    """The ResNet-50 model at 384 pixels and above (the benchmark's 768 x 1152), the
-    small one below (tests, laptops); `backbone` or HPCAI500_EWA_BACKBONE (resnet50,
-    small, auto) chooses."""
-    choice = (backbone or settings.value(BACKBONE_ENV)).lower()
-    if choice == "auto":
-        choice = "resnet50" if height >= 384 else "small"
-    if choice == "resnet50":
-        return Config(height, width, max_boxes)
-    return Config(height, width, max_boxes, backbone="small", anchor_sizes=(0.125, 0.25, 0.5),
-                  anchor_ratios=(0.25, 0.5, 1.0, 2.0), rpn_channels=64, pre_nms=600, rois=64, fc=128)
+from harness.workloads.detector import (RESNET50, ROI_BATCH, ROI_POS_FRACTION, ROI_POS_IOU,  # noqa: E402
+                                        RPN_BATCH, RPN_NEG_IOU, RPN_POS_FRACTION, RPN_POS_IOU, Config,
+                                        checked)
 
 
 def build(cfg: Config):
     L = tf.keras.layers
-    if cfg.rois <= cfg.max_boxes or min(cfg.feature_hw) < 2:
-        raise ValueError(f"faster_rcnn: need rois > max_boxes ({cfg.rois} vs {cfg.max_boxes}) "
-                         f"and a feature map of at least 2 x 2 (got {cfg.feature_hw})")
+    cfg = checked(cfg)
     images = tf.keras.Input((cfg.height, cfg.width, cfg.channels), name="images")
     gt = tf.keras.Input((cfg.max_boxes, 5), name="gt_boxes")
     features = _backbone(images, cfg)

@@ -37,12 +37,7 @@ def build_model(data) -> nn.Module:
         layers += [nn.Linear(fin, n), nn.LeakyReLU(cf.LEAKY_ALPHA), nn.Dropout(cf.DROPOUT)]
         fin = n
     layers += [nn.Linear(fin, cf.PARAMETERS), nn.Tanh(), _Scale()]
-    model = nn.Sequential(*layers)
-    for m in model.modules():
-        if isinstance(m, (nn.Conv3d, nn.Linear)):   # Keras' defaults
-            nn.init.xavier_uniform_(m.weight)
-            nn.init.zeros_(m.bias)
-    return model
+    return models.keras_init(nn.Sequential(*layers))
 
 
 def sample(data) -> torch.Tensor:

@@ -31,6 +31,7 @@ activations and flattening as modules too, so the two differ by those).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -57,8 +58,24 @@ _FREE = {aten.t, aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.
          aten.squeeze, aten.unsqueeze, aten.embedding, aten.index_select, aten.lift_fresh}
 
 
-def count(model: torch.nn.Module, sample: torch.Tensor) -> flops.FlopCount:
-    """Table 3 FLOPs of one sample's forward pass; `sample`: one input of batch 1."""
+_UNCOUNTED = [0]     # depth of `uncounted` blocks the forward pass is in
+
+
+@contextmanager
+def uncounted():
+    """`with flops.uncounted():` the operators inside are not Table 3's (a model's box
+    math: anchor decoding, NMS, the ROI crop's sampling grid, which Keras runs inside a
+    layer without a rule): the count skips them. No effect outside a count."""
+    _UNCOUNTED[0] += 1
+    try:
+        yield
+    finally:
+        _UNCOUNTED[0] -= 1
+
+
+def count(model: torch.nn.Module, sample) -> flops.FlopCount:
+    """Table 3 FLOPs of one sample's forward pass; `sample`: one input of batch 1 (a
+    tensor, or a tuple of them whose first is the batch, e.g. ewa's (images, boxes))."""
     records, activations = walk(model, sample)
     totals = flops.by_operator(records)
     return flops.FlopCount(forward=sum(totals.values()), by_operator=totals, activations=activations,
@@ -80,10 +97,11 @@ def weights(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) + stats
 
 
-def walk(model: torch.nn.Module, sample: torch.Tensor) -> tuple[list[dict], int]:
+def walk(model: torch.nn.Module, sample) -> tuple[list[dict], int]:
     """(records, activations) of one sample's forward pass (module docstring)."""
-    if sample.shape[0] != 1:
-        raise ValueError(f"harness.flops: found a sample of batch {sample.shape[0]}, expected batch 1")
+    first = _tensors(sample)[0]
+    if first.shape[0] != 1:
+        raise ValueError(f"harness.flops: found a sample of batch {first.shape[0]}, expected batch 1")
     names = {m: n or type(model).__name__ for n, m in model.named_modules()}
     where, outputs = [type(model).__name__], [0]
     leaves = {m for m in names if not list(m.children())}
@@ -118,6 +136,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if _UNCOUNTED[0]:
+            return out
         rec = record(func.overloadpacket, args, out)
         if rec is not None:
             self.records.append({"layer": self.where[-1], **rec})

@@ -11,7 +11,7 @@ import numpy as np
 from harness import workloads
 
 # The workloads whose model is built in PyTorch (harness/frameworks.BUILT reads it).
-BUILT = ("digits", "ic", "cosmoflow", "deepcam")
+BUILT = ("digits", "ic", "cosmoflow", "deepcam", "ewa")
 
 
 class Model(Protocol):
@@ -46,6 +46,19 @@ def channels_first(x: np.ndarray, device):
     if torch.device(device).type == "cuda" and t.dim() == 4:
         return t.contiguous(memory_format=torch.channels_last)
     return t.contiguous()
+
+
+def keras_init(model):
+    """Keras' default initial weights on `model`'s convolutions and dense layers (Glorot-
+    uniform kernels, zero biases), so that a model starts from the distribution its Keras
+    twin does; `model` returned."""
+    from torch import nn
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Linear)):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    return model
 
 
 REQUIRED = workloads.required_members(Model, DEFAULTS)

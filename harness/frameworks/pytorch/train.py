@@ -181,7 +181,7 @@ class Step:
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(self.dev.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             out = self.forward(x)
-        loss = self.module.loss(out.float(), y).mean()
+        loss = self.module.loss(_fp32(out), y).mean()
         if self.scaler is None:
             loss.backward()
             self.clip()
@@ -222,6 +222,11 @@ class Step:
         torch.set_rng_state(saved[4])
         if cuda:
             torch.cuda.set_rng_state(saved[5], self.dev)
+
+
+def _fp32(out):
+    """A model's outputs in FP32 (a tensor, or a dict of them: ewa's detector)."""
+    return {k: v.float() for k, v in out.items()} if isinstance(out, dict) else out.float()
 
 
 def _root_buffers(model, dist) -> None:

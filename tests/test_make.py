@@ -1,0 +1,32 @@
+"""The Makefile's venv recipe for one framework or both (make -n: printed, not run)."""
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _recipe(tmp_path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-n", "venv", f"VENV={tmp_path / 'v'}", *args], cwd=ROOT, capture_output=True,
+                          text=True)
+
+
+def test_one_framework_installs_only_its_packages(tmp_path):
+    both = _recipe(tmp_path).stdout
+    assert "horovod==0.28.1" in both and "requirements-pytorch.txt" in both and "tensorflow|" not in both
+    torch_only = _recipe(tmp_path, "FRAMEWORKS=pytorch").stdout
+    assert "horovod" not in torch_only and "requirements-pytorch.txt" in torch_only
+    assert "grep -v -E '^(tensorflow|tf-keras|#)' requirements.txt" in torch_only   # TensorFlow's pins left out
+    tf_only = _recipe(tmp_path, "FRAMEWORKS=tensorflow").stdout
+    assert "horovod==0.28.1" in tf_only and "requirements-pytorch.txt" not in tf_only
+
+
+def test_an_unknown_framework_is_refused_by_name(tmp_path):
+    p = _recipe(tmp_path, "FRAMEWORKS=pytorch jax")
+    assert p.returncode != 0 and "FRAMEWORKS: found 'jax', expected tensorflow and/or pytorch" in p.stderr
+
+
+def test_the_venvs_frameworks_are_the_default(tmp_path):
+    """A venv made for PyTorch alone stays so when `make run` names no frameworks."""
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "frameworks").write_text("pytorch\n")
+    assert "horovod" not in _recipe(tmp_path).stdout
