@@ -33,7 +33,7 @@ import json, os, resource, sys
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np, tensorflow as tf
 sys.path.insert(0, sys.argv[1])
-from harness import flops, optimizers
+from harness.frameworks.tensorflow import flops, optimizers
 from harness.workloads import deepcam, deeplab
 h, w, b, steps = map(int, sys.argv[2:6])
 model = deeplab.build(h, w, 16, 3)

@@ -18,7 +18,7 @@ also the ratio of the two Tflops, the model and its FLOP count being the same):
 * bare (this script with --bare, under mpirun): the workload's own model
   (build_model), loss and weight decay, SGD with its momentum at a constant LR,
   DistributedGradientTape, the same batch, ranks and threads per rank
-  (train.setup_devices); 4 batches from the workload's feed held in memory as
+  (frameworks/tensorflow/train.setup_devices); 4 batches from the workload's feed held in memory as
   tensors, cycled; WARMUP batches untimed, then E iterations of the harness's steps
   per epoch. Whole run = all timed iterations; steady state = iterations 2..E. Max
   over ranks of each iteration's time.
@@ -157,7 +157,8 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
     import numpy as np
     from mpi4py import MPI
     import horovod.tensorflow as hvd
-    from harness import train, workloads
+    from harness import workloads
+    from harness.frameworks.tensorflow import train
     from harness.workloads import get
     wl_name, dataset, batch, _ = CASES[case]   # its settings: in the environment mpirun gave
     hvd.init()

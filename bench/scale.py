@@ -214,7 +214,7 @@ def _resnet_record() -> bytes:
     few hundred bytes of figures: its FLOP count with the layer records (harness/run.py)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from harness import flops
+    from harness.frameworks.tensorflow import flops
     from harness.errors import native_stderr_captured
     with native_stderr_captured():     # TensorFlow's start-up banners
         from harness.workloads import resnet

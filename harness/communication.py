@@ -18,11 +18,11 @@ Bytes a rank receives per step for N gradient elements: int8 all-gather (P - 1) 
 fp32 and x 2 for fp16: int8 moves fewer bytes than fp32 while P < 8 and than fp16 while
 P < 4 (P = 2: N, against 4 N and 2 N), more beyond. The report says so.
 
-`maximum`, `scales`, `quantise` and `dequantised_mean` are the arithmetic (TensorFlow ops,
-no communication); `int8_average` adds Horovod's two collectives around them. A gradient
-that is not finite on any rank (fp16's loss scaling overflows on purpose) comes out NaN
-on every rank, as through the FP32 exchange, so that the loss-scale optimizer skips the
-step.
+Each framework runs the scheme with its own ops (TensorFlow and Horovod:
+harness/frameworks/tensorflow/communication.py; PyTorch: a DDP hook in
+harness/frameworks/pytorch/communication.py). A gradient that is not finite on any rank
+(fp16's loss scaling overflows on purpose) comes out NaN on every rank, as through the
+FP32 exchange, so that the loss scaling skips the step.
 
 2D torus (line 22, Mikami et al. 2018, which Table 2 cites): the job's ranks as an X x Y
 grid (`grid`, the rule in its docstring); reduce-scatter along the rows, all-reduce along
@@ -30,58 +30,16 @@ the columns, all-gather along the rows, on Horovod process sets (`Torus`, regist
 hvd.init). A rank sends 2 (X - 1) / X x N along its row and 2 (Y - 1) / (X Y) x N along
 its column, the ring's 2 (P - 1) / P x N in all, in 2 (X - 1) + 2 (Y - 1) steps instead
 of the ring's 2 (P - 1): fewer latencies, and only 1 / X of the gradient on the
-network when a row is a node. `grid` is pure; `Torus.of` and `torus_average` take the
-Horovod module (MPI at the edge).
+network when a row is a node. This module is the framework-free part, pure: the grid
+(`grid`, `job_grid`), what carried a job's exchange and how it reads in the report; the
+Horovod process sets and the collectives are TensorFlow's package's (`Torus`,
+`torus_average`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 LEVELS = 127     # int8's symmetric range: -127..127 (-128 unused, so that -q is always representable)
-
-
-def maximum(g):
-    """max |g| of one rank's tensor, +inf if any element is not finite: MPI's Max may drop
-    a NaN (NaN > x is false), but it keeps an inf, which dequantised_mean turns into NaN
-    for every rank."""
-    import tensorflow as tf
-    return tf.where(tf.reduce_all(tf.math.is_finite(g)), tf.reduce_max(tf.abs(g)), float("inf"))
-
-
-def scales(maxima):
-    """Per-tensor scales from the job's per-tensor max |g|: max / 127, and 1 where a
-    tensor is zero on every rank (any scale quantises zeros to zeros)."""
-    import tensorflow as tf
-    return tf.where(maxima > 0, maxima / LEVELS, tf.ones_like(maxima))
-
-
-def quantise(g, scale):
-    """round(g / scale) as int8, clipped to [-127, 127] (the clip only guards rounding:
-    |g| <= the job's max, so |g / scale| <= 127)."""
-    import tensorflow as tf
-    return tf.cast(tf.clip_by_value(tf.round(tf.cast(g, tf.float32) / scale), -LEVELS, LEVELS), tf.int8)
-
-
-def dequantised_mean(gathered, scale, ranks: int):
-    """The average over the job's ranks of their int8 tensors (gathered along axis 0, one
-    row a rank), summed in FP32 and scaled back. An infinite scale (some rank's gradient
-    was not finite: `maximum`) quantised every element to 0, and 0 x inf makes every
-    element NaN here, so that the loss-scale optimizer skips the step."""
-    import tensorflow as tf
-    return tf.reduce_sum(tf.cast(gathered, tf.float32), axis=0) * (scale / ranks)
-
-
-def int8_average(grads, hvd):
-    """The job's average of each gradient in `grads`, exchanged as int8 (module docstring)."""
-    import tensorflow as tf
-    flat = [tf.reshape(tf.cast(g, tf.float32), (1, -1)) for g in grads]
-    maxima = hvd.allreduce(tf.stack([maximum(f) for f in flat]), op=hvd.Max)
-    s = scales(maxima)
-    gathered = hvd.grouped_allgather([quantise(f, s[i]) for i, f in enumerate(flat)])
-    return [tf.cast(tf.reshape(dequantised_mean(q, s[i], hvd.size()), tf.shape(g)), g.dtype)
-            for i, (q, g) in enumerate(zip(gathered, grads))]
 
 
 # -- line 22 torus: the 2D-torus all-reduce (Mikami et al., Table 2's reference) -----------
@@ -137,48 +95,6 @@ def job_grid(ranks, node_of_rank) -> Grid:
     """The torus of the job of world ranks `ranks` (its root first), from the node index of
     each world rank: what the run registers, --check prints and --verify re-derives."""
     return grid([node_of_rank[r] for r in ranks])
-
-
-@dataclass(frozen=True)
-class Torus:
-    """A rank's part in its job's grid: the Horovod process sets of its row and column.
-    `sets` is what hvd.init(process_sets=...) must register, the same list on every
-    rank of the job: every row and column of 2 or more ranks that is not the whole job
-    (Horovod refuses a duplicate of its global set; a one-rank phase is skipped)."""
-    grid: Grid
-    row: object             # hvd.ProcessSet of this rank's row (the global set when one row is the job)
-    column: object          # of its column
-    sets: tuple             # every set to register, in the same order on every rank
-
-    @staticmethod
-    def of(g: Grid, rank: int, hvd) -> "Torus":
-        """Before hvd.init (process sets are registered there): `rank` in the job."""
-        P = g.X * g.Y
-        made = {s: hvd.ProcessSet(list(s)) for s in g.rows + g.columns if 1 < len(s) < P}
-        pick = lambda groups: made.get(next(s for s in groups if rank in s), hvd.global_process_set)  # noqa: E731
-        return Torus(g, pick(g.rows), pick(g.columns), tuple(made.values()))
-
-
-def torus_average(grads, hvd, torus: Torus, compression):
-    """The job's average of `grads` by the 2D torus: the gradients flattened into one FP32
-    buffer, zero-padded to a multiple of X; its average over the row by reduce-scatter
-    (each rank of the row keeps 1/X of it), over the column by all-reduce (the rows are
-    equal in size, so the mean of the row means is the job's mean), gathered back along
-    the row; cut, split and reshaped. `compression` (line 21: Horovod's none or fp16)
-    casts the buffer for all three phases."""
-    import tensorflow as tf
-    X, Y = torus.grid.X, torus.grid.Y
-    sizes = [int(np.prod(g.shape)) for g in grads]
-    flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), (-1,)) for g in grads], axis=0)
-    buf, ctx = compression.compress(tf.pad(flat, [[0, -sum(sizes) % X]]))
-    if X > 1:
-        buf = hvd.reducescatter(buf, op=hvd.Average, process_set=torus.row)
-    if Y > 1:
-        buf = hvd.allreduce(buf, op=hvd.Average, process_set=torus.column)
-    if X > 1:
-        buf = hvd.allgather(buf, process_set=torus.row)
-    parts = tf.split(tf.cast(compression.decompress(buf, ctx), tf.float32)[:sum(sizes)], sizes)
-    return [tf.cast(tf.reshape(p, g.shape), g.dtype) for p, g in zip(parts, grads)]
 
 
 # -- what carried a job's exchange, for the report and results.json ----------------------

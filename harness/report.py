@@ -323,7 +323,7 @@ def option_lines(cfg, nccl: bool) -> list[str]:
     if cfg.comm_precision == "fp16":
         lines.append("Communication fp16: gradients cast to FP16 for the all-reduce (Horovod Compression.fp16)")
     if cfg.comm_precision == "int8":
-        lines.append("Communication int8: " + INT8 + " (harness/communication.py)")
+        lines.append("Communication int8: " + INT8 + " (harness/frameworks/tensorflow/communication.py)")
     if cfg.allreduce == "hierarchical":
         lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
                      " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if nccl else
@@ -342,7 +342,7 @@ def option_lines(cfg, nccl: bool) -> list[str]:
                      " where MPI reduces on the CPU, x the ranks of a node with NCCL (train.lr_scale), not x P; P"
                      " must be a power of 2")
     if cfg.optimizer != "sgd":
-        lines.append(f"Optimizer {cfg.optimizer}: see harness/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
+        lines.append(f"Optimizer {cfg.optimizer}: see harness/frameworks/tensorflow/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
                      " i.e. biases and batch-norm, from trust ratio and weight decay)")
     return lines
 
@@ -367,7 +367,7 @@ def torch_lines(cfg) -> list[str]:
                      " (harness/frameworks/pytorch/communication.py): " + INT8)
     if cfg.optimizer in ("lars", "lamb"):
         lines.append(f"Optimizer {cfg.optimizer} in PyTorch: harness/frameworks/pytorch/optimizers.py, TensorFlow's"
-                     " update rule (harness/optimizers.py) step for step, the same exclusions; a workload's global"
+                     " update rule (harness/frameworks/tensorflow/optimizers.py) step for step, the same exclusions; a workload's global"
                      " gradient clipping by torch.nn.utils.clip_grad_norm_ on the job's averaged gradients")
     if cfg.compiler == "inductor":
         lines.append("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on CPUs, Triton on"

@@ -105,7 +105,7 @@ class TestResult:
     consistency: dict                 # max_diff, tolerance, passed
     resample: list                    # per job: size, out_of_bag, digest
     weights_digest: list              # per job, per rank: digest of the trained weights
-    model_layers: list = field(default_factory=list)      # harness/flops.walk's records (harness/verify.py)
+    model_layers: list = field(default_factory=list)      # the framework walker's records (harness/verify.py)
     model_deviations: list = field(default_factory=list)  # from the reference model (describe_model)
     # Keys added by a later minor version have a default: what a file of an earlier minor,
     # which lacks the key, meant (harness/results.load fills it).

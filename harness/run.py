@@ -27,7 +27,7 @@ class Context:
     cfg: object             # harness/dat.Config
     world: object           # MPI_COMM_WORLD
     nodes: object           # harness/topology.Nodes
-    devices: dict           # harness/train.setup_devices of this rank
+    devices: dict           # the framework's setup_devices of this rank
     run_id: str             # the run folder's name (names the staged copies)
     ceilings: dict          # precision -> roofline figures (rank 0; {} elsewhere)
     n_tests: int            # tests in the sweep, for progress lines
@@ -72,7 +72,7 @@ class RankRecord:
     loss: float = 0.0               # the last epoch's mean loss
     diff: float = 0.0               # max |w - w_root| of its trainable weights
     weights: str = ""               # digest of its trainable weights
-    flops: object = None            # harness/flops.count of the model
+    flops: object = None            # the framework's count of the model (harness/flops.FlopCount)
     telemetry: dict | None = None   # its sampler's summary over training (an idle rank: its CPU window only)
     quality: float | None = None    # job root only: its model's quality at the last evaluation
     resample_size: int = 0          # job root only
@@ -236,7 +236,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
 
 
 class _Evaluate:
-    """One job's evaluation after an epoch (train.train's `evaluate`): the job's
+    """One job's evaluation after an epoch (the framework's train's `evaluate`): the job's
     predictions, its root's quality and term of the ensemble, the world's reduction.
     Keeps the seconds it took and the root's last quality."""
 

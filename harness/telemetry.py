@@ -321,7 +321,7 @@ def _over_ranks(stats: list) -> dict | None:
 def reduce(summaries: list[dict]) -> dict:
     """Per metric: min/mean/max over ranks of the per-rank means, max of the per-rank
     maxima. Energy and power totals count each physical GPU once (by UUID), since ranks
-    of a node may share a GPU (train.setup_devices pins local_rank % GPUs)."""
+    of a node may share a GPU (each framework's setup_devices pins local_rank % GPUs)."""
     summaries = [s for s in summaries if s]
     gpus = [s["gpu"] for s in summaries if s.get("gpu")]
     out = {"ranks": len(summaries), "ranks_with_gpu": len(gpus),

@@ -267,7 +267,7 @@ def models():
 
 @pytest.mark.parametrize("side", [SIDE, 128])
 def test_flops_by_hand_by_the_walk_and_the_parameter_count(models, side):
-    from harness import flops
+    from harness.frameworks.tensorflow import flops
     from harness.workloads.cosmoflow import CosmoData
     c = flops.count(models[side])
     assert c.forward == _by_hand(side) == cf.forward_flops(side)
@@ -293,7 +293,7 @@ def _profiled_part(c) -> int:
 
 @pytest.mark.parametrize("side", [SIDE, 128])
 def test_flops_against_tensorflows_profiler(models, side):
-    from harness import flops
+    from harness.frameworks.tensorflow import flops
     c = flops.count(models[side])
     profiled = flops.profiler_flops(models[side])
     assert profiled == _profiled_part(c)                      # the comparable part: exactly

@@ -11,7 +11,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from harness import ensemble, flops, verify  # noqa: E402
+from harness import ensemble, verify  # noqa: E402
+from harness.frameworks.tensorflow import flops  # noqa: E402
 from harness.workloads import deepcam, deeplab  # noqa: E402
 from tests.conftest import dat_text, mpirun, results  # noqa: E402
 

@@ -545,7 +545,7 @@ def test_flops_count_the_roi_head_once_per_roi(data):
     Two models that differ only in R differ by (R2 - R1) x the head's FLOPs by hand."""
     import dataclasses
 
-    from harness import flops
+    from harness.frameworks.tensorflow import flops
     from harness.workloads import faster_rcnn
     cfg = ewa.config(data)
     counts = {r: flops.count(faster_rcnn.build(dataclasses.replace(cfg, rois=r))) for r in (16, 48)}
@@ -563,7 +563,7 @@ def test_flops_backbone_and_rpn_agree_with_the_profiler(model):
     we also count ReLU and batch norm (Table 3), which the profiler does not."""
     import tensorflow as tf
 
-    from harness import flops
+    from harness.frameworks.tensorflow import flops
     sub = tf.keras.Model(model.inputs[0], [model.get_layer("rpn_cls").output, model.get_layer("rpn_box").output])
     ours, theirs = flops.count(sub), flops.profiler_flops(sub)
     assert 0 < ours.forward - theirs < 0.01 * theirs   # +0.4 %: ReLU and batch norm
@@ -577,7 +577,7 @@ def test_backbone_choice_and_resnet50_trunk(monkeypatch):
     the profiler's."""
     import tensorflow as tf
 
-    from harness import flops
+    from harness.frameworks.tensorflow import flops
     from harness.workloads import detector, faster_rcnn
     assert detector.config_for(768, 1152, 15).backbone == "resnet50"
     assert detector.config_for(96, 144, 3).backbone == "small"
@@ -615,7 +615,7 @@ def test_the_pytorch_detector_counts_as_its_keras_twin(data):
     small model of the fixture and the ResNet-50 one at 768 x 1152 (PyTorch's counted on
     the meta device: 163,988,720,256 FLOPs forward, 63,439,981 weights in both)."""
     torch = pytest.importorskip("torch")
-    from harness import flops
+    from harness.frameworks.tensorflow import flops
     from harness.frameworks.pytorch import ewa as pt
     from harness.frameworks.pytorch import flops as ptflops
     from harness.workloads import detector, faster_rcnn

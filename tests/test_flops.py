@@ -9,12 +9,13 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from harness import flops  # noqa: E402
+from harness.frameworks.tensorflow import flops as keras_flops  # noqa: E402
 
 L = tf.keras.layers
 
 
 def _forward(model) -> int:
-    return flops.count(model).forward
+    return keras_flops.count(model).forward
 
 
 def _model(input_shape, *layers):
@@ -48,7 +49,7 @@ def _digits_cnn():
 
 def test_conv2d_by_hand():
     # 10x12x3 input, 3x3 valid conv, 5 filters -> 8x10x5 output.
-    c = flops.count(_model((10, 12, 3), L.Conv2D(5, 3, activation="relu")))
+    c = keras_flops.count(_model((10, 12, 3), L.Conv2D(5, 3, activation="relu")))
     assert c.by_operator["convolution"] == 2 * 3 * 3 * 3 * 8 * 10 * 5
     # bias add + relu: one FLOP per output element each
     assert c.by_operator["elementwise"] == 8 * 10 * 5 + 8 * 10 * 5
@@ -57,45 +58,45 @@ def test_conv2d_by_hand():
 
 def test_conv_non_square_strided_and_1d_3d():
     # (3, 5) kernel, stride (1, 2), valid: 10x12 -> 8x4, Cin 3, Cout 5.
-    c = flops.count(_model((10, 12, 3), L.Conv2D(5, (3, 5), strides=(1, 2), use_bias=False)))
+    c = keras_flops.count(_model((10, 12, 3), L.Conv2D(5, (3, 5), strides=(1, 2), use_bias=False)))
     assert c.forward == 2 * 3 * 5 * 3 * 8 * 4 * 5
-    c = flops.count(_model((32, 4), L.Conv1D(8, 5, use_bias=False)))  # 32 -> 28
+    c = keras_flops.count(_model((32, 4), L.Conv1D(8, 5, use_bias=False)))  # 32 -> 28
     assert c.forward == 2 * 5 * 4 * 28 * 8
-    c = flops.count(_model((6, 6, 6, 2), L.Conv3D(4, (3, 2, 1), use_bias=False)))
+    c = keras_flops.count(_model((6, 6, 6, 2), L.Conv3D(4, (3, 2, 1), use_bias=False)))
     assert c.forward == 2 * (3 * 2 * 1) * 2 * (4 * 5 * 6) * 4
 
 
 def test_dense_by_hand():
-    c = flops.count(_model((20,), L.Dense(7)))
+    c = keras_flops.count(_model((20,), L.Dense(7)))
     assert c.by_operator["dense"] == 2 * 20 * 7
     assert c.forward == 2 * 20 * 7 + 7  # + bias add
 
 
 def test_depthwise_by_hand():
     # 9x9x4, 3x3 valid, depth_multiplier 2 -> 7x7x8
-    c = flops.count(_model((9, 9, 4), L.DepthwiseConv2D(3, depth_multiplier=2, use_bias=False)))
+    c = keras_flops.count(_model((9, 9, 4), L.DepthwiseConv2D(3, depth_multiplier=2, use_bias=False)))
     assert c.by_operator["depthwise"] == 2 * 3 * 3 * 4 * 7 * 7 * 2
     assert c.forward == c.by_operator["depthwise"]
 
 
 def test_separable_is_depthwise_plus_pointwise():
     # 9x9x4 -> depthwise 3x3 (x2) -> 7x7x8 -> pointwise 1x1 -> 7x7x6
-    c = flops.count(_model((9, 9, 4), L.SeparableConv2D(6, 3, depth_multiplier=2, use_bias=False)))
+    c = keras_flops.count(_model((9, 9, 4), L.SeparableConv2D(6, 3, depth_multiplier=2, use_bias=False)))
     assert c.by_operator["depthwise"] == 2 * 3 * 3 * 4 * 7 * 7 * 2
     assert c.by_operator["convolution"] == 2 * 8 * 7 * 7 * 6
 
 
 def test_grouped_conv_by_hand():
     # 10x10x8, 3x3 valid, 12 filters in 4 groups -> 8x8x12, each filter sees 8/4 channels
-    c = flops.count(_model((10, 10, 8), L.Conv2D(12, 3, groups=4, use_bias=False)))
+    c = keras_flops.count(_model((10, 10, 8), L.Conv2D(12, 3, groups=4, use_bias=False)))
     assert c.forward == 2 * 3 * 3 * 8 * 8 * 8 * 12 // 4
-    dense = flops.count(_model((10, 10, 8), L.Conv2D(12, 3, use_bias=False)))
+    dense = keras_flops.count(_model((10, 10, 8), L.Conv2D(12, 3, use_bias=False)))
     assert 4 * c.forward == dense.forward
 
 
 def test_transposed_conv_by_hand():
     # the conv with roles swapped: the input's spatial size multiplies
-    c = flops.count(_model((4, 4, 3), L.Conv2DTranspose(5, 3, strides=2, padding="same",
+    c = keras_flops.count(_model((4, 4, 3), L.Conv2DTranspose(5, 3, strides=2, padding="same",
                                                          use_bias=False)))
     assert c.forward == 2 * 3 * 3 * 3 * 5 * 4 * 4
 
@@ -108,7 +109,7 @@ def test_pooling_by_hand():
 
 
 def test_normalization_by_hand():
-    c = flops.count(_model((5, 5, 3), L.BatchNormalization()))
+    c = keras_flops.count(_model((5, 5, 3), L.BatchNormalization()))
     assert c.by_operator["normalization"] == 5 * 5 * 3 == c.forward
     assert _forward(_model((4, 6), L.LayerNormalization())) == 4 * 6
 
@@ -125,7 +126,7 @@ def test_elementwise_and_ignored_layers():
 
 
 def test_flopcount_contract():
-    c = flops.count(_digits_cnn())
+    c = keras_flops.count(_digits_cnn())
     assert c.training == 3 * c.forward
     assert c.forward == sum(c.by_operator.values())
     assert _forward(_digits_cnn()) == c.forward
@@ -147,7 +148,7 @@ def test_flopcount_contract():
 def test_single_layers_match_profiler_exactly(input_shape, layer):
     # no activation, normalization or pooling window: the two counts use the same rule
     model = _model(input_shape, layer)
-    assert _forward(model) == flops.profiler_flops(model, input_shape)
+    assert _forward(model) == keras_flops.profiler_flops(model, input_shape)
 
 
 @pytest.fixture(scope="module")
@@ -157,25 +158,25 @@ def resnet50():
 
 def test_resnet50_matches_profiler(resnet50):
     analytic = _forward(resnet50)
-    profiled = flops.profiler_flops(resnet50, (224, 224, 3))
+    profiled = keras_flops.profiler_flops(resnet50, (224, 224, 3))
     assert analytic == pytest.approx(profiled, rel=0.02)
 
 
 def test_resnet50_matches_paper_apc(resnet50):
     # Paper: APC = 11 776 GFLOPs for |B| = 512 at 224x224 (forward + backward).
-    apc = flops.count(resnet50).training * 512
+    apc = keras_flops.count(resnet50).training * 512
     assert apc == pytest.approx(11776e9, rel=0.02)
 
 
 def test_digits_cnn_matches_profiler():
     model = _digits_cnn()
-    assert _forward(model) == pytest.approx(flops.profiler_flops(model), rel=0.02)
+    assert _forward(model) == pytest.approx(keras_flops.profiler_flops(model), rel=0.02)
 
 
 def test_profiler_refuses_what_it_cannot_see():
     # tf-keras runs grouped convolution inside a function call the profiler skips
     with pytest.raises(ValueError, match="function call"):
-        flops.profiler_flops(_model((10, 10, 8), L.Conv2D(12, 3, groups=4)))
+        keras_flops.profiler_flops(_model((10, 10, 8), L.Conv2D(12, 3, groups=4)))
 
 
 # ---- 4. nesting and sharing ---------------------------------------------------
@@ -189,7 +190,7 @@ def test_nested_sequential_counts_as_flat():
     x = L.BatchNormalization()(x)
     x = L.Dense(10)(L.Dropout(0.2)(body(x)))
     nested = tf.keras.Model(inputs, x)
-    assert flops.count(nested) == flops.count(flat)
+    assert keras_flops.count(nested) == keras_flops.count(flat)
 
 
 def test_shared_layer_and_wrapper():
@@ -205,7 +206,7 @@ def test_shared_layer_and_wrapper():
 
 def test_unknown_weighted_layer_is_an_error():
     with pytest.raises(TypeError, match="LSTM"):
-        flops.count(_model((5, 3), L.LSTM(4)))
+        keras_flops.count(_model((5, 3), L.LSTM(4)))
 
     class Scale(L.Layer):
         def build(self, shape):
@@ -215,7 +216,7 @@ def test_unknown_weighted_layer_is_an_error():
             return x * self.w
 
     with pytest.raises(TypeError, match="Scale"):
-        flops.count(_model((4,), Scale()))
+        keras_flops.count(_model((4,), Scale()))
 
 
 def test_subclassed_model_is_an_error():
@@ -230,14 +231,14 @@ def test_subclassed_model_is_an_error():
     net = Net()
     net(tf.zeros((1, 3)))
     with pytest.raises(ValueError, match="functional or Sequential"):
-        flops.count(net)
+        keras_flops.count(net)
 
 
 def test_activations_and_weights_for_the_roofline():
     # 10x12x3 -> Conv2D(5, 3, valid) -> 8x10x5 = 400 outputs; Flatten (400, counted:
     # a layer output) -> Dense(7) = 7 outputs; weights 3*3*3*5+5 + 400*7+7
     model = _model((10, 12, 3), L.Conv2D(5, 3), L.Flatten(), L.Dense(7))
-    c = flops.count(model)
+    c = keras_flops.count(model)
     assert c.activations == 400 + 400 + 7
     assert c.weights == (27 * 5 + 5) + (400 * 7 + 7)
 
@@ -262,7 +263,7 @@ def _rederived(c) -> int:
 @pytest.mark.parametrize("name,build", [("small_cnn", _small_cnn), ("digits", _digits_cnn)])
 def test_count_unchanged_and_equal_to_the_rule_over_the_walk(name, build):
     import json
-    c = flops.count(build())
+    c = keras_flops.count(build())
     forward, by_op, activations, weights = _BEFORE[name]
     assert (c.forward, c.by_operator, c.activations, c.weights) == (forward, by_op, activations, weights)
     assert _rederived(c) == c.forward and flops.by_operator(c.layers) == c.by_operator
@@ -272,7 +273,7 @@ def test_count_unchanged_and_equal_to_the_rule_over_the_walk(name, build):
 
 
 def test_resnet50_count_unchanged_by_the_split(resnet50):
-    c = flops.count(resnet50)
+    c = keras_flops.count(resnet50)
     assert c.forward == _BEFORE["resnet50"][0] == _rederived(c)
     assert 150 <= len(c.layers) <= 200   # one record per call with a rule: compact enough for results.json
     assert c.layers[0]["layer"] == "conv1_conv"  # in forward order, inputs first
@@ -281,21 +282,21 @@ def test_resnet50_count_unchanged_by_the_split(resnet50):
 def test_records_of_shared_nested_and_time_distributed_layers():
     dense = L.Dense(7, use_bias=False)
     inputs = tf.keras.Input((7,))
-    twice = flops.count(tf.keras.Model(inputs, dense(dense(inputs))))
+    twice = keras_flops.count(tf.keras.Model(inputs, dense(dense(inputs))))
     assert [r["layer"] for r in twice.layers] == [dense.name, dense.name]   # one record per call
-    timed = flops.count(_model((5, 7), L.TimeDistributed(L.Dense(3))))
+    timed = keras_flops.count(_model((5, 7), L.TimeDistributed(L.Dense(3))))
     assert timed.layers == [{"layer": timed.layers[0]["layer"], "kind": "dense", "fin": 7, "out": 3, "bias": 1,
                              "activation": "linear", "times": 5}]
     assert timed.forward == 5 * (2 * 7 * 3 + 3) == _rederived(timed)
     body = tf.keras.Sequential([L.Conv2D(4, 3, activation="relu")])
     x = tf.keras.Input((6, 6, 2))
-    nested = flops.count(tf.keras.Model(x, L.Dense(2)(L.Flatten()(body(x)))))
+    nested = keras_flops.count(tf.keras.Model(x, L.Dense(2)(L.Flatten()(body(x)))))
     assert [r["kind"] for r in nested.layers] == ["conv", "dense"] and _rederived(nested) == nested.forward
 
 
 def test_flopcount_equality_ignores_layer_names():
     # two builds of one architecture get different layer names, not different counts
-    a, b = flops.count(_small_cnn()), flops.count(_small_cnn())
+    a, b = keras_flops.count(_small_cnn()), keras_flops.count(_small_cnn())
     assert a == b and [r["layer"] for r in a.layers] != [r["layer"] for r in b.layers]
 
 

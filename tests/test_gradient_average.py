@@ -1,4 +1,4 @@
-"""harness.train.train's step on 2 ranks under one real mpirun (`train_checks`):
+"""harness/frameworks/tensorflow/train.train's step on 2 ranks under one real mpirun (`train_checks`):
 
 * The linear scaling rule (LR = base x P) is right only if a job's ranks *average* their
   gradients: one real step, checked against the update computed by hand in numpy (a sum
@@ -25,6 +25,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 from mpi4py import MPI
 from harness import train
+from harness.frameworks.tensorflow import train as tf_train
 
 X = np.arange(16, dtype=np.float32).reshape(8, 2) / 10.0
 Y = np.array([1, -1, 2, 0, 3, 1, -2, 0.5], np.float32)
@@ -83,26 +84,26 @@ out = {}
 for compiler in ("none", "xla"):    # one step of the linear model: the mean gradient
     model = Linear.build_model(None)
     recipe = train.Recipe(batch=4, epochs=1, base_lr=0.1, warmup_epochs=0, compiler=compiler)
-    res = train.train(Linear, None, model, np.arange(8), recipe, seed=1, job=0, world_barrier=world.Barrier)
+    res = tf_train.train(Linear, None, model, np.arange(8), recipe, seed=1, job=0, world_barrier=world.Barrier)
     out[f"linear_{compiler}"] = {"w": model.trainable_variables[0].numpy().ravel().tolist(),
                                  "steps": res.steps_per_epoch}
     tf.keras.backend.clear_session()
 model = Linear.build_model(None)     # one step with int8 communication (line 21)
 recipe = train.Recipe(batch=4, epochs=1, base_lr=0.1, warmup_epochs=0, comm_precision="int8")
-train.train(Linear, None, model, np.arange(8), recipe, seed=1, job=0, world_barrier=world.Barrier)
+tf_train.train(Linear, None, model, np.arange(8), recipe, seed=1, job=0, world_barrier=world.Barrier)
 out["linear_int8"] = {"w": model.trainable_variables[0].numpy().ravel().tolist()}
 tf.keras.backend.clear_session()
 for name, compiler, warmup in (("warm0", "none", 0), ("warm1", "none", 1), ("warm2", "none", 2),
                                ("xla", "xla", 1)):
-    model, Small.fed = train.build(Small, None, seed=7, job=0), 0
+    model, Small.fed = tf_train.build(Small, None, seed=7, job=0), 0
     recipe = train.Recipe(batch=4, epochs=3, base_lr=0.05, warmup_epochs=1, compiler=compiler)
-    res = train.train(Small, None, model, ROWS, recipe, seed=7, job=0,
+    res = tf_train.train(Small, None, model, ROWS, recipe, seed=7, job=0,
                       world_barrier=world.Barrier, warmup_steps=warmup)
     out[name] = {"weights": [v.numpy().ravel().tolist() for v in model.variables], "loss": res.final_loss,
                  "diff": res.weights_diff, "digest": res.weights_digest, "samples": res.samples,
                  "fed": Small.fed}
     tf.keras.backend.clear_session()
-out["init"] = [v.numpy().ravel().tolist() for v in train.build(Small, None, seed=7, job=0).variables]
+out["init"] = [v.numpy().ravel().tolist() for v in tf_train.build(Small, None, seed=7, job=0).variables]
 if world.rank == 0:
     print("OUT=" + json.dumps(out))
 '''
@@ -152,7 +153,7 @@ def test_int8_arithmetic_by_hand():
     q = (50, -100) and (127, 0) (0.504 / 0.01 = 50.4 rounds to 50); their mean x 0.01 =
     (0.885, -0.5), where the FP32 mean is (0.887, -0.5): 0.002 off, within s / 2 = 0.005."""
     import tensorflow as tf
-    from harness import communication as c
+    from harness.frameworks.tensorflow import communication as c
     g1, g2 = tf.constant([0.504, -1.0]), tf.constant([1.27, 0.0])
     s = c.scales(tf.constant([1.27]))[0]
     q = [c.quantise(g, s) for g in (g1, g2)]
@@ -199,7 +200,7 @@ def test_hidden_state_random_ops_are_refused():
     warmed up and undone; one drawing from a tf.random.Generator can."""
     import tensorflow as tf
 
-    from harness import train
+    from harness.frameworks.tensorflow import train
     gen = tf.random.Generator.from_seed(1)
     hidden = tf.function(lambda x: x + tf.random.uniform(tf.shape(x)), autograph=False)
     held = tf.function(lambda x: x + gen.uniform(tf.shape(x)), autograph=False)
@@ -231,19 +232,20 @@ def test_each_rank_gets_its_row_and_column_and_every_rank_registers_the_same_set
     """Horovod's process sets: every set of 2 or more ranks but the job itself (a duplicate
     of the global set, which Horovod refuses), the same list in the same order on every
     rank; a rank's row and column are among them, or the global set where one is the job."""
-    from harness import communication as c
+    from harness.communication import grid
+    from harness.frameworks.tensorflow import communication as c
 
     class Set:
         def __init__(self, ranks):
             self.ranks = ranks
 
     hvd = type("H", (), {"ProcessSet": Set, "global_process_set": "global"})
-    g = c.grid([0, 0, 1, 1])
+    g = grid([0, 0, 1, 1])
     tori = [c.Torus.of(g, r, hvd) for r in range(4)]
     assert [[s.ranks for s in t.sets] for t in tori] == [[[0, 1], [2, 3], [0, 2], [1, 3]]] * 4
     assert (tori[3].row.ranks, tori[3].column.ranks) == ([2, 3], [1, 3])
     assert (tori[0].row.ranks, tori[0].column.ranks) == ([0, 1], [0, 2])
-    one_row = c.Torus.of(c.grid([0, 0, 0, 1, 1]), 4, hvd)
+    one_row = c.Torus.of(grid([0, 0, 0, 1, 1]), 4, hvd)
     assert one_row.sets == () and one_row.row == "global"
 
 

@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from harness import flops  # noqa: E402
+from harness.frameworks.tensorflow import flops  # noqa: E402
 from harness.workloads import DataError, Dataset, ic, resnet, tfrecord  # noqa: E402
 from tests.conftest import results  # noqa: E402
 

@@ -343,6 +343,7 @@ sys.path.insert(0, ROOT)      # the nodes' ranks get a login's environment: the 
 import numpy as np
 from mpi4py import MPI
 from harness import communication as c, topology
+from harness.frameworks.tensorflow import communication as tfc
 
 world = MPI.COMM_WORLD
 nodes = topology.discover(world)   # as the driver: bindings widened where nodes share cores, before TensorFlow
@@ -359,20 +360,20 @@ def grads(rank):
 mean = [np.mean([grads(r)[i] for r in range(world.size)], axis=0) for i in range(len(SHAPES))]
 hosts = [nodes.hosts[n] for n in nodes.node_of_rank]
 grid = c.grid(nodes.node_of_rank)
-on = c.Torus.of(grid, world.rank, hvd)
+on = tfc.Torus.of(grid, world.rank, hvd)
 hvd.init(comm=world, process_sets=list(on.sets))   # once: the harness inits once a test, as here
 # rows across the nodes are the node grid's columns, and its columns are the node grid's rows: the same
 # registered sets (Horovod refuses a duplicate); one row or one column is the whole job, the global set
-tori = {"nodes": on, "across": c.Torus(c.Grid(grid.columns, "nodes"), on.column, on.row, ()),
-        "row": c.Torus(c.Grid(((0, 1, 2, 3),), "square"), hvd.global_process_set, hvd.global_process_set, ()),
-        "column": c.Torus(c.Grid(((0,), (1,), (2,), (3,)), "square"), hvd.global_process_set,
+tori = {"nodes": on, "across": tfc.Torus(c.Grid(grid.columns, "nodes"), on.column, on.row, ()),
+        "row": tfc.Torus(c.Grid(((0, 1, 2, 3),), "square"), hvd.global_process_set, hvd.global_process_set, ()),
+        "column": tfc.Torus(c.Grid(((0,), (1,), (2,), (3,)), "square"), hvd.global_process_set,
                           hvd.global_process_set, ())}
 out = {"hosts": hosts, "grid": [grid.rows, grid.rule]}
 mine = [tf.constant(a) for a in grads(world.rank)]
 ring = [t.numpy() for t in hvd.grouped_allreduce(mine, op=hvd.Average)]
 for name, torus in tori.items():
     for comp in (hvd.Compression.none, hvd.Compression.fp16):
-        got = tf.function(lambda gs: c.torus_average(gs, hvd, torus, comp))(mine)
+        got = tf.function(lambda gs: tfc.torus_average(gs, hvd, torus, comp))(mine)
         key = name + ("" if comp is hvd.Compression.none else "_fp16")
         out[key] = {"ring": max(float(np.abs(a.numpy() - b).max()) for a, b in zip(got, ring)),
                     "mean": max(float(np.abs(a.numpy() - b).max()) for a, b in zip(got, mean)),

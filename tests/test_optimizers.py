@@ -1,4 +1,4 @@
-"""harness/optimizers.py: LARS and LAMB against their update rules replayed in numpy,
+"""harness/frameworks/tensorflow/optimizers.py: LARS and LAMB against their update rules replayed in numpy,
 every optimizer trains under a per-step LR assign in a tf.function, and the errors."""
 import os
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from harness import optimizers, train
+from harness import train
+from harness.frameworks.tensorflow import optimizers
 from tests.optimizer_rules import LRS, WD, assert_close, far, lamb_numpy, lars_numpy
 
 

@@ -119,7 +119,7 @@ def test_a_count_on_the_meta_device_is_the_built_models_and_draws_no_random_numb
 
 def test_weight_decay_reaches_the_kernels_only():
     """Two 3x3 kernels' worth of weights (conv 2x1x3x3, dense 4x2) decay; the biases and the
-    batch norm's gamma and beta (1-D) do not, as harness/optimizers.py excludes them. A
+    batch norm's gamma and beta (1-D) do not, as harness/frameworks/tensorflow/optimizers.py excludes them. A
     workload's decay is decoupled (Adam becomes AdamW), a model's L2 is coupled."""
     from harness.frameworks.pytorch import train
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2, 4))

@@ -10,9 +10,9 @@ their line), the interface every framework's package gives (`Framework`) and `ge
 which imports one. No framework is imported by this file.
 
 PyTorch trains the workloads of pytorch/models.BUILT (all five). TensorFlow's
-interface is a door to the code that predates the seam (harness/train.py, harness/flops.py's
-Keras walker, kernels/, the workloads' Keras members); moving that code into
-harness/frameworks/tensorflow/ is the rest of issue 34.
+package holds its training step, optimizers, int8/torus ops and Keras walker; its interface is
+also the door to the TensorFlow code not yet moved in (kernels/, the workloads' Keras
+models, losses, tf.data feeds and predictions); moving that is the rest of issue 34.
 """
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def _backbone(images, cfg: Config):
 class SamplingNoise(tf.keras.layers.Layer):
     """Uniform draws shaped like its inputs, for the loss's random minibatches of
     anchors and ROIs (`_sample`). They come from the layer's own tf.random.Generator,
-    seeded with the model (train.build): its state is a variable, so the harness's
+    seeded with the model (frameworks/tensorflow/train.build): its state is a variable, so the harness's
     warm-up can undo it, and evaluation (training=False: zeros) draws nothing."""
 
     def __init__(self, **kw):

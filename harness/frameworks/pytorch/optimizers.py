@@ -1,4 +1,4 @@
-"""LARS and LAMB in PyTorch, with the update rules of harness/optimizers.py (TensorFlow's).
+"""LARS and LAMB in PyTorch, with the update rules of harness/frameworks/tensorflow/optimizers.py (TensorFlow's).
 
     opt = LARS(params, lr=0.2, momentum=0.9, weight_decay=0.0, l2=3e-5)
     opt = LAMB(params, lr=2e-3, weight_decay=1e-2, eps=1e-6)
@@ -8,7 +8,7 @@ update as our TensorFlow ones, so a run would train a different optimizer in eac
 framework under one name: timm's cannot be imported without torchvision (which pins
 another torch); pytorch-optimizer's LAMB drops the second moment's bias correction and
 clamps ||w|| at 10 (a ResNet-50 3x3 kernel starts near 22, so its step would be halved).
-These follow harness/optimizers.py line for line (tests/test_pytorch_optimizers.py replays
+These follow harness/frameworks/tensorflow/optimizers.py line for line (tests/test_pytorch_optimizers.py replays
 both against the same numpy rules):
 
     LARS (MLPerf's ResNet variant): trust = eta ||w|| / (||g|| + wd ||w||)   (1 if ||w|| or ||g|| is 0)

@@ -68,7 +68,7 @@ def make_optimizer(name: str, model, lr: float, momentum: float, options: dict, 
     PyTorch with Keras' defaults, so that both frameworks run the same recipe (Adam's and
     AdaGrad's epsilon 1e-7, AdaGrad's initial accumulator 0.1). Weight decay reaches the
     kernels only (weights of 2 or more dimensions), never biases or batch norm, as
-    harness/optimizers.py excludes them: the workload's `options` weight decay is Keras'
+    harness/frameworks/tensorflow/optimizers.py excludes them: the workload's `options` weight decay is Keras'
     decoupled kind (Adam then is AdamW), the model's `l2` (its Keras twin's L2 kernel
     regularizer) the coupled kind, PyTorch's plain weight_decay. LARS and LAMB are ours
     (optimizers.py: TensorFlow's rules); an option's global_clipnorm (deepcam's LAMB) is

@@ -1,17 +1,21 @@
 """TensorFlow's interface: TensorFlow behind the framework interface (harness/frameworks.Framework): tf.keras
 models, Horovod's gradient exchange on each job's sub-communicator.
 
-The code it runs still lives where it was written before the seam (harness/train.py's
-step, harness/flops.py's Keras walker, kernels/, each workload module's Keras model,
-loss, feed and predict); this package is the one door through which the harness reaches
-it, so that a run that names no TensorFlow test never imports TensorFlow or Horovod.
-Moving that code in here is the rest of issue 34.
+The package holds the training step (train.py), LARS and LAMB (optimizers.py), the
+int8 and torus exchanges (communication.py) and the Keras walker of Table 3 (flops.py).
+The roofline micro-kernels (kernels/) and each workload's Keras model, loss, tf.data
+feed and predict still live where they were written; this interface is the one door
+through which the harness reaches all of it, so that a run that names no TensorFlow test
+never imports TensorFlow or Horovod. Moving the workloads' Keras members in is the rest
+of issue 34.
 """
 from __future__ import annotations
 
 import os
 
-from harness import communication, flops, report, train
+from harness import communication, report
+from harness.frameworks.tensorflow import communication as tf_communication
+from harness.frameworks.tensorflow import flops, train
 
 NAME = "tensorflow"
 setup_devices = train.setup_devices
@@ -56,7 +60,7 @@ class Job:
         self.part, self.hvd = part, hvd
         # Horovod reads its all-reduce algorithm from the environment at init
         os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
-        self.torus = communication.Torus.of(
+        self.torus = tf_communication.Torus.of(
             communication.job_grid(part.planned.layout.jobs[part.job], part.ctx.nodes.node_of_rank), part.comm.rank,
             hvd) if cfg.allreduce == "torus" else None
         hvd.init(comm=part.comm, process_sets=list(self.torus.sets) if self.torus else None)
@@ -64,7 +68,7 @@ class Job:
     def build(self, workload, data, seed: int, job: int, precision: str):
         return train.build(workload, data, seed, job, precision)
 
-    def train(self, workload, data, model, indices, recipe, **hooks) -> train.TrainResult:
+    def train(self, workload, data, model, indices, recipe, **hooks):
         return train.train(workload, data, model, indices, recipe, torus=self.torus, **hooks)
 
     def predict(self, workload, model, data, rows):

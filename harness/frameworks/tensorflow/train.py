@@ -1,0 +1,230 @@
+"""Base-model training in TensorFlow: Horovod data parallelism on one job's sub-communicator.
+
+Each job is its own Horovod world (`hvd.init(comm=job_comm)`): its all-reduces never
+leave the job, so the M base models train independently, as bagging requires. The
+training step runs train.WARMUP_STEPS times before the clock and is undone (`train`),
+keeps its step number and LR in the graph, and with line 33's `xla` compiles its forward
+and backward pass. The recipe, the schedule, the timed epochs and the replica check are
+harness/train.py's (every framework's); here TensorFlow's step, feed and Horovod's edges
+(`train`, `_consistency`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness import sampler, workloads
+from harness.frameworks.tensorflow import communication
+from harness.train import (PRECISIONS, WARMUP_STEPS, Recipe, TrainResult, epochs_loop, lr_scale, replica_check,
+                           steps_per_epoch, threads)
+
+
+def setup_devices(local_rank: int, sharing: int) -> dict:
+    """Pin this rank before TensorFlow starts its runtime: one GPU per local rank where
+    there are GPUs, and `threads(sharing)`."""
+    import tensorflow as tf
+    tf.get_logger().setLevel("ERROR")  # Horovod's per-test broadcasts retrace; TF warns each time
+    threads_, inter_op = threads(sharing)
+    tf.config.threading.set_intra_op_parallelism_threads(threads_)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    gpus = tf.config.list_physical_devices("GPU")
+    device = "CPU"
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.set_visible_devices([gpu], "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+        device = f"GPU {local_rank % len(gpus)} of {len(gpus)}"
+    return {"threads": threads_, "inter_op": inter_op, "device": device, "gpus_on_node": len(gpus)}
+
+
+def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
+    """harness/train.lr_at in TensorFlow's ops (the step number a graph variable). Works on Python
+    numbers and on TensorFlow scalars alike."""
+    import tensorflow as tf
+    step = tf.cast(step, tf.float32)
+    warm = peak * (step + 1.0) / max(1, warmup_steps)
+    frac = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    decay = 0.5 * peak * (1.0 + tf.cos(math.pi * tf.minimum(frac, 1.0)))
+    return tf.where(step < warmup_steps, warm, decay)
+
+
+# Random ops that keep their state inside the kernel, where no variable holds it: a
+# warm-up step would move their draws, so the restored run would no longer be the run
+# without warm-up. Random draws in a training step must come from tf.random.Generator
+# (a variable) or stateless ops with an explicit seed.
+HIDDEN_STATE_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
+    "RandomGamma", "RandomPoisson", "RandomPoissonV2", "Multinomial", "RandomCrop"})
+
+
+def build(workload, data, seed: int, job: int, precision: str = "fp32"):
+    """The job's model, initialised from (seed, job): base models start differently,
+    and the job's ranks are then made equal by broadcasting from the job's root. The
+    precision policy is global in Keras: set for every model, fp32 included."""
+    import tensorflow as tf
+    tf.keras.mixed_precision.set_global_policy(PRECISIONS[precision][1])
+    tf.keras.utils.set_random_seed((seed * 1_000_003 + job) % 2**31)
+    # Keras' random layers (dropout) draw from a tf.random.Generator whose state is a
+    # variable, not from kernels with hidden state: the warm-up of `train` can undo them.
+    tf.keras.backend.experimental.enable_tf_random_generator()
+    return workload.build_model(data)
+
+
+def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
+          world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
+          warmup_steps: int = WARMUP_STEPS, torus=None) -> TrainResult:
+    """Train one base model. `hooks` (optional) gets recipe(name, optimizer, peak_lr,
+    warmup_steps, total_steps) once the optimizer is built, then run_start(),
+    epoch_start(epoch) and epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted
+    from 1; `on_step(step)`
+    (optional) runs before every step (watchdog heartbeat, fault injection).
+    `evaluate(epoch) -> stop` (optional) runs after each of evaluation_epochs(epochs,
+    eval_every), on every rank of the job, with the training clock stopped; True ends
+    training there (the target reached). `torus` (communication.Torus, its process sets
+    registered at hvd.init) is the grid of line 22's torus."""
+    import horovod.tensorflow as hvd
+
+    size, batch, epochs = hvd.size(), recipe.batch, recipe.epochs
+    steps = steps_per_epoch(len(indices), size, batch, job)
+    # the LR schedule: warm-up then cosine to the base LR x lr_scale (P: the linear scaling rule)
+    peak = recipe.base_lr * lr_scale(recipe.allreduce, size, hvd.local_size(), hvd.nccl_built())
+    warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
+    step, opt = _make_step(workload, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak), torus)
+    if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
+        hooks.recipe(recipe.optimizer, opt.get_config(), peak, warmup, total)
+    concrete = step.get_concrete_function(*workload.input_signature(data, batch))
+    _refuse_hidden_random_state(concrete.graph, workload.NAME)
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
+    feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
+    if warmup_steps:  # on the first batches of epoch 1, read again by the timed epoch
+        _undone_warm_up(step, concrete.variables, workload, data, shards(0)[:warmup_steps * batch], batch, feed_seed)
+    # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
+    # feed reaches it; reading, decoding and augmenting are the workload's, inside the
+    # clock (MLPerf).
+    feed = workloads.training_feed(workload, data, shards, epochs, batch, feed_seed)
+    world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
+    loop = epochs_loop(step, feed, steps, epochs, job, hooks, on_step,
+                   evaluate and _evaluation(evaluate, model, hvd), eval_every)
+    del feed         # tearing a pipeline down can take seconds (ic): after the clock
+
+    diff, digest = _consistency(model, hvd)
+    if evaluate is None:   # else the last evaluation has broadcast them: the model is the root's already
+        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
+    return TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
+                       loop.clock, loop.trained)
+
+
+def _make_step(workload, model, recipe: Recipe, size: int, schedule, torus=None):
+    """(step, optimizer): the training step, a tf.function of (x, y) -> loss: forward and
+    backward (by XLA where line 33 says so), Horovod's gradient average (or Adasum) on the
+    job's ranks, the update at the LR `schedule(step number)` gives, loss scaling for
+    fp16; and the optimizer it updates with. The job's ranks start from the root's
+    weights."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from harness.frameworks.tensorflow import optimizers   # TensorFlow at its top: after the devices are pinned
+    opt = optimizers.make(recipe.optimizer, schedule(0), momentum=workload.MOMENTUM,
+                          **workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}))
+    fp16 = recipe.precision == "fp16"
+    if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
+        opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hpcai500_step")  # steps taken: in the graph
+
+    def loss_and_grads(x, y, tape_wrapper):
+        with tf.GradientTape() as tape:
+            out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))  # loss in FP32
+            loss = tf.reduce_mean(workload.loss(y, out))
+            if model.losses:  # weight decay written as the workload's kernel regularizers
+                loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
+            scaled = opt.get_scaled_loss(loss) if fp16 else loss
+        return loss, tape_wrapper(tape).gradient(scaled, model.trainable_variables)
+
+    reduced = _reduced(recipe, loss_and_grads, size, torus)
+
+    @tf.function(autograph=False)  # plain Python control flow: tracing skips ~2 s of AST conversion per rank
+    def step(x, y):
+        i = counter.read_value()   # the step number and the LR live in the graph: no host constant per step
+        with tf.control_dependencies([i]):
+            counter.assign_add(1)
+        opt.learning_rate.assign(schedule(i))
+        loss, grads = reduced(x, y)
+        if fp16:
+            grads = opt.get_unscaled_gradients(grads)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step, opt
+
+
+def _reduced(recipe: Recipe, loss_and_grads, size: int, torus=None):
+    """The step's (x, y) -> (loss, the job's gradients): `loss_and_grads(x, y, wrap)`
+    under the tape `wrap` gives, then the exchange of lines 21-22. Horovod's
+    DistributedGradientTape averages (or Adasums) inside the tape; where XLA compiles the
+    forward and backward pass (Horovod's all-reduce has no XLA kernel) a grouped all-reduce
+    computes the same outside the cluster; int8 (line 21) exchanges the plain tape's
+    gradients quantised, and the torus (line 22) averages them over its grid (this
+    package's communication.py)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
+    op = hvd.Adasum if recipe.allreduce == "adasum" else hvd.Average
+    if recipe.compiler != "xla" and recipe.comm_precision != "int8" and recipe.allreduce != "torus":
+        return lambda x, y: loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression,
+                                                                                         op=op))
+    plain = lambda x, y: loss_and_grads(x, y, lambda t: t)  # noqa: E731
+    local = tf.function(plain, jit_compile=True, autograph=False) if recipe.compiler == "xla" else plain
+    if recipe.comm_precision == "int8":
+        exchange = lambda grads: communication.int8_average(grads, hvd)  # noqa: E731
+    elif recipe.allreduce == "torus":
+        exchange = lambda grads: communication.torus_average(grads, hvd, torus, compression)  # noqa: E731
+    else:
+        exchange = lambda grads: hvd.grouped_allreduce(grads, op=op, compression=compression)  # noqa: E731
+
+    def reduced(x, y):
+        loss, grads = local(x, y)
+        return loss, exchange(grads) if size > 1 else grads
+    return reduced
+
+
+def _undone_warm_up(step, variables, workload, data, rows: np.ndarray, batch: int, feed_seed: int) -> None:
+    """Set-up before the clock, like MLPerf's init phase: run real steps on `rows` (the
+    first batches of epoch 1) so that TensorFlow's graph optimisation (and XLA's
+    compilation), the allocator's first growth and Horovod's first negotiation of every
+    gradient all happen here, then put back every variable the step writes (weights,
+    optimizer slots, step counters, loss scale, batch-norm statistics, random
+    generators' states): the timed epochs then train exactly the samples they count,
+    from exactly the state a run without warm-up would start from."""
+    state = [(v, v.numpy()) for v in variables]
+    for x, y in workload.batches(data, rows, batch, training=True, seed=feed_seed):
+        step(x, y).numpy()
+    for v, value in state:
+        v.assign(value)
+
+
+def _evaluation(evaluate, model, hvd):
+    """`evaluate` after the job's batch-norm statistics are made the root's: Horovod
+    averages gradients only, so they differ per replica, and every rank of the job
+    predicts with the root's (training never reads them)."""
+    def run(epoch: int) -> bool:
+        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
+        return evaluate(epoch)
+    return run
+
+
+def _refuse_hidden_random_state(graph, workload: str) -> None:
+    """Raise if the traced step (or a function it calls) holds a random op with hidden
+    state (HIDDEN_STATE_RANDOM_OPS): the warm-up could not be undone. A workload bug."""
+    found = {op.type for op in graph.get_operations()} | {
+        node.op for fn in graph.as_graph_def().library.function for node in fn.node_def}
+    hidden = sorted(found & HIDDEN_STATE_RANDOM_OPS)
+    if hidden:
+        raise RuntimeError(f"workload {workload}: the training step uses random op(s) {', '.join(hidden)}, whose "
+                           "state no variable holds; draw from a tf.random.Generator or a stateless op instead")
+
+
+def _consistency(model, hvd) -> tuple[float, str]:
+    """replica_check of this rank's trainable weights against the job root's (Horovod's broadcast)."""
+    mine = np.concatenate([v.numpy().ravel() for v in model.trainable_variables]).astype(np.float64)
+    return replica_check(mine, hvd.broadcast(mine, root_rank=0, name="consistency_check").numpy())
