@@ -48,6 +48,10 @@ def test_training_steps_fit_two_images(data):
     model.eval()
     assert not model(inputs)["rpn_noise"].any()
     model.train()
+    # the head's loss trains the backbone through the ROI crop (crop_and_resize's gradient), not only the RPN's
+    pt.loss_terms(target, model(inputs))["head_cls"].sum().backward()
+    assert model.backbone[0][0].weight.grad.abs().sum() > 0 and model.rpn_cls.weight.grad is None
+    model.zero_grad()
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     losses = []
     for _ in range(30):

@@ -115,8 +115,10 @@ class FasterRCNN(nn.Module):
         with _fp32(images):   # Keras' float32 RPN outputs
             logits = self.rpn_cls(r.float()).permute(0, 2, 3, 1).reshape(n, -1)          # anchor order:
             deltas = self.rpn_box(r.float()).permute(0, 2, 3, 1).reshape(n, -1, 4)     # position-major
-            with torch.no_grad(), flops.uncounted():
-                rois = self.proposals(logits.detach(), deltas.detach(), gt)
+            with flops.uncounted():
+                with torch.no_grad():       # boxes are chosen, not learnt through (faster_rcnn's stop_gradient)
+                    rois = self.proposals(logits.detach(), deltas.detach(), gt)
+                # the head's gradient reaches the backbone through the crop, as crop_and_resize's does
                 crops = roi_crop(features.float(), rois, cfg.stride, 2 * cfg.pool)
         h = self.roi_pool(crops.flatten(0, 1)).flatten(1)        # (N R, C pool pool)
         h = F.relu(self.fc7(F.relu(self.fc6(h))))
