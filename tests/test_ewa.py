@@ -672,7 +672,7 @@ def test_the_pytorch_loss_and_detections_are_tensorflows(data):
 def test_the_pytorch_proposals_and_roi_crop_are_tensorflows(data):
     """The RPN's proposals (decode, top pre_nms, greedy NMS at 0.7, R boxes; in training the
     ground truth last) and the ROI crop (crop_and_resize's bilinear samples, 0 outside the
-    map) from the same numbers in both frameworks."""
+    map), and the crop's gradient into the features, from the same numbers in both frameworks."""
     torch = pytest.importorskip("torch")
     import tensorflow as tf
 
@@ -694,6 +694,19 @@ def test_the_pytorch_proposals_and_roi_crop_are_tensorflows(data):
                       2 * cfg.pool).permute(0, 1, 3, 4, 2).numpy()
     assert (want == 0).any() and (want != 0).mean() > 0.25   # 5 ROIs empty, others partly outside
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # and the same gradient into the features: the head trains the backbone through the crop
+    weights = np.random.default_rng(3).normal(size=want.shape).astype(np.float32)
+    f = tf.Variable(features)
+    with tf.GradientTape() as tape:
+        theirs = tf.reduce_sum(faster_rcnn.RoiCrop(cfg)([f, tf.constant(rois)]) * weights)
+    want = tape.gradient(theirs, f).numpy()
+    f = torch.from_numpy(features).permute(0, 3, 1, 2).requires_grad_()
+    ours = (pt.roi_crop(f, torch.from_numpy(rois), cfg.stride, 2 * cfg.pool).permute(0, 1, 3, 4, 2)
+            * torch.from_numpy(weights)).sum()
+    ours.backward()
+    got = f.grad.permute(0, 2, 3, 1).numpy()
+    assert np.abs(want).max() > 1
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 # ---- end to end ----------------------------------------------------------------------
