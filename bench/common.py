@@ -117,11 +117,12 @@ def run_harness(dat: str, **launch) -> tuple[list[dict], float]:
         return json.load(f)["tests"], other
 
 
-def run_record(dat: str, np: int = NP) -> tuple[dict, float, int]:
-    """Run hpcai500.py on `dat` on `np` ranks: the whole results.json it wrote (environment,
-    write_seconds, ... as well as the tests), the noise gauge, and the file's size in bytes."""
+def run_record(dat: str, np: int = NP, env: dict | None = None) -> tuple[dict, float, int]:
+    """Run hpcai500.py on `dat` on `np` ranks (with `env` added to the environment): the whole
+    results.json it wrote (environment, write_seconds, ... as well as the tests), the noise
+    gauge, and the file's size in bytes."""
     before = set(glob.glob(os.path.join(WORK, "*", "results.json")))
-    _, other = mpirun("hpcai500.py", dat, np=np)
+    _, other = mpirun("hpcai500.py", dat, np=np, env=env)
     (new,) = set(glob.glob(os.path.join(WORK, "*", "results.json"))) - before
     with open(new) as f:
         return json.load(f), other, os.path.getsize(new)

@@ -1,6 +1,6 @@
 """The same workloads in both frameworks, side by side in one run (issue 34, item 9).
 
-    .venv/bin/python bench/frameworks.py [--runs 2] [--cases digits,ic64,cosmoflow,deepcam]
+    .venv/bin/python bench/frameworks.py [--runs 2] [--cases digits,ic64,cosmoflow,deepcam,ewa]
 
 Per case, one hpcai500.py invocation on 2 ranks with line 35 = `tensorflow pytorch`: the
 same data, seed, resamples and recipe in each framework, the two tests adjacent (the
@@ -13,7 +13,9 @@ alternate the order, `tensorflow pytorch` then `pytorch tensorflow`, and the tab
 each framework's figure from the run where it went first), the weights and the FLOPs a
 training sample (which must be equal: one architecture, one count). Runs repeat RUNS
 times; medians with min-max. The models are the reference's (ResNet-50 at 64 px, the
-CosmoFlow CNN at 32^3, DeepLabv3+ at 64 x 96), no test-only setting.
+CosmoFlow CNN at 32^3, DeepLabv3+ at 64 x 96, ewa's Faster-RCNN with its ResNet-50 trunk at
+64 x 96: HPCAI500_EWA_BACKBONE=resnet50, since below 384 px the small backbone is the
+default), no test-only setting.
 """
 import argparse
 import os
@@ -27,7 +29,9 @@ RUNS, EPOCHS = 2, 3
 CASES = {"digits": ("digits", "embedded", 32, "sgd", 0.05),
          "ic64": ("ic", "synthetic:320:64", 16, "sgd", 0.05),          # 256 training JPEGs of 64 px
          "cosmoflow": ("cosmoflow", "synthetic:80:32", 4, "sgd", 0.01),  # 64 universes of 32^3
-         "deepcam": ("deepcam", "synthetic:40:64", 2, "adam", 0.001)}   # 32 samples of 64 x 96
+         "deepcam": ("deepcam", "synthetic:40:64", 2, "adam", 0.001),   # 32 samples of 64 x 96
+         "ewa": ("ewa", "synthetic:48:64", 2, "sgd", 0.02)}             # 38 images of 64 x 96, 16 channels
+ENV = {"ewa": {"HPCAI500_EWA_BACKBONE": "resnet50"}}   # the reference's trunk at a small size (recorded)
 ORDERS = (("tensorflow", "pytorch"), ("pytorch", "tensorflow"))
 
 
@@ -36,7 +40,7 @@ def run(case: str, order: tuple) -> tuple[dict, float]:
     wl, dataset, batch, optimizer, lr = CASES[case]
     dat = common.make_dat(f"frameworks-{case}-{order[0]}", l7=wl, l8=dataset, l9=1, l10=2, l11=1, l13=1, l14=batch,
                           l15=EPOCHS, l18=optimizer, l19=lr, l30=0, l31=0, l34=2, l35=" ".join(order))
-    record, load, _ = common.run_record(dat, np=2)
+    record, load, _ = common.run_record(dat, np=2, env=ENV.get(case))
     tests = {t["framework"]: t for t in record["tests"]}
     if sorted(tests) != sorted(order):
         sys.exit(f"{case}: found tests of {sorted(tests)}, expected one each of {list(order)}")

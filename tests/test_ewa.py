@@ -691,7 +691,7 @@ def test_the_pytorch_proposals_and_roi_crop_are_tensorflows(data):
     rois = out["rois"] * 1.3 - 4.0                           # some boxes reach past the image
     want = faster_rcnn.RoiCrop(cfg)([tf.constant(features), tf.constant(rois)]).numpy()   # (N, R, p, p, C)
     got = pt.roi_crop(torch.from_numpy(features).permute(0, 3, 1, 2), torch.from_numpy(rois), cfg.stride,
-                      2 * cfg.pool).permute(0, 1, 3, 4, 2).numpy()
+                      2 * cfg.pool).permute(0, 2, 3, 4, 1).numpy()
     assert (want == 0).any() and (want != 0).mean() > 0.25   # 5 ROIs empty, others partly outside
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # and the same gradient into the features: the head trains the backbone through the crop
@@ -701,7 +701,7 @@ def test_the_pytorch_proposals_and_roi_crop_are_tensorflows(data):
         theirs = tf.reduce_sum(faster_rcnn.RoiCrop(cfg)([f, tf.constant(rois)]) * weights)
     want = tape.gradient(theirs, f).numpy()
     f = torch.from_numpy(features).permute(0, 3, 1, 2).requires_grad_()
-    ours = (pt.roi_crop(f, torch.from_numpy(rois), cfg.stride, 2 * cfg.pool).permute(0, 1, 3, 4, 2)
+    ours = (pt.roi_crop(f, torch.from_numpy(rois), cfg.stride, 2 * cfg.pool).permute(0, 2, 3, 4, 1)
             * torch.from_numpy(weights)).sum()
     ours.backward()
     got = f.grad.permute(0, 2, 3, 1).numpy()

@@ -24,7 +24,7 @@ def test_roi_crop_by_hand():
     y, x = np.meshgrid(np.arange(3.0), np.arange(4.0), indexing="ij")
     features = torch.tensor(10 * y + x, dtype=torch.float32)[None, None]
     rois = torch.tensor([[[2.0, 2.0, 10.0, 14.0], [-2.0, 2.0, 6.0, 14.0]]])
-    crop = pt.roi_crop(features, rois, 4, 3)[0, :, 0]
+    crop = pt.roi_crop(features, rois, 4, 3)[0, 0]
     want = np.array([[10 * a + b for b in (0, 1.5, 3)] for a in (0, 1, 2)])
     np.testing.assert_allclose(crop[0].numpy(), want, atol=1e-5)
     # second ROI: feature y from -1 to 1: the first row of samples lies outside (0), then y = 0, 1

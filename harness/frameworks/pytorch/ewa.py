@@ -120,7 +120,9 @@ class FasterRCNN(nn.Module):
                     rois = self.proposals(logits.detach(), deltas.detach(), gt)
                 # the head's gradient reaches the backbone through the crop, as crop_and_resize's does
                 crops = roi_crop(features.float(), rois, cfg.stride, 2 * cfg.pool)
-        h = self.roi_pool(crops.flatten(0, 1)).flatten(1)        # (N R, C pool pool)
+        # each ROI's 2 pool rows pool apart from the next ROI's: max pool on (N, C, R 2 pool, 2 pool)
+        pooled = self.roi_pool(crops.flatten(2, 3)).unflatten(2, (cfg.rois, cfg.pool))   # (N, C, R, pool, pool)
+        h = pooled.transpose(1, 2).flatten(0, 1).flatten(1)      # (N R, C pool pool)
         h = F.relu(self.fc7(F.relu(self.fc6(h))))
         with _fp32(images):
             cls_logits = self.cls_logits(h.float()).reshape(n, cfg.rois, -1)
@@ -177,9 +179,10 @@ def _padded(rows, n: int):
 
 
 def roi_crop(features, rois, stride: int, size: int):
-    """(N, R, C, size, size): each ROI's features sampled bilinearly on a size x size grid
+    """(N, C, R, size, size): each ROI's features sampled bilinearly on a size x size grid
     spanning the box, as tf.image.crop_and_resize samples (image y -> feature y / stride -
-    0.5; a point outside the map gives 0)."""
+    0.5; a point outside the map gives 0). Channels before ROIs: grid_sample's own layout,
+    so that pooling runs on it without a copy of the crops."""
     n, c, fh, fw = features.shape
     r = rois.shape[1]
     t = torch.linspace(0.0, 1.0, size, device=rois.device)
@@ -188,11 +191,12 @@ def roi_crop(features, rois, stride: int, size: int):
     xs = x0[..., None] + (x1 - x0)[..., None] * t
     gy = (2 * ys / (fh - 1) - 1)[..., :, None].expand(-1, -1, -1, size)    # (N, R, size, size)
     gx = (2 * xs / (fw - 1) - 1)[..., None, :].expand(-1, -1, size, -1)
-    grid = torch.stack([gx, gy], -1).reshape(n, r * size, size, 2)
-    out = F.grid_sample(features, grid, mode="bilinear", padding_mode="border", align_corners=True)
     inside = (((ys >= 0) & (ys <= fh - 1))[..., :, None] & ((xs >= 0) & (xs <= fw - 1))[..., None, :])
-    out = out.reshape(n, c, r, size, size).transpose(1, 2)
-    return out * inside[:, :, None].to(out.dtype)
+    # a point outside the map moves 1.5 maps away, where all four neighbours are zero padding: 0 exactly,
+    # as TensorFlow's extrapolation value; inside, zero padding's bilinear weights are crop_and_resize's
+    grid = torch.where(inside[..., None], torch.stack([gx, gy], -1), -4.0).reshape(n, r * size, size, 2)
+    out = F.grid_sample(features, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+    return out.reshape(n, c, r, size, size)
 
 
 # ---- training loss (faster_rcnn.loss_terms) --------------------------------------
