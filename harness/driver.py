@@ -225,8 +225,8 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
                                        [line for name in cfg.frameworks
                                         for line in frameworks.get(name).conventions(cfg, environment)]),
         skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
-    return report.Output(cfg, record, dat.describe(cfg) + settings.describe(plan.settings), dat.TV_LEGEND,
-                         plan.previous)
+    params = dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)
+    return report.Output(cfg, record, params, dat.TV_LEGEND, plan.previous)
 
 
 def _roofline(world, names, precisions) -> dict | None:

@@ -193,3 +193,37 @@ def describe(values: dict[str, str]) -> list[str]:
         return ["ENV     : no HPCAI500_* setting (all defaults)"]
     return [f"ENV     : {n}={v} ({TABLE[n].affects}{'; test-only' if TABLE[n].test_only else ''})"
             for n, v in values.items()]
+
+
+# The libraries' own environment variables that can change a figure: threads, allocators,
+# collectives' algorithms and transports, compilers. The harness reads none of them; the
+# run records the ones that are set (`library`) and echoes them in the report, so that two
+# results that differ by one of them say so. Not the MPI's: mpirun puts its own MCA
+# parameters (num_procs, initial_wdir, ...) into every rank's environment, where a user's
+# cannot be told from them (the MPI library's version is in results.json; its parameters
+# are ompi_info's to tell).
+LIBRARY_PREFIXES = ("NCCL_", "GLOO_", "HOROVOD_", "TF_", "XLA_", "TORCH", "PYTORCH_", "CUDA_", "CUBLAS", "CUDNN_",
+                    "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "UCX_", "FI_", "MALLOC_",
+                    "LD_PRELOAD")
+
+
+def library(environ=None) -> dict[str, str]:
+    """The libraries' variables of LIBRARY_PREFIXES that are set: {name: value}, sorted. Pure."""
+    environ = os.environ if environ is None else environ
+    return {n: environ[n] for n in sorted(environ) if n.startswith(LIBRARY_PREFIXES)}
+
+
+def describe_library(environment: dict) -> list[str]:
+    """The report's parameter lines for the libraries' variables in force (rank 0's, as
+    results.json's `environment` records them), and the world ranks where they differ from
+    rank 0's, if any; none for a run recorded before they were."""
+    if "library_settings" not in environment:
+        return []
+    values, differ = environment["library_settings"], environment["library_settings_differ_on_ranks"]
+    lines = [f"LIB ENV : {n}={v}" for n, v in values.items()] or [
+        "LIB ENV : none set (NCCL_*, HOROVOD_*, TF_*, TORCH*, OMP_*, MKL_*, ...: settings.LIBRARY_PREFIXES)"]
+    if differ:
+        lines.append(f"LIB ENV : differs from rank 0's on world rank(s) {', '.join(map(str, differ))}"
+                     " (results.json: environment.library_settings_by_rank)")
+    return lines
+

@@ -29,7 +29,7 @@ import time
 
 import psutil
 
-from harness import frameworks
+from harness import frameworks, settings
 from harness.topology import machine_of_each_node
 
 GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
@@ -125,10 +125,12 @@ class Sampler:
             return self.summary
         if self._thread is None:
             raise RuntimeError("Sampler not started")
-        seconds = time.perf_counter() - self._t0
         self._stop.set()
         # NVML calls can hang on a sick GPU: do not let that hang the run.
         self._thread.join(timeout=5.0)
+        # the span ends after the thread's last sample: a sample taken while stop() ran
+        # (the thread was mid-interval) must not put power into the energy beyond `seconds`
+        seconds = time.perf_counter() - self._t0
         self._cpu_at.append(self._cpu_reading())
         self.summary = self._summarise(seconds)
         if window:
@@ -438,13 +440,18 @@ def software(names: tuple[str, ...]) -> dict:
 
 def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
     """COLLECTIVE over `world`: every rank must call it. Versions (of the frameworks `names`), the world's shape,
-    each node's host and GPU inventory (from the node's first rank) and the ranks'
-    start-up seconds (called just before the first test) on rank 0."""
+    each node's host and GPU inventory (from the node's first rank), the ranks'
+    start-up seconds (called just before the first test) and the libraries' environment
+    variables in force (settings.library: rank 0's, and every rank whose differ) on rank 0."""
     mine = ({**host_inventory(), "ranks": nodes.local_size, "gpus": gpu_inventory()}
             if nodes.local_rank == 0 else None)
     inventory = world.gather(mine, root=0)
     started = world.gather(startup_seconds(), root=0)
+    libraries = world.gather(settings.library(), root=0) or [{}]
+    differ = [r for r, v in enumerate(libraries) if v != libraries[0]]
     return {**software(names), "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
+            "library_settings": libraries[0], "library_settings_differ_on_ranks": differ,
+            "library_settings_by_rank": {str(r): libraries[r] for r in differ},
             "machine_of_node": list(nodes.machine_of_node), "machine_cores": list(nodes.machine_cores),
             "widened_ranks": list(nodes.widened), "node_of_rank": list(nodes.node_of_rank),
             "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n],

@@ -480,7 +480,7 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     (label, text, optional) in order. A resumed run's report repeats the earlier rows
     without their repetition summaries, so after a resume a summary is optional."""
     tests = res.tests
-    params = dat.describe(cfg) + settings.describe(res.settings)
+    params = dat.describe(cfg) + settings.describe(res.settings) + settings.describe_library(res.environment)
     segs = [("header", report.header(res.hpcai500, dat.TV_LEGEND, params, res.conventions), False)]
     segs += [(f"test {s['index']} skipped", report.skipped_line(s["index"], s["reason"]) + "\n", False)
              for s in res.skipped]

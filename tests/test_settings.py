@@ -57,6 +57,20 @@ def test_report_lines_and_test_only_settings():
     assert settings.describe({}) == ["ENV     : no HPCAI500_* setting (all defaults)"]
 
 
+def test_the_libraries_variables_are_recorded_but_the_launchers_are_not():
+    environ = {"NCCL_DEBUG": "INFO", "OMPI_MCA_num_procs": "4", "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0",
+               "TORCHINDUCTOR_CACHE_DIR": "/c", "OMP_NUM_THREADS": "4", "HPCAI500_SEED": "1", "PATH": "/bin"}
+    values = settings.library(environ)
+    assert values == {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "TORCHINDUCTOR_CACHE_DIR": "/c"}
+    assert list(values) == sorted(values)
+    env = {"library_settings": values, "library_settings_differ_on_ranks": []}
+    assert settings.describe_library(env)[0] == "LIB ENV : NCCL_DEBUG=INFO" and len(settings.describe_library(env)) == 3
+    assert settings.describe_library({"library_settings": {}, "library_settings_differ_on_ranks": [3, 5]}) == [
+        "LIB ENV : none set (NCCL_*, HOROVOD_*, TF_*, TORCH*, OMP_*, MKL_*, ...: settings.LIBRARY_PREFIXES)",
+        "LIB ENV : differs from rank 0's on world rank(s) 3, 5 (results.json: environment.library_settings_by_rank)"]
+    assert settings.describe_library({"hosts": ["n1"]}) == []     # a run recorded before: no lines
+
+
 def test_every_setting_the_code_names_is_in_the_table():
     """No module reads an HPCAI500_* variable the table does not know."""
     import re
@@ -85,14 +99,22 @@ def _mpmd(tmp_path, env0: dict, env1: dict, lines: dict):
 @pytest.mark.mpi
 def test_every_rank_runs_with_rank_0s_settings(tmp_path):
     """A fault armed in rank 1's own environment only is not rank 0's setting: the run
-    passes; armed in rank 0's environment for rank 1, it reaches rank 1 and ends the job."""
+    passes; armed in rank 0's environment for rank 1, it reaches rank 1 and ends the job.
+    A library's variable (NCCL_DEBUG, which no CPU run reads) is not ours to install: each
+    rank's is recorded, rank 0's echoed, and the ranks where it differs named."""
     lines = dict(l9=1, l10=2, l11=1, l15=1, l30=1)
     quick = {"HPCAI500_ROOFLINE_QUICK": "1"}
-    p = _mpmd(tmp_path, quick, {**quick, "HPCAI500_FAULT": "1:roofline"}, lines)
+    p = _mpmd(tmp_path, {**quick, "NCCL_DEBUG": "WARN"},
+              {**quick, "HPCAI500_FAULT": "1:roofline", "NCCL_DEBUG": "INFO"}, lines)
     assert p.returncode == 0, p.stderr[-2000:]
     res = results(tmp_path / "runs")
     assert res["settings"] == quick
     assert "ENV     : HPCAI500_ROOFLINE_QUICK=1 (micro-kernels at test sizes (1); test-only)" in p.stdout
+    env = res["environment"]
+    assert env["library_settings"]["NCCL_DEBUG"] == "WARN" and env["library_settings"]["TF_USE_LEGACY_KERAS"] == "1"
+    assert env["library_settings_differ_on_ranks"] == [1] and env["library_settings_by_rank"]["1"]["NCCL_DEBUG"] == "INFO"
+    assert "LIB ENV : NCCL_DEBUG=WARN" in p.stdout
+    assert "LIB ENV : differs from rank 0's on world rank(s) 1" in p.stdout
     p = _mpmd(tmp_path, {**quick, "HPCAI500_FAULT": "1:roofline"}, quick, lines)
     assert p.returncode != 0 and "rank 1 failed during roofline micro-kernels" in p.stderr, p.stderr[-2000:]
 
