@@ -135,7 +135,8 @@ def framework_problem(cfg: dat.Config) -> str | None:
     """Why a framework of line 35 cannot train this input on this rank's node, or None:
     its packages not installed here (frameworks.missing: found without importing them, so
     that a refused input costs no framework's start-up), a workload whose model it lacks,
-    a Table 2 choice it cannot carry (frameworks.UNSUPPORTED)."""
+    a Table 2 choice it cannot carry (frameworks.UNSUPPORTED), line 33's compiler without
+    the C++ compiler it builds with (frameworks.compiler_missing)."""
     for name in cfg.frameworks:
         gone = frameworks.missing(name)
         if gone:
@@ -149,6 +150,10 @@ def framework_problem(cfg: dat.Config) -> str | None:
             if getattr(cfg, field) == value:
                 return (f"{cfg.path}:{dat.LINE_OF[field]}: found {value} with framework {name} (line 35),"
                         f" expected another choice: {why}")
+        needs = frameworks.compiler_missing(name, cfg.compiler)
+        if needs:
+            return (f"{cfg.path}:33: found {cfg.compiler} with framework {name}, expected a node that can compile:"
+                    f" {needs} is not on PATH here")
     return None
 
 

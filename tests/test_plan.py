@@ -105,6 +105,14 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     assert plan.framework_problem(adasum) == ("x.dat:22: found adasum with framework pytorch (line 35), expected"
                                               " another choice: " + frameworks.UNSUPPORTED["pytorch"]["allreduce",
                                                                                                     "adasum"])
+    compiled = dat.parse_text(dat_text(l33="inductor", l35="pytorch"), "x.dat")
+    assert plan.framework_problem(compiled) is None                     # g++ on PATH here
+    monkeypatch.setenv("CXX", "no-such-c++")
+    assert plan.framework_problem(compiled) == (
+        "x.dat:33: found inductor with framework pytorch, expected a node that can compile: no-such-c++"
+        " (TorchInductor's C++ compiler: $CXX, else g++) is not on PATH here")
+    assert frameworks.compiler_missing("pytorch", "none") is None and frameworks.compiler_missing("tensorflow", "xla") is None
+    monkeypatch.delenv("CXX")
     monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
     assert plan.framework_problem(cfg) == ("x.dat:35: found pytorch, expected a framework installed on this node:"
                                            " torch (requirements-pytorch.txt) cannot be imported here (README.md,"

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import shutil
 from typing import Protocol
 
 from harness.frameworks.pytorch import models as pytorch_models   # plain Python: torch is not imported
@@ -58,6 +60,17 @@ def missing(name: str) -> list[str]:
     without importing them: importlib's finder only), e.g. ['torch (requirements-
     pytorch.txt)']; [] where it can run."""
     return [need for module, need in REQUIRES[name] if importlib.util.find_spec(module) is None]
+
+
+def compiler_missing(framework: str, compiler: str, environ=None) -> str | None:
+    """What line 33's compiler needs on this node that is not here, or None: torch.compile's
+    TorchInductor builds its kernels with a C++ compiler (TorchInductor's own choice: $CXX,
+    else g++), on GPU nodes too (its host-side code); found by PATH alone, nothing run."""
+    if framework != "pytorch" or compiler != "inductor":
+        return None
+    environ = os.environ if environ is None else environ
+    cxx = environ.get("CXX") or "g++"
+    return None if shutil.which(cxx, path=environ.get("PATH")) else f"{cxx} (TorchInductor's C++ compiler: $CXX, else g++)"
 
 
 def roofline_key(framework: str, precision: str) -> str:
