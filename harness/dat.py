@@ -122,7 +122,8 @@ class Config:
     roofline: int                         # line 30
     eval_every: int = 0                   # line 31: evaluate every K epochs (epochs); 0 = at the end only
     stop_at_target: bool = False          # line 32: stop at the first evaluation that reaches the target
-    compiler: str = "none"                # line 33: xla (TensorFlow) or inductor (PyTorch's torch.compile) = the training step's forward and backward compiled
+    compiler: str = "none"                # line 33: xla (TensorFlow), inductor (PyTorch's torch.compile):
+    #                                       the training step's forward and backward compiled
     frameworks: tuple[str, ...] = ("tensorflow",)  # lines 34-35
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 

@@ -225,11 +225,14 @@ def check_allreduce(cfg: dat.Config, planned) -> None:
 def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hosts) -> str | None:
     """Why a PyTorch job cannot start on these GPUs, or None: NCCL refuses a communicator
     with two of its ranks on one GPU, and each rank takes GPU local_rank % GPUs of its node
-    (each framework's setup_devices). Base models of one rank share a GPU freely (each job is its own
-    group). PyTorch's jobs only: TensorFlow's exchange is Horovod's, with checks of its own.
+    (each framework's setup_devices). Base models of one rank share a GPU freely (each
+    job is its own group). PyTorch's jobs only: TensorFlow's exchange is Horovod's, with checks of its own.
     `gpus_of_rank`: the GPUs each world rank's framework sees (0: a CPU node, no NCCL).
     Pure: every rank passes the same lists and gets the same answer."""
-    local = [node_of_rank[:r].count(node_of_rank[r]) for r in range(len(node_of_rank))]
+    local, seen_on = [], {}          # each world rank's index among its node's ranks: one pass (thousands of ranks)
+    for node in node_of_rank:
+        local.append(seen_on.get(node, 0))
+        seen_on[node] = local[-1] + 1
     for p in planned:
         if p.test.framework != "pytorch" or p.layout.P < 2:
             continue

@@ -342,8 +342,8 @@ def option_lines(cfg, nccl: bool) -> list[str]:
                      " where MPI reduces on the CPU, x the ranks of a node with NCCL (train.lr_scale), not x P; P"
                      " must be a power of 2")
     if cfg.optimizer != "sgd":
-        lines.append(f"Optimizer {cfg.optimizer}: see harness/frameworks/tensorflow/optimizers.py (LARS/LAMB exclude rank <= 1 variables,"
-                     " i.e. biases and batch-norm, from trust ratio and weight decay)")
+        lines.append(f"Optimizer {cfg.optimizer}: see harness/frameworks/tensorflow/optimizers.py (LARS/LAMB"
+                     " exclude rank <= 1 variables, i.e. biases and batch-norm, from trust ratio and weight decay)")
     return lines
 
 

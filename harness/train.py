@@ -54,7 +54,8 @@ COMPILERS = {"none": ("", "TensorFlow graph (tf.function), no XLA"),
              "inductor": ("I", "torch.compile (TorchInductor), PyTorch's: forward and backward pass compiled,"
                                " DDP's all-reduce between its graphs; loss and update outside")}
 OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Keras Adam"), "adagrad": ("G", "Keras AdaGrad"),
-              "lars": ("L", "LARS, harness/frameworks/tensorflow/optimizers.py"), "lamb": ("M", "LAMB, harness/frameworks/tensorflow/optimizers.py")}
+              "lars": ("L", "LARS, harness/frameworks/*/optimizers.py"),
+              "lamb": ("M", "LAMB, harness/frameworks/*/optimizers.py")}
 
 
 @dataclass(frozen=True)

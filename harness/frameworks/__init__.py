@@ -70,7 +70,9 @@ def compiler_missing(framework: str, compiler: str, environ=None) -> str | None:
         return None
     environ = os.environ if environ is None else environ
     cxx = environ.get("CXX") or "g++"
-    return None if shutil.which(cxx, path=environ.get("PATH")) else f"{cxx} (TorchInductor's C++ compiler: $CXX, else g++)"
+    if shutil.which(cxx, path=environ.get("PATH")):
+        return None
+    return f"{cxx} (TorchInductor's C++ compiler: $CXX, else g++)"
 
 
 def roofline_key(framework: str, precision: str) -> str:

@@ -298,7 +298,8 @@ def forward_flops(side: int) -> int:
     convolution 2 x 27 x Cin x D x H x W x Cout at the output size, + bias and LeakyReLU
     1 each per output element; max-pooling 1 per output element; dense 2 x in x out +
     bias (+ LeakyReLU); the tanh output counts 1 per element, the x 1.2 (a Lambda)
-    none). The Keras walker's count (frameworks/tensorflow/flops.count) of the built model must agree (tests/test_cosmoflow.py)."""
+    none). The Keras walker's count (frameworks/tensorflow/flops.count) of the
+    built model must agree (tests/test_cosmoflow.py)."""
     total, cin, s = 0, CHANNELS, side
     for f in filters():
         out = s ** 3 * f

@@ -68,7 +68,7 @@ def make_optimizer(name: str, model, lr: float, momentum: float, options: dict, 
     PyTorch with Keras' defaults, so that both frameworks run the same recipe (Adam's and
     AdaGrad's epsilon 1e-7, AdaGrad's initial accumulator 0.1). Weight decay reaches the
     kernels only (weights of 2 or more dimensions), never biases or batch norm, as
-    harness/frameworks/tensorflow/optimizers.py excludes them: the workload's `options` weight decay is Keras'
+    TensorFlow's optimizers.py excludes them: the workload's `options` weight decay is Keras'
     decoupled kind (Adam then is AdamW), the model's `l2` (its Keras twin's L2 kernel
     regularizer) the coupled kind, PyTorch's plain weight_decay. LARS and LAMB are ours
     (optimizers.py: TensorFlow's rules); an option's global_clipnorm (deepcam's LAMB) is
@@ -149,8 +149,10 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
 
 class Step:
     """The training step of one base model: step(x, y) -> loss: forward under autocast
-    (line 17; compiled by torch.compile for line 33's inductor), the loss in FP32, backward (DDP averaging the gradients on the job's
-    group, through the fp16 compression hook for line 21's fp16), the update at the LR
+    (line 17; compiled by torch.compile for line 33's inductor), the loss in FP32,
+    backward (DDP averaging the gradients on the job's group, through the fp16
+    compression hook for line 21's fp16), the gradients clipped where the workload's
+    options say so, the update at the LR
     `schedule(step number)` gives, with a dynamic gradient scaler for fp16. The job's
     ranks start from the root's weights (DDP broadcasts them when it wraps the model)."""
 
