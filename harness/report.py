@@ -367,8 +367,9 @@ def torch_lines(cfg) -> list[str]:
                      " (harness/frameworks/pytorch/communication.py): " + INT8)
     if cfg.optimizer in ("lars", "lamb"):
         lines.append(f"Optimizer {cfg.optimizer} in PyTorch: harness/frameworks/pytorch/optimizers.py, TensorFlow's"
-                     " update rule (harness/frameworks/tensorflow/optimizers.py) step for step, the same exclusions; a workload's global"
-                     " gradient clipping by torch.nn.utils.clip_grad_norm_ on the job's averaged gradients")
+                     " update rule (harness/frameworks/tensorflow/optimizers.py) step for step, the same exclusions;"
+                     " a workload's global gradient clipping by torch.nn.utils.clip_grad_norm_ on the job's averaged"
+                     " gradients")
     if cfg.compiler == "inductor":
         lines.append("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on CPUs, Triton on"
                      " GPUs); forward and backward pass compiled, graphs split at DDP's buckets so each bucket's"

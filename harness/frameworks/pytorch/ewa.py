@@ -112,7 +112,7 @@ class FasterRCNN(nn.Module):
         cfg, n = self.cfg, images.shape[0]
         features = self.backbone(images)
         r = F.relu(self.rpn_conv(features))
-        with _fp32(images):   # Keras' float32 RPN outputs
+        with _without_autocast(images):   # Keras' float32 RPN outputs
             logits = self.rpn_cls(r.float()).permute(0, 2, 3, 1).reshape(n, -1)          # anchor order:
             deltas = self.rpn_box(r.float()).permute(0, 2, 3, 1).reshape(n, -1, 4)     # position-major
             with flops.uncounted():
@@ -124,7 +124,7 @@ class FasterRCNN(nn.Module):
         pooled = self.roi_pool(crops.flatten(2, 3)).unflatten(2, (cfg.rois, cfg.pool))   # (N, C, R, pool, pool)
         h = pooled.transpose(1, 2).flatten(0, 1).flatten(1)      # (N R, C pool pool)
         h = F.relu(self.fc7(F.relu(self.fc6(h))))
-        with _fp32(images):
+        with _without_autocast(images):
             cls_logits = self.cls_logits(h.float()).reshape(n, cfg.rois, -1)
             box_deltas = self.box_deltas(h.float()).reshape(n, cfg.rois, 4)
         draw = torch.rand if self.training else torch.zeros
@@ -150,7 +150,7 @@ class FasterRCNN(nn.Module):
         return kept
 
 
-def _fp32(like):
+def _without_autocast(like):
     """A region out of autocast (line 17's fp16 and bf16) on `like`'s device: what Keras
     computes in float32 layers under a mixed policy. (The FLOP count's meta device has
     no autocast: the CPU's stands in.)"""

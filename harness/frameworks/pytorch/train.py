@@ -79,24 +79,25 @@ def make_optimizer(name: str, model, lr: float, momentum: float, options: dict, 
     clip = {"global_clipnorm": float(options["global_clipnorm"])} if options.get("global_clipnorm") else {}
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    adam = {"beta_1": 0.9, "beta_2": 0.999}
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum), {"momentum": momentum, "weight_decay": wd, **clip}
-    if name == "adam":
+        opt, config = torch.optim.SGD(groups, lr=lr, momentum=momentum), {"momentum": momentum, "weight_decay": wd}
+    elif name == "adam":
         eps = float(options.get("epsilon", 1e-7))
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-        return cls(groups, lr=lr, betas=(0.9, 0.999), eps=eps), {
-            "beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": wd, **clip}
-    if name == "adagrad":
-        return torch.optim.Adagrad(groups, lr=lr, initial_accumulator_value=0.1, eps=1e-7), {"weight_decay": wd,
-                                                                                                **clip}
-    if name == "lars":   # ours (optimizers.py): decay in the rule, the model's l2 on the gradient, as in TF
-        return optimizers.LARS(params, lr=lr, momentum=momentum, weight_decay=decoupled, l2=l2), {
-            "momentum": momentum, "weight_decay": decoupled, **clip}
-    if name == "lamb":
+        opt, config = cls(groups, lr=lr, betas=(0.9, 0.999), eps=eps), {**adam, "epsilon": eps, "weight_decay": wd}
+    elif name == "adagrad":
+        opt, config = torch.optim.Adagrad(groups, lr=lr, initial_accumulator_value=0.1, eps=1e-7), {"weight_decay": wd}
+    elif name == "lars":   # ours (optimizers.py): decay in the rule, the model's l2 on the gradient, as in TF
+        opt = optimizers.LARS(params, lr=lr, momentum=momentum, weight_decay=decoupled, l2=l2)
+        config = {"momentum": momentum, "weight_decay": decoupled}
+    elif name == "lamb":
         eps = float(options.get("epsilon", 1e-6))
-        return optimizers.LAMB(params, lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=decoupled, l2=l2), {
-            "beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": decoupled, **clip}
-    raise ValueError(f"optimizer {name!r} is not built in PyTorch (harness/frameworks.UNSUPPORTED)")
+        opt = optimizers.LAMB(params, lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=decoupled, l2=l2)
+        config = {**adam, "epsilon": eps, "weight_decay": decoupled}
+    else:
+        raise ValueError(f"optimizer {name!r} is not built in PyTorch (harness/frameworks.UNSUPPORTED)")
+    return opt, {**config, **clip}
 
 
 def feed(workload, module, data, shards, epochs: int, batch: int, seed: int):
