@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import dataclass, fields
 
-from harness import ensemble, frameworks, sampler, train, workloads
+from harness import ensemble, frameworks, parallelism, sampler, train, workloads
 
 # The keyword choices of the input file, each table kept beside what implements it:
 # name -> (T/V code, meaning); the first name is the default.
@@ -42,10 +42,10 @@ KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
 LINE_OF = {"optimizer": 18, "comm_precision": 21, "allreduce": 22, "sampler": 23, "aggregation": 24, "compiler": 33}
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
-NLINES = 35
+NLINES = 37
 # Lines added since the first release: first line -> what brought it. A file that ends
 # before one of them predates it (and everything after it).
-ADDED = {31: "time to quality", 33: "the compiler line", 34: "the framework lines"}
+ADDED = {31: "time to quality", 33: "the compiler line", 34: "the framework lines", 36: "the parallel-mode lines"}
 FIRST_NEW = min(ADDED)
 _ONE_OF = {kind: ", ".join(names) for kind, names in KNOWN.items()}
 LINES = (None,  # what line N holds, 1-based (used when the file is short)
@@ -64,16 +64,19 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "roofline micro-kernels (0=skip, 1=run)",
     "evaluate every K epochs (0 = only at the end)",
     "stop at target (0=no, 1=at the first evaluation that reaches it)",
-    f"compiler ({_ONE_OF['compiler']})", "# of frameworks", f"frameworks ({_ONE_OF['framework']})")
-# What to add to a file that predates lines 31-35: the shipped file's lines (value, then LINES' text).
+    f"compiler ({_ONE_OF['compiler']})", "# of frameworks", f"frameworks ({_ONE_OF['framework']})",
+    "# of parallel modes", "parallel modes (data, model, pipeline[:MICROBATCHES], mixed:STAGES[:MICROBATCHES])")
+# What to add to a file that predates lines 31-37: the shipped file's lines (value, then LINES' text).
 NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}", f"{'none':<13} {LINES[33]}",
-             f"{'1':<13} {LINES[34]}", f"{'tensorflow':<13} {LINES[35]}")
+             f"{'1':<13} {LINES[34]}", f"{'tensorflow':<13} {LINES[35]}", f"{'1':<13} {LINES[36]}",
+             f"{'data':<13} {LINES[37]}")
 # The T/V code's fields, in order (Test.tv); the report prints "T/V : Encoded variant ({TV_LEGEND})"
-# (XLA's code is empty for none, TensorFlow's for the framework: codes from before lines 33-35 read as they did)
+# (XLA's code is empty for none, TensorFlow's for the framework, data parallelism's for the
+# mode: codes from before lines 33-37 read as they did). The mode's field is parallelism.code's.
 TV_FIELDS = (("sampler", "sampler"), ("precision", "prec"), ("comm_precision", "comm"), ("optimizer", "opt"),
              ("allreduce", "AR"), ("compiler", "XLA"), ("framework", "FW"))
 TV_LEGEND = ", ".join(f"{short} {'|'.join(code or '(none)' for code, _ in CHOICES[kind].values())}"
-                      for kind, short in TV_FIELDS)
+                      for kind, short in TV_FIELDS) + ", mode (none)|MP|PP<m>|GP<m>|<S>SPP<m>|<S>SGP<m>"
 SEED_MAX = 2**32 - 1
 _INT = re.compile(r"[+-]?\d+\Z")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
@@ -125,6 +128,7 @@ class Config:
     compiler: str = "none"                # line 33: xla (TensorFlow), inductor (PyTorch's torch.compile):
     #                                       the training step's forward and backward compiled
     frameworks: tuple[str, ...] = ("tensorflow",)  # lines 34-35
+    modes: tuple[str, ...] = ("data",)    # lines 36-37: parallel modes as written (harness/parallelism.py)
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 
 
@@ -138,10 +142,12 @@ class Test:
     batch: int
     precision: str
     framework: str = "tensorflow"
+    mode: str = "data"       # line 37's value, as written
 
     def tv(self, cfg: Config) -> str:
         value = {**vars(cfg), "precision": self.precision, "framework": self.framework}
-        return "".join(CHOICES[kind][value[kind]][0] for kind, _ in TV_FIELDS)
+        return ("".join(CHOICES[kind][value[kind]][0] for kind, _ in TV_FIELDS)
+                + parallelism.code(parallelism.parse(self.mode), self.P, self.batch))
 
 
 def _n(k, noun):
@@ -318,6 +324,7 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
                                    lambda v: v in (0, 1)))
     compiler = r.keyword(LINE_OF["compiler"], "compiler", "compiler")
     frameworks = r.keywords(35, 34, "framework", "framework")
+    modes = _modes(r)
     for n in range(NLINES + 1, len(r.lines) + 1):
         if r.lines[n - 1].strip():
             raise r.err(n, r.lines[n - 1].split()[0], f"end of file (unexpected line {n}: "
@@ -331,7 +338,19 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
         aggregation=aggregation, target_quality=target, penalty_n=penalty_n,
         repetitions=repetitions, staging=staging, seed=seed, roofline=roofline,
         eval_every=eval_every, stop_at_target=stop_at_target, staging_keep=staging_keep, compiler=compiler,
-        frameworks=frameworks)
+        frameworks=frameworks, modes=modes)
+
+
+def _modes(r: _Reader) -> tuple[str, ...]:
+    """Lines 36-37: the parallel modes, each of parallelism.FORM, each once (lowercase)."""
+    def mode(tok):
+        try:
+            return parallelism.parse(tok).text
+        except ValueError:
+            return None
+    vals = r.values(37, 36, f"a parallel mode ({parallelism.FORM})", mode, lambda t: mode(t) is not None)
+    r.unique(37, vals, "parallel mode")
+    return tuple(vals)
 
 
 def parse(path: str) -> Config:
@@ -359,10 +378,10 @@ def parse(path: str) -> Config:
 
 
 def expand(cfg: Config) -> list[Test]:
-    """One Test per combination: workload (outer), layout, batch, precision, framework
-    (inner: the same test in each framework side by side)."""
-    combos = [(w, m, p, b, pr, fw) for w in cfg.workloads for m, p in cfg.layouts
-              for b in cfg.batch_sizes for pr in cfg.precisions for fw in cfg.frameworks]
+    """One Test per combination: workload (outer), layout, batch, precision, framework, mode
+    (inner: the same test in each framework, then in each parallel mode, side by side)."""
+    combos = [(w, m, p, b, pr, fw, mode) for w in cfg.workloads for m, p in cfg.layouts
+              for b in cfg.batch_sizes for pr in cfg.precisions for fw in cfg.frameworks for mode in cfg.modes]
     return [Test(i, *c) for i, c in enumerate(combos, 1)]
 
 
@@ -392,6 +411,7 @@ def describe(cfg: Config) -> list[str]:
                           "inductor": "torch.compile, TorchInductor (forward and backward pass)"}.get(
                               cfg.compiler, "none (TensorFlow: graph, tf.function; PyTorch: eager)")),
             ("FRAMEWRK", " ".join(cfg.frameworks)),
+            ("PARMODE", " ".join(cfg.modes)),
             ("OUTPUT", dev),
             ("RESULTS", cfg.results_dir)]
     return [f"{k:<8}: {v}" for k, v in rows]

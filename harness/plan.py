@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from harness import (communication, dat, division, files, frameworks, heartbeat, results, settings, staging, topology,
-                     workloads)
+from harness import (communication, dat, division, files, frameworks, heartbeat, parallelism, results, settings, staging,
+                     topology, workloads)
 from harness.errors import RunError, agree, first_failure
 
 
@@ -94,6 +94,9 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     planned, skipped = layouts(cfg, given.tests, world.size, nodes.node_of_rank)
     check_aggregations(cfg)
     check_allreduce(cfg, planned)
+    problem = mode_problem(cfg, [p.test for p in planned])
+    if problem:
+        raise RunError(problem)
     first_failure(world, framework_problem(cfg))   # each rank of its own node: installs differ between nodes
     if cfg.staging != "none":
         watchdog.beat("staging directory check")
@@ -154,6 +157,29 @@ def framework_problem(cfg: dat.Config) -> str | None:
         if needs:
             return (f"{cfg.path}:33: found {cfg.compiler} with framework {name}, expected a node that can compile:"
                     f" {needs} is not on PATH here")
+    return None
+
+
+def mode_problem(cfg: dat.Config, tests) -> str | None:
+    """Why line 37's parallel modes cannot run these tests, or None: a mode other than data
+    needs a framework with pipeline machinery and a model that is a chain of blocks in it
+    (frameworks.split_problem), no compiler on line 33 (not built with stages), and a
+    layout it can take (parallelism.resolve: P >= 2, mixed's STAGES dividing P, the
+    micro-batches cutting B x S evenly)."""
+    for t in tests:
+        if t.mode == "data":
+            continue
+        where = f"{cfg.path}:37: found {t.mode} (test {t.index}: {t.workload}, {t.framework}, P = {t.P}, B = {t.batch})"
+        why = frameworks.split_problem(t.framework, t.workload)
+        if why:
+            return f"{where}, expected data: {why}"
+        if cfg.compiler != "none":
+            return (f"{where} with compiler {cfg.compiler} (line 33), expected data, or none on line 33: the"
+                    " compiler is not yet applied to a model cut into stages")
+        try:
+            parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
+        except ValueError as e:
+            return f"{where}, expected a mode this layout takes (lines 11 and 14): {e}"
     return None
 
 
@@ -299,6 +325,9 @@ def describe(plan: Plan, world_size: int) -> list[str]:
         lines.append(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")
         lines.append(f"  division: {p.division}" + (f" ({'; '.join(p.open_reasons)})" if p.open_reasons else ""))
         lines += [f"  {line}" for line in topology.describe(layout, plan.nodes)]
+        if t.mode != "data":
+            lines.append(f"  parallel mode {t.mode}: "
+                         + parallelism.describe(parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)))
         if cfg.allreduce == "torus":    # the grid each job will use (communication.grid), distinct ones once
             grids = {communication.job_grid(ranks, plan.nodes.node_of_rank).describe(): None for ranks in layout.jobs}
             lines.append(f"  torus grid: {'; '.join(grids)}")

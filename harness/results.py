@@ -21,13 +21,14 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.6"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.7"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
                  #   environment.node_of_rank (the node index of each world rank)
                  # 2.5: TestResult.other_load (cores other processes kept busy, per machine)
                  # 2.6: TestResult.framework (lines 34-35)
+                 # 2.7: TestResult.mode (lines 36-37)
 
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
@@ -122,6 +123,8 @@ class TestResult:
     #                                 seconds (mean timed span, s), busy_cores, ranks_cores, other_cores (cores
     #                                 busy in the span: the machine's, the ranks', the rest); a 2.4 file: []
     framework: str = "tensorflow"     # line 35: the framework that trained it; a 2.5 file ran TensorFlow, the only one
+    mode: str = "data"                # line 37: the parallel mode inside each base model, as written
+    #                                 (harness/parallelism.py); a 2.6 file trained data-parallel, the only mode
 
 
 @dataclass

@@ -215,7 +215,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
     probe.start()
     recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
-                          t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce)
+                          t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce, t.mode)
     evaluate = _Evaluate(part, fw, model, local, evaluation)
     res = fw.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
                    world_barrier=lambda: _start_barrier(world, watchdog, t),
@@ -369,8 +369,9 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
     others = telemetry.other_load({r.rank: (r.telemetry or {}).get("cpu_window") for r in records},
                                   nodes.node_of_rank, nodes.machine_of_node, nodes.hosts)
     return TestResult(
-        index=t.index, tv=t.tv(cfg), workload=t.workload, framework=t.framework, M=layout.M, P=layout.P, B=t.batch,
-        precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep, seed=part.seed,
+        index=t.index, tv=t.tv(cfg), workload=t.workload, framework=t.framework, mode=t.mode, M=layout.M, P=layout.P,
+        B=t.batch, precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep,
+        seed=part.seed,
         epochs=cfg.epochs, epochs_trained=roots[0].epochs, eval_every=cfg.eval_every,
         stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
         warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w]

@@ -71,6 +71,7 @@ class Recipe:
     compiler: str = "none"      # line 33: xla (TensorFlow) or inductor (PyTorch): the forward and backward pass compiled
     allreduce: str = "ring"     # line 22: adasum reduces by Horovod's Adasum instead of averaging; torus
     #                             averages over the job's grid (harness/communication.py)
+    mode: str = "data"          # line 37: the parallel mode inside the base model, as written (harness/parallelism.py)
 
 
 def lr_scale(allreduce: str, size: int, local_size: int, nccl: bool) -> int:
@@ -125,11 +126,14 @@ class Loop:
 
 
 def epochs_loop(step, feed, steps: int, epochs: int, job: int, hooks, on_step, evaluate,
-                eval_every: int) -> Loop:
+                eval_every: int, mean_of=None) -> Loop:
     """The timed epochs, every framework's: `steps` calls step(x, y) -> loss (a scalar
     tensor that float() reads) each from `feed`, hooks and heartbeats around them,
     `evaluate` (if any) after each due epoch with the clock stopped; it ends the loop by
-    returning True (the target reached)."""
+    returning True (the target reached). `mean_of(losses)`: an epoch's mean loss from its
+    steps' returns (default: the mean of their floats; a pipeline's stages but the last
+    return None, and learn the mean from the last)."""
+    mean_of = mean_of or (lambda losses: float(np.mean([float(l) for l in losses])))
     start = time.perf_counter()
     if hooks:
         hooks.run_start()
@@ -146,7 +150,7 @@ def epochs_loop(step, feed, steps: int, epochs: int, job: int, hooks, on_step, e
         if len(losses) != steps:  # a short epoch on one rank would hang the others' all-reduce
             raise RuntimeError(f"job {job}: the workload fed {len(losses)} batches in epoch {epoch + 1}, "
                                f"expected {steps}")
-        mean_loss = float(np.mean([float(l) for l in losses]))  # also waits for the last step
+        mean_loss = mean_of(losses)  # also waits for the last step
         if hooks:
             hooks.epoch_stop(epoch + 1, epochs, mean_loss, time.perf_counter() - start - paused)
         if epoch + 1 in due:
@@ -164,6 +168,10 @@ def replica_check(mine: np.ndarray, root: np.ndarray) -> tuple[float, str]:
     """Replica consistency, this benchmark's residual check, every framework's: (the
     largest difference between this rank's trainable weights `mine` and the job root's
     `root`, both flat float64, a digest of `mine`). Pure."""
+    return float(np.max(np.abs(mine - root))) if mine.size else 0.0, weights_digest(mine)
+
+
+def weights_digest(flat: np.ndarray) -> str:
+    """A rank's trained weights (flat float64) in 16 hex digits: equal weights, equal digests."""
     import hashlib
-    digest = hashlib.sha256(mine.tobytes()).hexdigest()[:16]
-    return float(np.max(np.abs(mine - root))) if mine.size else 0.0, digest
+    return hashlib.sha256(flat.tobytes()).hexdigest()[:16]

@@ -396,7 +396,7 @@ def _sweep_check(t: results.TestResult, cfg) -> Check:
         return Check(f"{_name(t)}: a test of the input's sweep", False, t.index, len(tests),
                      note="no such test in the sweep")
     s = tests[t.index - 1]
-    want = {"workload": s.workload, "framework": s.framework, "P": s.P, "B": s.batch, "precision": s.precision,
+    want = {"workload": s.workload, "framework": s.framework, "mode": s.mode, "P": s.P, "B": s.batch, "precision": s.precision,
             "tv": s.tv(cfg),
             "sampler": cfg.sampler, "aggregation": cfg.aggregation, "epochs": cfg.epochs,
             "eval_every": cfg.eval_every, "stop_at_target": cfg.stop_at_target,

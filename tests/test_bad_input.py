@@ -24,6 +24,7 @@ LINES = {  # line -> (bad value, what the message must show)
     27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"), 33: ("jit", ":33: found 'jit', expected a compiler (none, xla, inductor)"),
     31: ("-1", ":31: found '-1'"), 32: ("yes", ":32: found 'yes'"), 34: ("0", ":34: found '0'"),
     35: ("mxnet", ":35: found 'mxnet', expected a framework (tensorflow, pytorch)"),
+    36: ("0", ":36: found '0'"), 37: ("pipeline:0", ":37: found 'pipeline:0', expected a parallel mode (data, model,"),
 }
 
 
@@ -43,17 +44,20 @@ def _cases():
     for n in (3, 14, 29):
         yield f"line{n}-empty", lambda p, n=n: p.write_text(_blank(n)), f":{n}: found an empty line"
     yield "short-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:19]) + "\n"), ":20: found end of file"
-    yield "extra-line", lambda p: p.write_text(_lines() + "surplus\n"), ":36: found 'surplus'"
-    # files from before lines 31-35, 33-35 and 34-35: the message names the lines and what to add
+    yield "extra-line", lambda p: p.write_text(_lines() + "surplus\n"), ":38: found 'surplus'"
+    # files from before lines 31-37, 33-37, 34-37 and 36-37: the message names the lines and what to add
     yield "30-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:30]) + "\n"), \
-        ":31: found end of file, expected lines 31-35 (an input file from before time to quality has 30 lines);" \
+        ":31: found end of file, expected lines 31-37 (an input file from before time to quality has 30 lines);" \
         " add them, e.g. '1             evaluate every K epochs"
     yield "32-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:32]) + "\n\n"), \
-        ":33: found end of file, expected lines 33-35 (an input file from before the compiler line has 32 lines);" \
+        ":33: found end of file, expected lines 33-37 (an input file from before the compiler line has 32 lines);" \
         " add them, e.g. 'none          compiler (none, xla, inductor)'"
     yield "33-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:33]) + "\n"), \
-        ":34: found end of file, expected lines 34-35 (an input file from before the framework lines has 33 lines);" \
-        " add them, e.g. '1             # of frameworks' and 'tensorflow    frameworks (tensorflow, pytorch)'"
+        ":34: found end of file, expected lines 34-37 (an input file from before the framework lines has 33 lines);" \
+        " add them, e.g. '1             # of frameworks' and 'tensorflow    frameworks (tensorflow, pytorch)' and"
+    yield "35-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:35]) + "\n"), \
+        ":36: found end of file, expected lines 36-37 (an input file from before the parallel-mode lines has 35"\
+        " lines); add them, e.g. '1             # of parallel modes' and 'data          parallel modes (data, model,"
     yield "31-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:31]) + "\n"), \
         ":32: found end of file, expected line 32: stop at target"
     yield "directory", lambda p: p.mkdir(), ":0: found a directory"

@@ -47,7 +47,7 @@ def fails(text, line, token=None, path="HPCAI500.dat"):
 
 def test_shipped_file_parses_and_expands_to_three_tests():
     cfg = parse(str(DAT))
-    assert len(SHIPPED.splitlines()) == dat.NLINES == 35
+    assert len(SHIPPED.splitlines()) == dat.NLINES == 37
     assert cfg.text == SHIPPED and cfg.path == str(DAT)
     assert (cfg.output_file, cfg.device_out, cfg.results_dir) == ("HPCAI500.out", 6, "runs")
     assert cfg.workloads == ("digits",) and cfg.dataset.text == "embedded" and cfg.dataset.kind == "embedded"
@@ -233,7 +233,7 @@ def test_deleted_line_is_an_error(n):
 
 
 @pytest.mark.parametrize("extra,line,token", [
-    ("junk\n", 36, "junk"), ("\n\n  \n7 more\n", 39, "7"), ("\t-1\n", 36, "-1")])
+    ("junk\n", 38, "junk"), ("\n\n  \n7 more\n", 41, "7"), ("\t-1\n", 38, "-1")])
 def test_extra_lines_are_an_error(extra, line, token):
     err = fails(SHIPPED + extra, line, token)
     assert f"unexpected line {line}" in str(err)
@@ -367,6 +367,27 @@ def test_framework_is_the_innermost_sweep():
     assert "FRAMEWRK: pytorch tensorflow" in describe(cfg)
 
 
+def test_parallel_mode_is_the_innermost_sweep():
+    """Lines 36-37: each test in each parallel mode, after the frameworks; lowercased, each once."""
+    cfg = parse_text(edit({11: "2 2 2", 34: "2", 35: "tensorflow pytorch", 36: "3", 37: "data Pipeline:8:GPipe mixed:2"}))
+    assert cfg.modes == ("data", "pipeline:8:gpipe", "mixed:2")
+    got = [(t.index, t.framework, t.mode) for t in expand(cfg)[:4]]
+    assert got == [(1, "tensorflow", "data"), (2, "tensorflow", "pipeline:8:gpipe"), (3, "tensorflow", "mixed:2"),
+                   (4, "pytorch", "data")]
+    assert len(expand(cfg)) == 18
+    assert "PARMODE : data pipeline:8:gpipe mixed:2" in describe(cfg)
+    assert parse_text(SHIPPED).modes == ("data",)
+
+
+@pytest.mark.parametrize("line37,found", [("data data", "data"), ("pipe", "pipe"), ("mixed", "mixed"),
+                                          ("model:2", "model:2"), ("pipeline:4:8", "pipeline:4:8"),
+                                          ("pipeline:x", "pipeline:x"), ("mixed:2:4:zb", "mixed:2:4:zb")])
+def test_bad_parallel_modes(line37, found):
+    with pytest.raises(DatError) as info:
+        parse_text(edit({36: str(len(line37.split())), 37: line37}))
+    assert info.value.line_no == 37 and repr(found) in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize("fields,precision,code", [
     ({}, "fp32", "B32C32SR"),
     ({"sampler": "poisson"}, "fp16", "P16C32SR"),
@@ -378,16 +399,23 @@ def test_framework_is_the_innermost_sweep():
     ({"compiler": "xla"}, "fp32", "B32C32SRX"),       # XLA adds X; none adds nothing (codes as before)
     ({"framework": "pytorch"}, "fp32", "B32C32SRPT"),  # PyTorch adds PT; TensorFlow nothing (codes as before)
     ({"framework": "pytorch", "compiler": "xla"}, "bf16", "BBFC32SRXPT"),
+    # line 37's mode last: data adds nothing; model MP; a pipeline its schedule and micro-batches
+    # (P = 4 here: the default 4 x 4 = 16); mixed its stages first
+    ({"framework": "pytorch", "mode": "model"}, "fp32", "B32C32SRPTMP"),
+    ({"framework": "pytorch", "mode": "pipeline"}, "fp32", "B32C32SRPTPP16"),
+    ({"framework": "pytorch", "mode": "pipeline:8:gpipe"}, "fp32", "B32C32SRPTGP8"),
+    ({"framework": "pytorch", "mode": "mixed:2"}, "fp32", "B32C32SRPT2SPP8"),
 ])
 def test_tv_codes(fields, precision, code):
     framework = fields.pop("framework", "tensorflow")   # a test's, not the Config's
+    mode = fields.pop("mode", "data")
     cfg = dataclasses.replace(parse_text(SHIPPED), **fields)
-    assert DatTest(1, "digits", 1, 1, 32, precision, framework).tv(cfg) == code
+    assert DatTest(1, "digits", 1, 4, 32, precision, framework, mode).tv(cfg) == code
 
 
 def test_tv_legend_is_one_line():
     assert dat.TV_LEGEND.startswith("sampler B|P|N") and "\n" not in dat.TV_LEGEND
-    assert all(code in dat.TV_LEGEND for code in ("32|16|BF", "C32|C16", "S|A|G|L|M", "R|H", "XLA (none)|X", "FW (none)|PT"))
+    assert all(code in dat.TV_LEGEND for code in ("32|16|BF", "C32|C16", "S|A|G|L|M", "R|H", "XLA (none)|X", "FW (none)|PT", "mode (none)|MP|PP<m>"))
 
 
 def test_describe():

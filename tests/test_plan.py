@@ -145,6 +145,36 @@ def test_a_pytorch_job_needs_a_gpu_a_rank():
     assert plan.shared_gpu_problem(cfg1, planned1, (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None
 
 
+def test_a_parallel_mode_needs_pytorch_a_chain_and_a_layout_it_takes(monkeypatch):
+    """Line 37: model, pipeline and mixed are refused with TensorFlow, with ewa, with a
+    compiler, on a layout they cannot take, and for a model not yet cut into stages;
+    data always passes. Each message names line 37, the test and why."""
+    from harness import frameworks
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l35="pytorch", l36=2, l37="data pipeline:4"), "x.dat")
+    tests = dat.expand(cfg)
+    monkeypatch.setattr(frameworks.pytorch_models, "SPLIT", ("digits",))
+    assert plan.mode_problem(cfg, tests) is None                    # 32 x 2 = 64 samples in 4 micro-batches
+    tf = [dataclasses.replace(t, framework="tensorflow") for t in tests]
+    assert plan.mode_problem(cfg, tf) == (
+        "x.dat:37: found pipeline:4 (test 2: digits, tensorflow, P = 2, B = 32), expected data: "
+        + frameworks.split_problem("tensorflow", "digits"))
+    assert "name pytorch on line 35" in frameworks.split_problem("tensorflow", "digits")
+    ewa = [dataclasses.replace(t, workload="ewa") for t in tests]
+    assert plan.mode_problem(cfg, ewa).endswith("expected data: " + frameworks.UNSPLIT["ewa"])
+    assert plan.mode_problem(cfg, [dataclasses.replace(t, workload="ic") for t in tests]) == (
+        "x.dat:37: found pipeline:4 (test 2: ic, pytorch, P = 2, B = 32), expected data: ic's PyTorch model is not"
+        " yet cut into stages (issue 35, under way: digits)")
+    assert plan.mode_problem(cfg, [dataclasses.replace(t, P=1) for t in tests]) == (
+        "x.dat:37: found pipeline:4 (test 2: digits, pytorch, P = 1, B = 32), expected a mode this layout takes"
+        " (lines 11 and 14): P = 1 with pipeline:4: one rank holds the whole model; a split model needs P >= 2")
+    assert "expected a mode this layout takes (lines 11 and 14): pipeline:4 with P = 2, B = 3: a pipeline of 2 stages" \
+        " trains B x 2 = 6 samples a step, which 4 micro-batches" in plan.mode_problem(
+            cfg, [dataclasses.replace(t, batch=3) for t in tests])
+    assert "with compiler inductor (line 33), expected data, or none on line 33" in plan.mode_problem(
+        dataclasses.replace(cfg, compiler="inductor"), tests)
+    assert plan.mode_problem(cfg, [t for t in tests if t.mode == "data"]) is None
+
+
 def test_check_describes_skipped_tests():
     nodes = topology.Nodes((0, 0), ("h",), 0, 2)
     planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])
@@ -162,12 +192,14 @@ def test_check_describes_skipped_tests():
     ({"l14": 5000}, ":14: found B=5000, expected at most 1438 with P=1"),
     ({"l28": "STAGE_UNDER_FILE"}, ":28: staging directory"),
     ({"l35": "pytorch", "l22": "adasum"}, ":22: found adasum with framework pytorch (line 35), expected another"),
-], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file", "pytorch-adasum"])
+    ({"l11": 2, "l37": "pipeline"}, ":37: found pipeline (test 1: digits, tensorflow, P = 2, B = 32), expected data:"
+                                   " TensorFlow 2 has no pipeline-parallel machinery"),
+], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file", "pytorch-adasum", "tensorflow-pipeline"])
 def test_check_refuses_what_a_run_refuses(tmp_path, lines, message):
     (tmp_path / "file").write_text("")
     lines = {k: (str(tmp_path / "file" / "stage") if v == "STAGE_UNDER_FILE" else v) for k, v in lines.items()}
     path = tmp_path / "in.dat"
-    path.write_text(dat_text(l5=str(tmp_path / "runs"), l9=1, l10=1, l11=1, l30=0, **lines))
+    path.write_text(dat_text(l5=str(tmp_path / "runs"), **{"l9": 1, "l10": 1, "l11": 1, "l30": 0, **lines}))
     p = mpirun(2, ["--check", str(path)], tmp_path, timeout=120)
     assert p.returncode == 1, p.stderr[-2000:]
     assert p.stderr.count("hpcai500: error:") == 1, p.stderr[-2000:]

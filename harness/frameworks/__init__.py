@@ -46,6 +46,24 @@ UNSUPPORTED = {"pytorch": {
     ("compiler", "inductor"): "torch.compile (TorchInductor) is PyTorch's compiler; TensorFlow's is line 33's xla"}}
 
 
+# Why a workload's model cannot be cut into stages (line 37's model, pipeline and mixed modes).
+UNSPLIT = {"ewa": "ewa's Faster-RCNN is not a chain of layers: the RPN's proposals and the backbone's features"
+                  " meet again in the ROI head, with the proposals' NMS on the host between them"}
+
+
+def split_problem(framework: str, workload: str) -> str | None:
+    """Why `workload`'s model cannot train cut into stages in `framework`, or None."""
+    if framework == "tensorflow":
+        return ("TensorFlow 2 has no pipeline-parallel machinery (a home-made one would be a toy); PyTorch's"
+                " torch.distributed.pipelining carries the model, pipeline and mixed modes: name pytorch on line 35")
+    if workload in UNSPLIT:
+        return UNSPLIT[workload]
+    if workload not in pytorch_models.SPLIT:
+        return (f"{workload}'s PyTorch model is not yet cut into stages (issue 35, under way:"
+                f" {', '.join(pytorch_models.SPLIT) or 'none yet'})")
+    return None
+
+
 def builds(framework: str, workload: str) -> bool:
     """Whether `workload`'s model is built in `framework` (TensorFlow: every workload)."""
     return framework == "tensorflow" or workload in pytorch_models.BUILT

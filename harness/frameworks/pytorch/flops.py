@@ -99,7 +99,7 @@ def weights(model: torch.nn.Module) -> int:
 
 def walk(model: torch.nn.Module, sample) -> tuple[list[dict], int]:
     """(records, activations) of one sample's forward pass (module docstring)."""
-    first = _tensors(sample)[0]
+    first = tensors(sample)[0]
     if first.shape[0] != 1:
         raise ValueError(f"harness.flops: found a sample of batch {first.shape[0]}, expected batch 1")
     names = {m: n or type(model).__name__ for n, m in model.named_modules()}
@@ -112,7 +112,7 @@ def walk(model: torch.nn.Module, sample) -> tuple[list[dict], int]:
     def leave(module, _, out):
         where.pop()
         if module in leaves:
-            outputs[0] += sum(t.numel() for t in _tensors(out))
+            outputs[0] += sum(t.numel() for t in tensors(out))
     hooks = [h for m in names for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     recorder = _Recorder({id(p) for p in model.parameters()}, where)
     was_training = model.training
@@ -141,7 +141,7 @@ class _Recorder(TorchDispatchMode):
         rec = record(func.overloadpacket, args, out)
         if rec is not None:
             self.records.append({"layer": self.where[-1], **rec})
-        elif func.overloadpacket not in _FREE and any(id(a) in self.params for a in _tensors(args)):
+        elif func.overloadpacket not in _FREE and any(id(a) in self.params for a in tensors(args)):
             raise TypeError(f"harness.flops: no Table 3 rule for operator {func} in {self.where[-1]!r}, which reads"
                             " one of the model's parameters; add a rule to harness/frameworks/pytorch/flops.py"
                             " rather than count it as 0")
@@ -150,7 +150,7 @@ class _Recorder(TorchDispatchMode):
 
 def record(op, args, out) -> dict | None:
     """The record of one operator at batch 1 (None: no rule, ignored)."""
-    y = _tensors(out)[0] if _tensors(out) else None
+    y = tensors(out)[0] if tensors(out) else None
     if y is None:
         return None
     if op in _CONV:
@@ -181,10 +181,10 @@ def record(op, args, out) -> dict | None:
     return None
 
 
-def _tensors(value) -> list:
+def tensors(value) -> list:
     """The tensors in an operator's arguments or outputs (nested tuples and lists)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors(v)]
     return []

@@ -12,6 +12,9 @@ from harness import workloads
 
 # The workloads whose model is built in PyTorch (harness/frameworks.BUILT reads it).
 BUILT = ("digits", "ic", "cosmoflow", "deepcam", "ewa")
+# The workloads whose PyTorch model is a chain of blocks that line 37's model, pipeline and
+# mixed modes cut into stages (harness/frameworks.split_problem reads it).
+SPLIT = ("digits", "ic", "cosmoflow")
 
 
 class Model(Protocol):
@@ -31,9 +34,13 @@ class Model(Protocol):
     # Optional (DEFAULTS): coupled weight decay on the kernels, the Keras twin's L2 kernel
     # regularizer (train.make_optimizer).
     L2: float
+    # Optional (DEFAULTS: None, an nn.Sequential's children): chain(model) -> the model's
+    # blocks in order, whose composition is its forward pass, for line 37's split modes
+    # (harness/frameworks/pytorch/pipeline.py).
+    chain: object
 
 
-DEFAULTS = {"batches": None, "L2": 0.0}
+DEFAULTS = {"batches": None, "L2": 0.0, "chain": None}
 
 
 def channels_first(x: np.ndarray, device):

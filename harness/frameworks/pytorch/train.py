@@ -12,12 +12,14 @@ MPI at the edges (the replica check's broadcast over the job's communicator).
 from __future__ import annotations
 
 import copy
+import itertools
+import time
 
 import numpy as np
 import torch
 
-from harness import sampler, train, workloads
-from harness.frameworks.pytorch import communication, kernels, models, optimizers
+from harness import parallelism, sampler, train, workloads
+from harness.frameworks.pytorch import communication, kernels, models, optimizers, pipeline
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
 
@@ -113,39 +115,69 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
                      job: int, world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
                      warmup_steps: int = train.WARMUP_STEPS) -> train.TrainResult:
     """Train one base model on the job's process group (made by the caller) and its MPI
-    communicator `comm`; the arguments and the result as harness/train.train's."""
+    communicator `comm`; the arguments and the result as harness/train.train's. Line 37's
+    mode (recipe.mode): data parallelism (Step), or the model cut into stages (PipelineStep
+    on a pipeline.Split: a pipeline reads its replica's share of the job's batches, B x S
+    samples a step, on its first stage and its last)."""
     import torch.distributed as dist
 
-    size, rank, batch, epochs = comm.size, comm.rank, recipe.batch, recipe.epochs
-    steps = train.steps_per_epoch(len(indices), size, batch, job)
+    size, batch, epochs = comm.size, recipe.batch, recipe.epochs
+    module = models.get(workload.NAME)
+    mode = parallelism.resolve(parallelism.parse(recipe.mode), size, batch)
+    split = None if mode.kind == "data" else pipeline.Split(module, data, mode)
+    share, shares, step_batch = (comm.rank, size, batch) if split is None else (
+        split.groups.replica, mode.replicas, mode.pipeline_batch)
+    steps = train.steps_per_epoch(len(indices), shares, step_batch, job)   # P x B samples a step in every mode
     # the linear scaling rule; lr_scale's other branch is Adasum's, which PyTorch refuses (frameworks.UNSUPPORTED)
     peak = recipe.base_lr * train.lr_scale(recipe.allreduce, size, size, False)
     warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
-    module = models.get(workload.NAME)
-    s = Step(workload, module, model, recipe, dev, lambda n: train.lr_at(n, total, warmup, peak))
+    schedule = lambda n: train.lr_at(n, total, warmup, peak)  # noqa: E731
+    s = Step(workload, module, model, recipe, dev, schedule) if split is None else PipelineStep(
+        workload, module, model, recipe, dev, schedule, split)
     if hooks:
         hooks.recipe(recipe.optimizer, s.config, peak, warmup, total)
-    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, rank, size, batch)  # noqa: E731
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, share, shares, step_batch)  # noqa: E731
     feed_seed = seed * 1_000_003 + job * 1009
-    tensors = lambda feed: ((module.inputs(x, dev), module.targets(y, dev)) for x, y in feed)  # noqa: E731
-    if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
-        s.undone_warm_up(tensors(feed(workload, module, data, lambda e: shards(0)[:warmup_steps * batch], 1, batch,
-                                      feed_seed)))
-    batches = tensors(feed(workload, module, data, shards, epochs, batch, feed_seed))
-    world_barrier()    # every job starts the clock together: FLOPS divides by the slowest
 
-    def evaluation(epoch: int) -> bool:   # every rank predicts with the root's batch-norm statistics
-        _root_buffers(model, dist)
+    def batches(rows_of, epochs_fed):
+        if split is not None and not split.reads:   # a middle stage: its inputs come from the stage before
+            return ((None, None) for _ in range(steps * epochs_fed))
+        return ((module.inputs(x, dev), module.targets(y, dev))
+                for x, y in feed(workload, module, data, rows_of, epochs_fed, step_batch, feed_seed))
+    if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
+        s.undone_warm_up(itertools.islice(batches(lambda e: shards(0)[:warmup_steps * step_batch], 1), warmup_steps))
+    fed = batches(shards, epochs)
+    world_barrier()    # every job starts the clock together: FLOPS divides by the slowest
+    synced = (lambda: _root_buffers(model, dist)) if split is None else (lambda: split.assemble(model))  # noqa: E731
+
+    def evaluation(epoch: int) -> bool:   # every rank predicts with the whole model, the root's statistics
+        synced()
         return evaluate(epoch)
-    loop = train.epochs_loop(s, batches, steps, epochs, job, hooks, on_step, evaluate and evaluation, eval_every)
-    mine = torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()]).numpy()
-    root = mine.copy()
-    comm.Bcast(root, root=0)
-    diff, digest = train.replica_check(mine, root)
+    loop = train.epochs_loop(s, fed, steps, epochs, job, hooks, on_step, evaluate and evaluation, eval_every,
+                             None if split is None else (lambda losses: split.epoch_loss(losses, dev)))
+    diff, digest = _consistency(model, comm, split)
     if evaluate is None:
-        _root_buffers(model, dist)
+        synced()
     return train.TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
                              loop.clock, loop.trained)
+
+
+def _consistency(model, comm, split) -> tuple[float, str]:
+    """(the replica check's largest difference, this rank's weights' digest): data
+    parallelism compares every rank with the job's root over MPI; a split model each
+    stage's replicas with its owner, then digests the whole model once assembled."""
+    if split is not None:
+        diff = split.replica_diff(model)
+        split.assemble(model)
+        return diff, train.weights_digest(_flat(model))
+    mine = _flat(model)
+    root = mine.copy()
+    comm.Bcast(root, root=0)
+    return train.replica_check(mine, root)
+
+
+def _flat(model) -> np.ndarray:
+    return torch.cat([p.detach().double().flatten().cpu() for p in model.parameters()]).numpy()
 
 
 class Step:
@@ -158,14 +190,8 @@ class Step:
     ranks start from the root's weights (DDP broadcasts them when it wraps the model)."""
 
     def __init__(self, workload, module, model, recipe: train.Recipe, dev, schedule):
-        from torch.nn.parallel import DistributedDataParallel
         self.module, self.model, self.dev, self.schedule = module, model, dev, schedule
-        self.ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-        if recipe.comm_precision == "fp16":   # gradients cast to FP16 for the all-reduce, back after
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            self.ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif recipe.comm_precision == "int8":  # harness/frameworks/pytorch/communication.py
-            self.ddp.register_comm_hook(None, communication.int8_hook)
+        self.ddp = _ddp(model, dev, recipe.comm_precision)
         # line 33's inductor: torch.compile of the DDP-wrapped model (PyTorch's way: DDP's
         # optimizer splits the graph at its buckets, so each bucket's all-reduce still starts
         # during the backward pass); compiled at the first call, in the warm-up before the clock
@@ -216,7 +242,9 @@ class Step:
                  self.scaler and copy.deepcopy(self.scaler.state_dict()), self.taken, torch.get_rng_state(),
                  torch.cuda.get_rng_state(self.dev) if cuda else None)
         for x, y in batches:
-            float(self(x, y))
+            loss = self(x, y)
+            if loss is not None:    # a pipeline's stages but the last return none
+                float(loss)         # waits for the step
         self.model.load_state_dict(saved[0])
         self.opt.load_state_dict(saved[1])
         if self.scaler is not None:
@@ -225,6 +253,70 @@ class Step:
         torch.set_rng_state(saved[4])
         if cuda:
             torch.cuda.set_rng_state(saved[5], self.dev)
+
+
+class PipelineStep(Step):
+    """The training step of one stage of a split model (line 37's model, pipeline, mixed):
+    step(x, y) -> the pipeline batch's mean loss on the last stage, None on the others.
+    The batch (first stage: inputs; last: targets; others: nothing) is cut into the mode's
+    micro-batches on its schedule (torch.distributed.pipelining), forward under autocast
+    (line 17), the loss in FP32 on the last stage; a stage's replicas (mixed) average
+    its gradients through DDP on their group (line 21's hooks as data parallelism's);
+    then the stage's optimizer. `busy` (pipeline.Busy) sums the stage's compute seconds and
+    `seconds` the steps': the stage's idle share is the rest."""
+
+    def __init__(self, workload, module, model, recipe: train.Recipe, dev, schedule, split):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        self.module, self.model, self.dev, self.schedule, self.split = module, model, dev, schedule, split
+        groups, mode = split.groups, split.mode
+        self.part = split.part(model)
+        wrapped = _ddp(self.part, dev, recipe.comm_precision, groups.replicas_group) if groups.replicas > 1 else self.part
+        stage = PipelineStage(wrapped, groups.stage, groups.stages, dev, group=groups.pipeline)
+        self.busy = pipeline.Busy(stage, dev.type == "cuda")
+        order = ScheduleGPipe if mode.schedule == "gpipe" else Schedule1F1B
+        self.pipe = order(stage, mode.microbatches, loss_fn=lambda out, y: module.loss(_fp32(out), y).mean())
+        self.opt, self.config = make_optimizer(recipe.optimizer, self.part, schedule(0), workload.MOMENTUM,
+                                               workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
+        if self.config.get("global_clipnorm"):   # harness/frameworks.split_problem keeps such a workload whole
+            raise ValueError("global gradient clipping is not carried across a pipeline's stages")
+        self.max_norm, self.amp, self.scaler = 0.0, AMP.get(recipe.precision), None
+        self.taken, self.seconds = 0, 0.0
+
+    def __call__(self, x, y):
+        for group in self.opt.param_groups:
+            group["lr"] = self.schedule(self.taken)
+        self.taken += 1
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        groups, losses = self.split.groups, []
+        with torch.autocast(self.dev.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
+            if groups.first_stage:
+                self.pipe.step(x)
+            elif groups.last_stage:
+                self.pipe.step(target=y, losses=losses)
+            else:
+                self.pipe.step()
+        self.opt.step()
+        self.seconds += time.perf_counter() - t0
+        return torch.stack(losses).mean().detach() if losses else None
+
+    def undone_warm_up(self, batches) -> None:
+        super().undone_warm_up(batches)
+        self.seconds = self.busy.seconds = 0.0     # the timed steps' alone
+
+
+def _ddp(model, dev, comm_precision: str, group=None):
+    """`model` in DistributedDataParallel on `group` (None: the job's), with line 21's
+    communication hook: fp16 casts the gradients to FP16 for the all-reduce and back;
+    int8 is harness/frameworks/pytorch/communication.py's."""
+    from torch.nn.parallel import DistributedDataParallel
+    ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, process_group=group)
+    if comm_precision == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif comm_precision == "int8":
+        ddp.register_comm_hook(group, communication.int8_hook)
+    return ddp
 
 
 def _fp32(out):

@@ -1,0 +1,238 @@
+"""Model Parallelism Management (HPC AI500 V3.0): the parallel mode inside a base model.
+
+The paper's second management module "determines the degree of parallelism inside each
+base model": Table 2 lets a user choose data parallelism (the default: each of a job's P
+ranks holds the whole model and trains on its share of the batch, the gradients
+averaged) or model, pipeline or mixed parallelism (issue 35), lines 36-37 of the input:
+
+    data                                  P replicas of the whole model
+    model                                 the model's layers cut into P consecutive stages on
+                                          P ranks, one batch at a time (no overlap)
+    pipeline[:MICROBATCHES][:SCHEDULE]    the same P stages, the batch cut into micro-batches
+                                          on a 1F1B (default) or GPipe schedule
+    mixed:STAGES[:MICROBATCHES][:SCHEDULE]  STAGES stages x P / STAGES data-parallel replicas of
+                                          each stage (a pipeline per replica, each stage's
+                                          gradients averaged over its replicas)
+
+Line 14's B stays per rank in every mode: a job trains B x P samples a step whichever way
+it spreads them (a pipeline of S stages takes B x S samples a step, cut into its
+micro-batches), so the modes of one layout train the same recipe (the same global batch,
+the same linearly scaled learning rate) and differ only in how the work is spread.
+A job's rank r is stage r // R, replica r % R of it (R = P / S replicas): a stage's
+replicas are consecutive ranks, which PMAP 0 places on one node, so that a mixed job's
+gradient all-reduces stay inside a node and only activations cross the network.
+
+A framework that cuts models (PyTorch: harness/frameworks/pytorch/pipeline.py) describes
+a model as a chain of Blocks (each block's Table 3 FLOPs, weights, and the elements it
+hands the next); `stages` cuts the chain where the costliest stage costs least.
+
+Pure functions (the mode's syntax, its resolution against a test's P and B, the T/V
+code, the FLOP-balanced cut, the bytes between stages, the schedule's theoretical
+bubble); no MPI, no framework.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Line 37's keywords: name -> meaning; the first is the default.
+KINDS = {"data": "data parallelism: each rank a replica of the whole model, gradients averaged",
+         "model": "model parallelism: the layers cut into P consecutive stages, one batch at a time",
+         "pipeline": "pipeline parallelism: P stages, the batch cut into micro-batches",
+         "mixed": "mixed: STAGES pipeline stages x P / STAGES data-parallel replicas of each"}
+SCHEDULES = {"1f1b": "1F1B (one forward, one backward: at most S micro-batches in flight)",
+             "gpipe": "GPipe (every micro-batch forward, then every one backward)"}
+FORM = ("data, model, pipeline[:MICROBATCHES][:1f1b|gpipe] or mixed:STAGES[:MICROBATCHES][:1f1b|gpipe]"
+        " (MICROBATCHES, STAGES integers >= 1)")
+MICROBATCHES_PER_STAGE = 4     # the default m = 4 S: GPipe's rule of thumb, bubble (S - 1) / (5 S - 1) < 20 %
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Line 37's value as written (not yet resolved against a test's P and B)."""
+    kind: str                 # data | model | pipeline | mixed
+    stages: int = 0           # mixed: STAGES; 0: P (model, pipeline), 1 (data)
+    microbatches: int = 0     # 0: the default (model: 1; pipeline, mixed: MICROBATCHES_PER_STAGE x stages)
+    schedule: str = "1f1b"    # 1f1b | gpipe (model: resolved to gpipe's order with one micro-batch)
+    text: str = "data"        # as written, lowercase
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A mode resolved for a job of P ranks, each of batch B."""
+    kind: str
+    stages: int               # S: consecutive pieces of the model, one rank each
+    replicas: int             # R = P / S: data-parallel copies of each stage
+    microbatches: int         # m: micro-batches a pipeline's batch is cut into
+    schedule: str
+    pipeline_batch: int       # samples: B x S, what one pipeline trains a step
+    microbatch: int           # samples: pipeline_batch / m
+
+
+@dataclass(frozen=True)
+class Block:
+    """One link of a model's chain, per sample of its forward pass."""
+    name: str                 # e.g. "4 Bottleneck"
+    flops: int                # FLOPs, Table 3
+    weights: int              # as harness/flops counts them (batch-norm statistics included)
+    out_elements: int         # elements of the output it hands the next block (tuples summed)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Consecutive blocks first..last of a chain, on one rank of a pipeline."""
+    first: int
+    last: int                 # inclusive
+    names: tuple[str, ...]
+    flops: int                # FLOPs per sample, forward
+    share: float              # of the whole model's forward FLOPs
+    weights: int
+    sends: int                # elements per sample to the next stage (0: the last stage)
+
+
+def stages(chain: list[Block], count: int) -> list[Stage]:
+    """`chain` cut into `count` stages balanced by FLOPs (cut)."""
+    starts = cut([b.flops for b in chain], count)
+    total = sum(b.flops for b in chain) or 1
+    out = []
+    for k, first in enumerate(starts):
+        last = (starts[k + 1] if k + 1 < len(starts) else len(chain)) - 1
+        blocks = chain[first:last + 1]
+        flops = sum(b.flops for b in blocks)
+        out.append(Stage(first, last, tuple(b.name for b in blocks), flops, flops / total,
+                         sum(b.weights for b in blocks), blocks[-1].out_elements if k + 1 < len(starts) else 0))
+    return out
+
+
+def step_bytes(stage_list: list[Stage], r: Resolved, element_bytes: int = 4) -> int:
+    """Bytes one pipeline sends between its stages a step: each cut's activations forward
+    and their gradients back (2 x elements x the pipeline's batch x element_bytes)."""
+    return 2 * sum(s.sends for s in stage_list) * r.pipeline_batch * element_bytes
+
+
+def describe_stages(stage_list: list[Stage], r: Resolved, trainable: int) -> list[str]:
+    """--check's lines on a job's stages: each stage's blocks, share of the FLOPs, weights
+    and what it sends; then a step's bytes between stages against the gradient bytes data
+    parallelism averages (`trainable`: the model's trainable parameters; FP32 both)."""
+    lines = []
+    for k, s in enumerate(stage_list):
+        names = s.names[0] if len(s.names) == 1 else f"{s.names[0]} .. {s.names[-1]}"
+        lines.append(f"stage {k}: blocks {s.first}-{s.last} ({names}), {s.share:.1%} of the FLOPs, {s.weights:,}"
+                     f" weights" + (f", sends {s.sends:,} elements a sample" if s.sends else ""))
+    lines.append(f"between stages a step: {step_bytes(stage_list, r) / 1e6:.3g} MB a pipeline (activations forward,"
+                 f" their gradients back, FP32); data parallelism would average {trainable * 4 / 1e6:.3g} MB of"
+                 f" gradients")
+    return lines
+
+
+def parse(token: str) -> Mode:
+    """Line 37's token -> Mode; ValueError (saying what is wrong) when it is not of FORM."""
+    parts = token.lower().split(":")
+    kind, rest = parts[0], parts[1:]
+    if kind not in KINDS:
+        raise ValueError(f"an unknown mode {kind!r}")
+    if kind in ("data", "model"):
+        if rest:
+            raise ValueError(f"{kind} takes no parameters")
+        return Mode(kind, text=kind)
+    schedule = "1f1b"
+    if rest and rest[-1] in SCHEDULES:
+        schedule, rest = rest[-1], rest[:-1]
+    numbers = []
+    for r in rest:
+        if not r.isdigit() or int(r) < 1:
+            raise ValueError(f"{r!r} where an integer >= 1 belongs")
+        numbers.append(int(r))
+    want = 1 if kind == "pipeline" else 2
+    if kind == "mixed" and not numbers:
+        raise ValueError("mixed without its STAGES")
+    if len(numbers) > want:
+        raise ValueError(f"{len(numbers)} numbers, {kind} takes at most {want}")
+    stages = numbers.pop(0) if kind == "mixed" else 0
+    return Mode(kind, stages, numbers[0] if numbers else 0, schedule, token.lower())
+
+
+def resolve(mode: Mode, P: int, batch: int) -> Resolved:
+    """The mode for a job of P ranks of batch B each; ValueError saying why it cannot be
+    (the caller names the lines): a split model needs P >= 2 ranks, mixed's STAGES must
+    divide P with at least 2 replicas, the micro-batches must cut B x S evenly."""
+    if mode.kind == "data":
+        return Resolved("data", 1, P, 1, mode.schedule, batch, batch)
+    if P < 2:
+        raise ValueError(f"P = 1 with {mode.text}: one rank holds the whole model; a split model needs P >= 2")
+    stages = P if mode.kind in ("model", "pipeline") else mode.stages
+    if mode.kind == "mixed" and not (2 <= stages < P and P % stages == 0):
+        raise ValueError(f"{mode.text} with P = {P}: STAGES must be at least 2 and divide P with at least two"
+                         f" replicas of each stage (STAGES = P is pipeline)")
+    m = 1 if mode.kind == "model" else mode.microbatches or MICROBATCHES_PER_STAGE * stages
+    schedule = "gpipe" if mode.kind == "model" else mode.schedule    # one micro-batch: forward, then backward
+    if schedule == "1f1b" and m < stages:
+        raise ValueError(f"{mode.text} with P = {P}: 1F1B keeps every stage busy only with at least as many"
+                         f" micro-batches as stages ({m} < {stages}); give {stages} or more, or name gpipe")
+    pipeline_batch = batch * stages
+    if pipeline_batch % m:
+        raise ValueError(f"{mode.text} with P = {P}, B = {batch}: a pipeline of {stages} stages trains B x {stages}"
+                         f" = {pipeline_batch} samples a step, which {m} micro-batches do not cut evenly")
+    return Resolved(mode.kind, stages, P // stages, m, schedule, pipeline_batch, pipeline_batch // m)
+
+
+def code(mode: Mode, P: int, batch: int) -> str:
+    """The mode's field of the T/V code: '' for data (the codes of every run before the
+    parallel-mode lines read as they did), MP for model, PP<m> (1F1B) or GP<m> (GPipe) for a
+    pipeline of m micro-batches, <S>S before it for mixed: e.g. MP, PP8, GP8, 2SPP8. The
+    micro-batches are the resolved ones where the mode resolves, else as written."""
+    if mode.kind in ("data", "model"):
+        return {"data": "", "model": "MP"}[mode.kind]
+    try:
+        m = resolve(mode, P, batch).microbatches
+    except ValueError:
+        m = mode.microbatches
+    pipe = f"{'GP' if mode.schedule == 'gpipe' else 'PP'}{m or ''}"
+    return pipe if mode.kind == "pipeline" else f"{mode.stages}S{pipe}"
+
+
+def describe(r: Resolved) -> str:
+    """One line on how a job trains in this mode, for --check and the report."""
+    if r.kind == "data":
+        return "data parallelism"
+    out = f"{r.stages} stages"
+    if r.replicas > 1:
+        out += f" x {r.replicas} replicas"
+    if r.kind == "model":
+        return out + f", one batch of {r.pipeline_batch} at a time"
+    return (out + f", {r.microbatches} micro-batches of {r.microbatch} on {SCHEDULES[r.schedule].split(' (')[0]}"
+            f" (bubble {bubble(r.stages, r.microbatches):.0%} in theory)")
+
+
+def bubble(stages: int, microbatches: int) -> float:
+    """The share of a step each stage idles on a GPipe or 1F1B schedule of equal stages:
+    (S - 1) / (m + S - 1) (GPipe, Huang et al. 2019; 1F1B has the same bubble, less memory)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def cut(costs: list[float], stages: int) -> list[int]:
+    """The first block of each stage, [0, ...], cutting a chain of blocks of `costs`
+    (FLOPs) into `stages` consecutive non-empty stages so that the costliest stage costs
+    least (a pipeline runs at its slowest stage's pace); of equal cuts, the earliest.
+    ValueError when the chain has fewer blocks than stages."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"a chain of {n} blocks cannot make {stages} stages")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    # best[k][i]: the least possible costliest stage of blocks i.. cut into k stages; first[k][i]: where its next begins
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    first = [[n] * (n + 1) for _ in range(stages + 1)]
+    best[0][n] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(n - k, -1, -1):
+            for j in range(i + 1, n - k + 2):
+                worst = max(prefix[j] - prefix[i], best[k - 1][j])
+                if worst < best[k][i]:
+                    best[k][i], first[k][i] = worst, j
+    starts, i = [], 0
+    for k in range(stages, 0, -1):
+        starts.append(i)
+        i = first[k][i]
+    return starts

@@ -1,0 +1,126 @@
+"""Model parallelism management (harness/parallelism.py): line 37's syntax, its resolution
+against a test's P and B, the T/V code, the FLOP-balanced cut, the theoretical bubble.
+Pure logic; answers worked by hand."""
+import pytest
+
+from harness import parallelism
+from harness.parallelism import Mode, bubble, cut, parse, resolve
+
+
+@pytest.mark.parametrize("token,mode", [
+    ("data", Mode("data", text="data")),
+    ("MODEL", Mode("model", text="model")),
+    ("pipeline", Mode("pipeline", 0, 0, "1f1b", "pipeline")),
+    ("pipeline:8", Mode("pipeline", 0, 8, "1f1b", "pipeline:8")),
+    ("pipeline:gpipe", Mode("pipeline", 0, 0, "gpipe", "pipeline:gpipe")),
+    ("pipeline:8:gpipe", Mode("pipeline", 0, 8, "gpipe", "pipeline:8:gpipe")),
+    ("mixed:2", Mode("mixed", 2, 0, "1f1b", "mixed:2")),
+    ("mixed:2:6:1F1B", Mode("mixed", 2, 6, "1f1b", "mixed:2:6:1f1b")),
+])
+def test_parse(token, mode):
+    assert parse(token) == mode
+
+
+@pytest.mark.parametrize("token,why", [("pipe", "unknown mode"), ("data:2", "no parameters"),
+                                       ("model:gpipe", "no parameters"), ("pipeline:0", "'0'"),
+                                       ("pipeline:8:2", "at most 1"), ("mixed", "without its STAGES"),
+                                       ("mixed:gpipe", "without its STAGES"), ("mixed:2:4:6", "at most 2"),
+                                       ("pipeline:-1", "'-1'"), ("pipeline::4", "''")])
+def test_parse_refuses(token, why):
+    with pytest.raises(ValueError, match=why):
+        parse(token)
+
+
+def test_resolve():
+    # data: the job's P ranks are replicas of one stage
+    r = resolve(parse("data"), 4, 32)
+    assert (r.stages, r.replicas, r.microbatches, r.pipeline_batch) == (1, 4, 1, 32)
+    # model: P stages, one batch of B x P = 64 at a time
+    r = resolve(parse("model"), 2, 32)
+    assert (r.stages, r.replicas, r.microbatches, r.pipeline_batch, r.microbatch) == (2, 1, 1, 64, 64)
+    assert r.schedule == "gpipe"                       # one micro-batch: forward, then backward
+    assert resolve(parse("pipeline:2:gpipe"), 4, 32).microbatches == 2   # GPipe takes fewer than S
+    # pipeline on 4 ranks: 4 stages, default m = 4 x 4 = 16 micro-batches of 32 x 4 / 16 = 8
+    r = resolve(parse("pipeline"), 4, 32)
+    assert (r.stages, r.replicas, r.microbatches, r.pipeline_batch, r.microbatch) == (4, 1, 16, 128, 8)
+    # mixed:2 on 4 ranks: 2 stages x 2 replicas, each pipeline B x 2 = 64 samples in 8 micro-batches of 8
+    r = resolve(parse("mixed:2"), 4, 32)
+    assert (r.stages, r.replicas, r.microbatches, r.pipeline_batch, r.microbatch) == (2, 2, 8, 64, 8)
+    # mixed:3 on 6 ranks, B = 4: 3 stages x 2 replicas, each pipeline 12 samples in 4 micro-batches of 3
+    r = resolve(parse("mixed:3:4:gpipe"), 6, 4)
+    assert (r.stages, r.replicas, r.microbatches, r.schedule, r.microbatch) == (3, 2, 4, "gpipe", 3)
+
+
+@pytest.mark.parametrize("mode,P,B,why", [
+    ("model", 1, 32, "P = 1"), ("pipeline:4", 1, 32, "P = 1"),
+    ("mixed:2", 2, 32, "STAGES = P is pipeline"), ("mixed:3", 4, 32, "divide P"), ("mixed:1:4", 4, 32, "at least 2"),
+    ("pipeline:3", 2, 32, "64 samples a step, which 3 micro-batches"),   # 32 x 2 = 64, not a multiple of 3
+    ("pipeline", 2, 3, "6 samples a step, which 8 micro-batches"),       # default m = 8 > 6
+    ("pipeline:2", 4, 32, r"at least as many micro-batches as stages \(2 < 4\)"),   # 1F1B's constraint
+])
+def test_resolve_refuses(mode, P, B, why):
+    with pytest.raises(ValueError, match=why):
+        resolve(parse(mode), P, B)
+
+
+@pytest.mark.parametrize("mode,P,B,code", [("data", 4, 32, ""), ("model", 2, 32, "MP"), ("pipeline", 2, 32, "PP8"),
+                                           ("pipeline:4:gpipe", 2, 32, "GP4"), ("mixed:2", 4, 32, "2SPP8"),
+                                           ("mixed:2:4:gpipe", 4, 32, "2SGP4"),
+                                           ("pipeline", 1, 32, "PP"), ("pipeline:3", 2, 32, "PP3")])
+def test_code(mode, P, B, code):
+    """Unresolvable modes (P = 1; 3 micro-batches of 64) keep the written count: --check refuses them anyway."""
+    assert parallelism.code(parse(mode), P, B) == code
+
+
+def test_bubble():
+    assert bubble(1, 1) == 0
+    assert bubble(2, 1) == 0.5                  # model parallelism on 2 ranks: each idles half the step
+    assert bubble(4, 16) == pytest.approx(3 / 19)
+    assert bubble(2, 8) == pytest.approx(1 / 9)
+
+
+@pytest.mark.parametrize("costs,stages,starts", [
+    ([1, 1, 1, 1], 2, [0, 2]),
+    ([1, 1, 1, 1], 4, [0, 1, 2, 3]),
+    ([5, 1, 1, 1, 1, 1], 2, [0, 1]),            # 5 | 5: the big first block alone
+    ([1, 2, 3, 4, 5, 6], 2, [0, 4]),            # 10 | 11 beats 15 | 6 and 6 | 15
+    ([1, 2, 3, 4, 5, 6], 3, [0, 3, 5]),         # 6 | 9 | 6: the costliest stage 9 (one answer of 9: the earliest)
+    ([3, 3], 1, [0]),
+    ([0, 0, 0, 9], 2, [0, 1]),                  # every cut costs 9 at most: the earliest
+])
+def test_cut(costs, stages, starts):
+    assert cut(costs, stages) == starts
+
+
+def test_cut_needs_a_block_a_stage():
+    with pytest.raises(ValueError, match="3 blocks cannot make 4 stages"):
+        cut([1, 1, 1], 4)
+
+
+def test_describe():
+    assert parallelism.describe(resolve(parse("data"), 2, 32)) == "data parallelism"
+    assert parallelism.describe(resolve(parse("model"), 2, 32)) == "2 stages, one batch of 64 at a time"
+    assert parallelism.describe(resolve(parse("mixed:2:4:gpipe"), 4, 32)) == \
+        "2 stages x 2 replicas, 4 micro-batches of 16 on GPipe (bubble 20% in theory)"
+
+
+CHAIN = [parallelism.Block("0 Conv2d", 600, 30, 1000), parallelism.Block("1 ReLU", 100, 0, 1000),
+         parallelism.Block("2 Conv2d", 600, 90, 500), parallelism.Block("3 Linear", 300, 510, 10)]
+
+
+def test_stages_of_a_chain():
+    """1600 FLOPs: 700 | 900 (blocks 0-1 | 2-3) is the least costliest stage (600 | 1000, 1300 | 300 worse)."""
+    got = parallelism.stages(CHAIN, 2)
+    assert got == [parallelism.Stage(0, 1, ("0 Conv2d", "1 ReLU"), 700, 700 / 1600, 30, 1000),
+                   parallelism.Stage(2, 3, ("2 Conv2d", "3 Linear"), 900, 900 / 1600, 600, 0)]
+    # a pipeline of B x S = 64 samples: 1000 elements forward and back, 4 bytes each
+    r = resolve(parse("pipeline:4"), 2, 32)
+    assert parallelism.step_bytes(got, r) == 2 * 1000 * 64 * 4
+    lines = parallelism.describe_stages(got, r, 630)
+    assert lines == ["stage 0: blocks 0-1 (0 Conv2d .. 1 ReLU), 43.8% of the FLOPs, 30 weights, sends 1,000"
+                     " elements a sample",
+                     "stage 1: blocks 2-3 (2 Conv2d .. 3 Linear), 56.2% of the FLOPs, 600 weights",
+                     "between stages a step: 0.512 MB a pipeline (activations forward, their gradients back, FP32);"
+                     " data parallelism would average 0.00252 MB of gradients"]
+    four = parallelism.stages(CHAIN, 4)
+    assert [s.first for s in four] == [0, 1, 2, 3] and four[-1].sends == 0 and four[1].sends == 1000

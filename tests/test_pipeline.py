@@ -1,0 +1,119 @@
+"""harness/frameworks/pytorch/pipeline.py and train.PipelineStep, for real: 4 ranks under
+mpirun, one job's process group (Gloo), torch.distributed.pipelining. One training step
+of the model cut into stages gives the weights the unsplit model gets from one step on
+the job's whole batch (B x P = 16 samples) on one rank, within 1e-5 in FP32, for every
+schedule: a 2-stage pipeline (mixed:2, 2 replicas of each stage, their gradients
+averaged by DDP) on 1F1B and GPipe, 4 stages on 1F1B and GPipe, model parallelism (4
+stages, one micro-batch); the last stage's loss is the mean over its pipeline's batch,
+and a stage's replicas stay equal. The model: convolution, ReLU, pooling, dense (no
+batch norm, which sees each micro-batch alone, and no dropout, which draws).
+The profile of a chain on the meta device, in-process."""
+import json
+
+import pytest
+
+from tests.conftest import ROOT, mpirun
+
+torch = pytest.importorskip("torch")
+
+MODES = ("mixed:2:4", "mixed:2:4:gpipe", "pipeline:4", "pipeline:4:gpipe", "model")
+PROGRAM = r'''
+import copy, json, sys, types
+sys.path.insert(0, sys.argv[1])
+from mpi4py import MPI
+import torch
+from torch import nn
+from harness import parallelism, train
+from harness.frameworks.pytorch import distributed, pipeline
+from harness.frameworks.pytorch import train as pt
+
+def build(data=None):
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3, padding=1),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 16), nn.ReLU(), nn.Linear(16, 10))
+
+module = types.SimpleNamespace(build_model=build, sample=lambda data: torch.zeros(1, 1, 8, 8), chain=None, L2=0.0,
+                               loss=lambda out, y: nn.functional.cross_entropy(out, y, reduction="none"))
+workload = types.SimpleNamespace(MOMENTUM=0.9, OPTIMIZER_OPTIONS={})
+world, P, B, LR = MPI.COMM_WORLD, 4, 4, 0.1
+g = torch.Generator().manual_seed(7)
+x, y = torch.randn(P * B, 1, 8, 8, generator=g), torch.randint(0, 10, (P * B,), generator=g)
+out = {"rank": world.rank, "modes": {}}
+with distributed.job_group(world, "gloo"):
+    for mode in sys.argv[2].split(","):
+        torch.manual_seed(0)
+        model = build()
+        start, ref = copy.deepcopy(model), copy.deepcopy(model)   # ref: the unsplit model, one step on the whole batch
+        opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+        nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+        r = parallelism.resolve(parallelism.parse(mode), P, B)
+        split = pipeline.Split(module, None, r)
+        recipe = train.Recipe(batch=B, epochs=1, base_lr=LR, warmup_epochs=0, mode=mode)
+        step = pt.PipelineStep(workload, module, model, recipe, torch.device("cpu"), lambda n: LR, split)
+        rows = slice(split.groups.replica * r.pipeline_batch, (split.groups.replica + 1) * r.pipeline_batch)
+        loss = step(x[rows] if split.groups.first_stage else None, y[rows] if split.groups.last_stage else None)
+        with torch.no_grad():
+            want = float(nn.functional.cross_entropy(start(x[rows]), y[rows]))
+        replica_diff = split.replica_diff(model)
+        split.assemble(model)
+        diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+        moved = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), start.parameters()))
+        out["modes"][mode] = {"stage": split.groups.stage, "replica": split.groups.replica, "diff": diff,
+                              "moved": moved, "replica_diff": replica_diff, "want": want,
+                              "loss": None if loss is None else float(loss), "stages": [s.first for s in split.stages],
+                              "busy": step.busy.seconds, "seconds": step.seconds}
+print(json.dumps(out), flush=True)
+'''
+
+
+def test_one_step_of_a_split_model_is_the_unsplit_models_step(tmp_path):
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    p = mpirun(4, [tmp_path / "prog.py", ROOT, ",".join(MODES)], tmp_path, timeout=240, program=())
+    assert p.returncode == 0, p.stderr[-3000:]
+    ranks = sorted((json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    for mode in MODES:
+        got = [r["modes"][mode] for r in ranks]
+        mixed = mode.startswith("mixed")
+        # job rank r is stage r // R, replica r % R (R = 2 replicas for mixed:2, else 1)
+        assert [(g["stage"], g["replica"]) for g in got] == ([(0, 0), (0, 1), (1, 0), (1, 1)] if mixed else
+                                                               [(0, 0), (1, 0), (2, 0), (3, 0)]), mode
+        for g in got:
+            assert g["moved"] > 1e-3, (mode, g)                   # the step changed the weights ...
+            assert g["diff"] < 1e-5, (mode, g)                    # ... as the unsplit model's step did
+            assert g["replica_diff"] < 1e-7, (mode, g)            # mixed: DDP kept the replicas equal
+            assert 0 < g["busy"] < g["seconds"], (mode, g)        # the stage's compute, inside the step
+        last = [g for g in got if g["stage"] == (1 if mixed else 3)]
+        assert all(g["loss"] == pytest.approx(g["want"], rel=1e-5) for g in last), (mode, last)
+        assert all(g["loss"] is None for g in got if g not in last), mode
+        # the cut of BLOCKS (below): 2 stages 5184 | 13930; 4 stages 4864 | 320 | 9344 | 4586
+        assert got[0]["stages"] == ([0, 3] if mixed else [0, 1, 3, 4]), (mode, got[0]["stages"])
+
+
+# The chain's Table 3 FLOPs by hand, per 8 x 8 sample: conv 2 x 9 x Cin x out + bias (out),
+# ReLU 1 an element, max-pool 1 an output, dense 2 x fin x fout + bias.
+BLOCKS = [("0 Conv2d", 2 * 9 * 1 * 256 + 256, 40, 256), ("1 ReLU", 256, 0, 256), ("2 MaxPool2d", 64, 0, 64),
+          ("3 Conv2d", 2 * 9 * 4 * 128 + 128, 296, 128), ("4 ReLU", 128, 0, 128), ("5 Flatten", 0, 0, 128),
+          ("6 Linear", 2 * 128 * 16 + 16, 2064, 16), ("7 ReLU", 16, 0, 16), ("8 Linear", 2 * 16 * 10 + 10, 170, 10)]
+
+
+def test_a_chain_is_profiled_block_by_block_on_the_meta_device():
+    """pipeline.blocks: each block's FLOPs, weights and output elements; 2 stages cut where
+    the costlier costs least: blocks 0-2 (5184) | 3-8 (13930), not 0-3 (14528) | 4-8."""
+    import types
+
+    from torch import nn
+
+    from harness import parallelism
+    from harness.frameworks.pytorch import pipeline
+
+    def build(data=None):
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3, padding=1),
+                             nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 16), nn.ReLU(), nn.Linear(16, 10))
+    module = types.SimpleNamespace(build_model=build, sample=lambda data: torch.zeros(1, 1, 8, 8), chain=None)
+    got = pipeline.blocks(module, None)
+    assert [(b.name, b.flops, b.weights, b.out_elements) for b in got] == BLOCKS
+    two = parallelism.stages(got, 2)
+    assert [(s.first, s.last, s.flops, s.sends) for s in two] == [(0, 2, 5184, 64), (3, 8, 13930, 0)]
+    with pytest.raises(TypeError, match="not an nn.Sequential"):
+        pipeline.chain(types.SimpleNamespace(chain=None), nn.Linear(2, 2))
