@@ -131,3 +131,10 @@ def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None,
     how = {"ring": ring, "hierarchical": "hierarchical all-reduce", "adasum": "Adasum",
            "torus": f"torus {grid.describe() if grid else ''}"}[allreduce]
     return f"{how}{', fp16' if comm_precision == 'fp16' else ''}, {carrier}"
+
+
+def split_exchange(comm_precision: str, allreduce: str, stages: int, replicas: int, carrier: str) -> str:
+    """A split model's exchanges in words (line 37): activations between its stages, and
+    each stage's gradients over its replicas (none with one replica; PyTorch's DDP)."""
+    grads = "none" if replicas == 1 else exchange(comm_precision, allreduce, replicas, None, carrier, "pytorch")
+    return f"activations point-to-point between {stages} stages, {carrier}; a stage's gradients: {grads}"

@@ -75,6 +75,7 @@ class Block:
     flops: int                # FLOPs, Table 3
     weights: int              # as harness/flops counts them (batch-norm statistics included)
     out_elements: int         # elements of the output it hands the next block (tuples summed)
+    trainable: int            # parameters with a gradient (what data parallelism averages)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,24 @@ def describe(r: Resolved) -> str:
         return out + f", one batch of {r.pipeline_batch} at a time"
     return (out + f", {r.microbatches} micro-batches of {r.microbatch} on {SCHEDULES[r.schedule].split(' (')[0]}"
             f" (bubble {bubble(r.stages, r.microbatches):.0%} in theory)")
+
+
+def summary(r: Resolved, ranks: list[dict], root: dict) -> dict:
+    """results.json's `pipeline` of a test of a split mode: the mode resolved; each stage's
+    measured idle share (the mean over its ranks, every job and replica, of 1 - its
+    compute seconds / its schedule's seconds: the bubble plus the waits for its neighbours)
+    beside the schedule's theory; the cut (the job root's: the same on every rank); the
+    bytes a pipeline sends between its stages a step against the gradient bytes data
+    parallelism would average. `ranks`: each training rank's {"stage", "busy", "seconds"};
+    `root`: {"cut", "trainable"} (a job root's)."""
+    idle = []
+    for k in range(r.stages):
+        mine = [1.0 - q["busy"] / q["seconds"] for q in ranks if q["stage"] == k and q["seconds"] > 0]
+        idle.append(sum(mine) / len(mine) if mine else None)
+    cut_ = [Stage(**{**c, "names": tuple(c["names"])}) for c in root["cut"]]
+    return {"stages": r.stages, "replicas": r.replicas, "microbatches": r.microbatches, "schedule": r.schedule,
+            "microbatch": r.microbatch, "bubble_theory": bubble(r.stages, r.microbatches), "idle": idle,
+            "cut": root["cut"], "bytes_between_stages": step_bytes(cut_, r), "gradient_bytes": 4 * root["trainable"]}
 
 
 def bubble(stages: int, microbatches: int) -> float:

@@ -9,7 +9,8 @@ others receive the Config, so no rank runs with its own reading of it.
 
 Tests whose layout needs more ranks than the run has are skipped, as HPL skips a
 process grid larger than its world: the shipped file's sweep then fits any machine,
-and the report counts them. A run in which no test fits is an error.
+and the report counts them; so are the tests of a split mode (line 37) with P = 1, so
+that one sweep can cross Ps and modes. A run in which no test fits is an error.
 
 MPI at the edges only (`make`); the checks themselves are plain functions.
 """
@@ -114,6 +115,9 @@ def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_ran
     """(planned, skipped): each test's layout on this world, or why it does not fit."""
     planned, skipped = [], []
     for t in tests:
+        if t.mode != "data" and t.P == 1:   # as a layout too large: a sweep of Ps and modes runs what applies
+            skipped.append(Skipped(t, f"P = 1 holds the whole model on one rank: line 37's {t.mode} needs P >= 2"))
+            continue
         try:
             M, warnings = topology.resolve(world_size, t.M, t.P)
         except topology.TopologyError as e:
@@ -173,6 +177,9 @@ def mode_problem(cfg: dat.Config, tests) -> str | None:
         why = frameworks.split_problem(t.framework, t.workload)
         if why:
             return f"{where}, expected data: {why}"
+        if t.precision == "fp16":
+            return (f"{where} with fp16 (line 17), expected data, or fp32 or bf16 on line 17: fp16's dynamic loss"
+                    " scaling is not yet carried through a pipeline's schedule")
         if cfg.compiler != "none":
             return (f"{where} with compiler {cfg.compiler} (line 33), expected data, or none on line 33: the"
                     " compiler is not yet applied to a model cut into stages")
@@ -311,6 +318,15 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> result
     return previous
 
 
+def _stages(t: dat.Test, data) -> list[str]:
+    """--check's lines on a split mode's test: the mode, each stage's blocks, share of the
+    FLOPs, weights and sends, the bytes between stages (the framework profiles its model)."""
+    r = parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
+    chain = frameworks.get(t.framework).blocks(workloads.get(t.workload), data)
+    return [f"parallel mode {t.mode}: {parallelism.describe(r)}",
+            *parallelism.describe_stages(parallelism.stages(chain, r.stages), r, sum(b.trainable for b in chain))]
+
+
 def describe(plan: Plan, world_size: int) -> list[str]:
     """What --check prints: the parameters, each test's map, the skipped tests."""
     cfg = plan.cfg
@@ -326,8 +342,7 @@ def describe(plan: Plan, world_size: int) -> list[str]:
         lines.append(f"  division: {p.division}" + (f" ({'; '.join(p.open_reasons)})" if p.open_reasons else ""))
         lines += [f"  {line}" for line in topology.describe(layout, plan.nodes)]
         if t.mode != "data":
-            lines.append(f"  parallel mode {t.mode}: "
-                         + parallelism.describe(parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)))
+            lines += [f"  {line}" for line in _stages(t, plan.datas[t.workload])]
         if cfg.allreduce == "torus":    # the grid each job will use (communication.grid), distinct ones once
             grids = {communication.job_grid(ranks, plan.nodes.node_of_rank).describe(): None for ranks in layout.jobs}
             lines.append(f"  torus grid: {'; '.join(grids)}")

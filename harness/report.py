@@ -73,6 +73,7 @@ def row(t: results.TestResult) -> str:
           if t.utilisation else []),
         telemetry_line(t),
         *([exchange_line(t)] if t.exchange else []),
+        *(pipeline_lines(t) if t.pipeline else []),
         *[f"Warning     : {w}" for w in t.warnings],
         THIN,
         f"Replica consistency = {t.consistency['max_diff']:.8e} ...... {verdict}",
@@ -237,6 +238,21 @@ def summarize(run_dirs: list[str]) -> str:
     return "\n".join(lines + [RULE]) + "\n"
 
 
+def pipeline_lines(t: results.TestResult) -> list[str]:
+    """A split mode's test (line 37): how its pipelines ran, each stage's measured idle
+    share against the schedule's theory, the bytes between stages against data
+    parallelism's gradients; the cut."""
+    p = t.pipeline
+    idle = ", ".join(f"stage {k} {'-' if v is None else f'{100 * v:.1f} %'}" for k, v in enumerate(p["idle"]))
+    how = "one batch at a time" if p["microbatches"] == 1 else (
+        f"{p['microbatches']} micro-batches of {p['microbatch']} on {p['schedule'].upper().replace('GPIPE', 'GPipe')}")
+    cut = ", ".join(f"{k}: blocks {c['first']}-{c['last']} {100 * c['share']:.1f} %" for k, c in enumerate(p["cut"]))
+    return [f"Pipeline    : {p['stages']} stages x {p['replicas']} replica(s), {how} ; idle {idle}"
+            f" (theory {100 * p['bubble_theory']:.1f} %) ; {p['bytes_between_stages'] / 1e6:.3g} MB a step between"
+            f" stages, gradients {p['gradient_bytes'] / 1e6:.3g} MB",
+            f"Stages      : {cut} of the FLOPs"]
+
+
 def exchange_line(t: results.TestResult) -> str:
     """Each job's gradient exchange and the library that carried it, jobs alike counted
     once (a thousand jobs on equal nodes are one entry)."""
@@ -365,6 +381,19 @@ def torch_lines(cfg) -> list[str]:
     if cfg.comm_precision == "int8":
         lines.append("Communication int8 in PyTorch, a DDP communication hook"
                      " (harness/frameworks/pytorch/communication.py): " + INT8)
+    if set(cfg.modes) - {"data"}:
+        lines.append("Parallel modes in PyTorch (line 37): the model's chain of blocks cut into S consecutive stages"
+                     " where the costliest stage's Table 3 FLOPs are least; job rank r is stage r // R, replica r % R;"
+                     " torch.distributed.pipelining runs a pipeline's batch (B x S samples) in m micro-batches on"
+                     " 1F1B or GPipe (model: one), activations and their gradients point-to-point between stages, the"
+                     " loss the mean over the pipeline's batch; mixed: a stage's R replicas average its gradients by"
+                     " DDP once a step. The FLOPs are the whole model's (Eq. 6) x the samples trained, as for data"
+                     " parallelism. Idle: per stage, 1 - its forward and backward compute seconds / the seconds of its schedule's steps (the update apart)"
+                     " (the bubble and the waits for its neighbours), mean over its ranks, beside the theory (S - 1) /"
+                     " (m + S - 1) for equal stages; bytes between stages: activations forward and gradients back,"
+                     " FP32, a pipeline a step; batch norm sees one micro-batch at a time; the evaluation predicts with"
+                     " the whole model, its stages assembled on every rank; replica consistency compares a stage's"
+                     " replicas (none to compare with one replica)")
     if cfg.optimizer in ("lars", "lamb"):
         lines.append(f"Optimizer {cfg.optimizer} in PyTorch: harness/frameworks/pytorch/optimizers.py, TensorFlow's"
                      " update rule (harness/frameworks/tensorflow/optimizers.py) step for step, the same exclusions;"

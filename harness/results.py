@@ -125,6 +125,9 @@ class TestResult:
     framework: str = "tensorflow"     # line 35: the framework that trained it; a 2.5 file ran TensorFlow, the only one
     mode: str = "data"                # line 37: the parallel mode inside each base model, as written
     #                                 (harness/parallelism.py); a 2.6 file trained data-parallel, the only mode
+    pipeline: dict | None = None      # a split mode's stages (parallelism.summary): the cut, each stage's measured
+    #                                 idle share against the schedule's theory, bytes between stages a step
+    #                                 against data parallelism's gradient bytes; None for data (and a 2.6 file)
 
 
 @dataclass

@@ -15,8 +15,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import (ensemble, fault, frameworks, metrics, mllog, sampler, settings, staging, telemetry, topology,
-                     train, workloads)
+from harness import (ensemble, fault, frameworks, metrics, mllog, parallelism, sampler, settings, staging, telemetry,
+                     topology, train, workloads)
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 
@@ -80,6 +80,7 @@ class RankRecord:
     index_digest: str = ""          # job root only: digest of the resample
     exchange: str = ""              # job root only: its gradient exchange and library (communication.exchange)
     mllog: list | None = None       # job root only: its MLLOG lines
+    stage: dict | None = None       # a split model (line 37): TrainResult.stage
 
 
 def test(ctx: Context, planned, data, watchdog, rep: int = 0):
@@ -225,7 +226,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     record = RankRecord(world.rank, job, staging=_staged(copy), eval_seconds=evaluate.seconds, seconds=res.seconds,
                         samples=res.samples, steps_per_epoch=res.steps_per_epoch, epochs=res.epochs,
                         loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
-                        flops=fw.count(wl, model, local), telemetry=probe.stop(window=res.clock))
+                        flops=fw.count(wl, model, local), telemetry=probe.stop(window=res.clock), stage=res.stage)
     if part.comm.rank == 0:
         record = replace(record, quality=evaluate.quality, resample_size=int(len(part.indices)),
                          out_of_bag=sampler.out_of_bag_fraction(part.indices, data.n_train),
@@ -397,12 +398,20 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         resample=[{"job": r.job, "size": r.resample_size, "out_of_bag": r.out_of_bag, "digest": r.index_digest}
                   for r in roots],
         weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
-        exchange=[r.exchange for r in roots], other_load=others,
+        exchange=[r.exchange for r in roots], other_load=others, pipeline=_pipeline(t, workers, roots),
         model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher,
         # the control plane's cost at scale: rank 0's gather of every rank's record and
         # this measure, and its peak memory so far (Linux: ru_maxrss in KiB)
         gather_seconds=time.perf_counter() - gathered_from,
         rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _pipeline(t, workers: list[RankRecord], roots: list[RankRecord]) -> dict | None:
+    """results.json's `pipeline` of a split mode's test (parallelism.summary), None for data."""
+    if t.mode == "data":
+        return None
+    r = parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
+    return parallelism.summary(r, [w.stage for w in workers], roots[0].stage)
 
 
 def digests_by_job(workers: list[RankRecord], M: int) -> list[list[str]]:

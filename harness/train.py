@@ -99,6 +99,8 @@ class TrainResult:
     clock: tuple[float, float]  # time.perf_counter() at the start and the end of training (evaluations inside;
     #                             the warm-up before it)
     epochs: int = 0           # epochs trained (fewer than the recipe's when the target stopped it)
+    stage: dict | None = None  # a split model (line 37): this rank's stage, replica, busy and step seconds (the
+    #                             timed steps'); the job root's also the cut and the trainable weights
 
 
 def evaluation_epochs(epochs: int, every: int) -> list[int]:

@@ -36,8 +36,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from harness import (communication, dat, division, flops, frameworks, heartbeat, metrics, mllog, report, results, settings,
-                     telemetry, topology, train, workloads)
+from harness import (communication, dat, division, flops, frameworks, heartbeat, metrics, mllog, parallelism, report,
+                     results, settings, telemetry, topology, train, workloads)
 from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
@@ -253,6 +253,7 @@ def test_checks(t: results.TestResult, cfg, res: results.Record) -> tuple[list[C
     resumed = bool(res.resumed)
     out += _guarded(f"{name}: division", lambda: ([division_check(t, cfg, res.settings, resumed)], None))[0]
     out += _guarded(f"{name}: exchange", lambda: ([exchange_check(t, cfg, res)], None))[0]
+    out += _guarded(f"{name}: pipeline", lambda: ([pipeline_check(t)], None))[0]
     out += _guarded(f"{name}: other load", lambda: (other_load_checks(t, res), None))[0]
     return out, derived
 
@@ -279,18 +280,37 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
     return out
 
 
+def pipeline_check(t: results.TestResult) -> Check:
+    """A split mode's pipeline figures that follow from the mode and the recorded cut: the
+    resolved mode, the schedule's theoretical bubble, the bytes between stages; a test of
+    data parallelism records none."""
+    what = f"{_name(t)}: pipeline (line 37: the mode resolved, the bubble's theory, bytes between stages of the cut)"
+    if t.mode == "data":
+        return Check(what, t.pipeline is None, t.pipeline, None, note="data parallelism: none")
+    r = parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
+    p = t.pipeline or {}
+    cut = [parallelism.Stage(**{**c, "names": tuple(c["names"])}) for c in p.get("cut", [])]
+    want = {"stages": r.stages, "replicas": r.replicas, "microbatches": r.microbatches, "schedule": r.schedule,
+            "microbatch": r.microbatch, "bubble_theory": parallelism.bubble(r.stages, r.microbatches),
+            "bytes_between_stages": parallelism.step_bytes(cut, r)}
+    diff = {k: v for k, v in want.items() if p.get(k) != v}
+    return Check(what, not diff and len(cut) == r.stages, {k: p.get(k) for k in diff} or None, diff or None)
+
+
 def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     """Each job's recorded exchange is what lines 21-22 make of a job of P ranks, its torus
     grid drawn again from the recorded node of each rank (communication.grid), carried by
     one of the libraries its framework can report (communication.carriers)."""
-    what = f"{_name(t)}: each job's exchange (lines 21-22, the torus grid from the node map)"
+    what = f"{_name(t)}: each job's exchange (lines 21-22 and 37, the torus grid from the node map)"
     if not t.exchange and results.minor(res.schema) < (2, 4):
         return Check(what, True, note=f"not recorded: results schema {res.schema}")
     nodes = res.environment.get("node_of_rank")
-    derived = []
+    derived, split = [], t.mode != "data" and parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
     for ranks in t.jobs:
         grid = communication.job_grid(ranks, nodes) if cfg.allreduce == "torus" else None
-        derived.append(sorted({communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid, carrier,
+        derived.append(sorted({communication.split_exchange(cfg.comm_precision, cfg.allreduce, split.stages,
+                                                            split.replicas, carrier) if split else
+                               communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid, carrier,
                                                       t.framework)
                                for carrier in communication.carriers(t.framework, cfg.allreduce)}))
     ok = len(t.exchange) == len(derived) and all(e in d for e, d in zip(t.exchange, derived))

@@ -104,8 +104,8 @@ def test_describe():
         "2 stages x 2 replicas, 4 micro-batches of 16 on GPipe (bubble 20% in theory)"
 
 
-CHAIN = [parallelism.Block("0 Conv2d", 600, 30, 1000), parallelism.Block("1 ReLU", 100, 0, 1000),
-         parallelism.Block("2 Conv2d", 600, 90, 500), parallelism.Block("3 Linear", 300, 510, 10)]
+CHAIN = [parallelism.Block("0 Conv2d", 600, 30, 1000, 30), parallelism.Block("1 ReLU", 100, 0, 1000, 0),
+         parallelism.Block("2 Conv2d", 600, 90, 500, 90), parallelism.Block("3 Linear", 300, 510, 10, 510)]
 
 
 def test_stages_of_a_chain():

@@ -113,6 +113,7 @@ def test_a_chain_is_profiled_block_by_block_on_the_meta_device():
     module = types.SimpleNamespace(build_model=build, sample=lambda data: torch.zeros(1, 1, 8, 8), chain=None)
     got = pipeline.blocks(module, None)
     assert [(b.name, b.flops, b.weights, b.out_elements) for b in got] == BLOCKS
+    assert [b.trainable for b in got] == [b[2] for b in BLOCKS]     # no batch norm: every weight trains
     two = parallelism.stages(got, 2)
     assert [(s.first, s.last, s.flops, s.sends) for s in two] == [(0, 2, 5184, 64), (3, 8, 13930, 0)]
     with pytest.raises(TypeError, match="not an nn.Sequential"):

@@ -164,9 +164,12 @@ def test_a_parallel_mode_needs_pytorch_a_chain_and_a_layout_it_takes(monkeypatch
     assert plan.mode_problem(cfg, [dataclasses.replace(t, workload="ic") for t in tests]) == (
         "x.dat:37: found pipeline:4 (test 2: ic, pytorch, P = 2, B = 32), expected data: ic's PyTorch model is not"
         " yet cut into stages (issue 35, under way: digits)")
-    assert plan.mode_problem(cfg, [dataclasses.replace(t, P=1) for t in tests]) == (
-        "x.dat:37: found pipeline:4 (test 2: digits, pytorch, P = 1, B = 32), expected a mode this layout takes"
-        " (lines 11 and 14): P = 1 with pipeline:4: one rank holds the whole model; a split model needs P >= 2")
+    # P = 1 with a split mode: skipped, as a layout that does not fit (a sweep of Ps and modes runs what applies)
+    ones = dat.parse_text(dat_text(l9=2, l10="1 1", l11="1 2", l35="pytorch", l36=2, l37="data pipeline:4"), "x.dat")
+    planned, skipped = plan.layouts(ones, dat.expand(ones), 4, [0, 0, 0, 0])
+    assert [(p.test.P, p.test.mode) for p in planned] == [(1, "data"), (2, "data"), (2, "pipeline:4")]
+    assert [(s.test.index, s.reason) for s in skipped] == [
+        (2, "P = 1 holds the whole model on one rank: line 37's pipeline:4 needs P >= 2")]
     assert "expected a mode this layout takes (lines 11 and 14): pipeline:4 with P = 2, B = 3: a pipeline of 2 stages" \
         " trains B x 2 = 6 samples a step, which 4 micro-batches" in plan.mode_problem(
             cfg, [dataclasses.replace(t, batch=3) for t in tests])

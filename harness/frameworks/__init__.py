@@ -122,6 +122,10 @@ class Framework(Protocol):
     def roofline(self, precision: str, quick: bool) -> dict:
         """The GEMM, convolution and triad micro-kernels in this framework (kernels.roofline's dict)."""
 
+    def blocks(self, workload, data) -> list:
+        """Only a framework that cuts models (split_problem None for it): the model's chain
+        of harness/parallelism.Block, for --check's stages (line 37)."""
+
     def open_job(self, part):
         """This rank's part of a job (harness/run.Part): the framework's group of the job's
         ranks (Horovod's world, a torch.distributed process group), and what trains on it: a

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import communication, report
-from harness.frameworks.pytorch import distributed, flops, kernels, models, train
+from harness import communication, parallelism, report
+from harness.frameworks.pytorch import distributed, flops, kernels, models, pipeline, train
 
 NAME = "pytorch"
 
@@ -31,6 +31,12 @@ def conventions(cfg, environment: dict) -> list[str]:
 
 def roofline(precision: str, quick: bool) -> dict:
     return kernels.roofline(precision, quick=quick)
+
+
+def blocks(workload, data) -> list:
+    """The chain of blocks of `workload`'s model for `data` (line 37's split modes;
+    pipeline.blocks: profiled on the meta device)."""
+    return pipeline.blocks(models.get(workload.NAME), data)
 
 
 def open_job(part) -> "Job":
@@ -59,9 +65,13 @@ class Job:
         return flops.count_built(models.get(workload.NAME), data)
 
     def exchange(self) -> str:
-        cfg = self.part.ctx.cfg
-        return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size, None,
-                                      {"gloo": "Gloo", "nccl": "NCCL"}[self.group.backend], "pytorch")
+        cfg, t = self.part.ctx.cfg, self.part.t
+        carrier = {"gloo": "Gloo", "nccl": "NCCL"}[self.group.backend]
+        if t.mode == "data":
+            return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size, None, carrier,
+                                          "pytorch")
+        r = parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
+        return communication.split_exchange(cfg.comm_precision, cfg.allreduce, r.stages, r.replicas, carrier)
 
     def close(self) -> None:
         self._group.__exit__(None, None, None)

@@ -65,7 +65,8 @@ def blocks(module, data) -> list[parallelism.Block]:
     for r in records:    # the walk names each record by its module: "k" or "k.child..." for block k
         per[int(r["layer"].split(".")[0])].append(r)
     return [parallelism.Block(f"{k} {type(b).__name__}", sum(rules.by_operator(per[k]).values()), flops.weights(b),
-                              outs[k]) for k, b in enumerate(links)]
+                              outs[k], sum(p.numel() for p in b.parameters() if p.requires_grad))
+            for k, b in enumerate(links)]
 
 
 class Groups:

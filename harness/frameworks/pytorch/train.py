@@ -12,6 +12,7 @@ MPI at the edges (the replica check's broadcast over the job's communicator).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import time
 
@@ -159,7 +160,16 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
     if evaluate is None:
         synced()
     return train.TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
-                             loop.clock, loop.trained)
+                             loop.clock, loop.trained, split and _stage_record(split, s, model, comm.rank == 0))
+
+
+def _stage_record(split, s, model, root: bool) -> dict:
+    """TrainResult.stage of a split model's rank (the job root's with the cut)."""
+    out = {"stage": split.groups.stage, "replica": split.groups.replica, "busy": s.busy.seconds, "seconds": s.seconds}
+    if root:
+        out["cut"] = [dataclasses.asdict(x) for x in split.stages]
+        out["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return out
 
 
 def _consistency(model, comm, split) -> tuple[float, str]:
@@ -263,7 +273,7 @@ class PipelineStep(Step):
     (line 17), the loss in FP32 on the last stage; a stage's replicas (mixed) average
     its gradients through DDP on their group (line 21's hooks as data parallelism's);
     then the stage's optimizer. `busy` (pipeline.Busy) sums the stage's compute seconds and
-    `seconds` the steps': the stage's idle share is the rest."""
+    `seconds` the schedule's (the optimizer's update apart): the stage's idle share is the rest."""
 
     def __init__(self, workload, module, model, recipe: train.Recipe, dev, schedule, split):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -286,9 +296,9 @@ class PipelineStep(Step):
         for group in self.opt.param_groups:
             group["lr"] = self.schedule(self.taken)
         self.taken += 1
-        t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         groups, losses = self.split.groups, []
+        t0 = time.perf_counter()    # the schedule's span: its chunks (busy) and its waits (idle)
         with torch.autocast(self.dev.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             if groups.first_stage:
                 self.pipe.step(x)
@@ -296,8 +306,8 @@ class PipelineStep(Step):
                 self.pipe.step(target=y, losses=losses)
             else:
                 self.pipe.step()
-        self.opt.step()
         self.seconds += time.perf_counter() - t0
+        self.opt.step()
         return torch.stack(losses).mean().detach() if losses else None
 
     def undone_warm_up(self, batches) -> None:
