@@ -4,8 +4,9 @@ of the model cut into stages gives the weights the unsplit model gets from one s
 the job's whole batch (B x P = 16 samples) on one rank, within 1e-5 in FP32, for every
 schedule: a 2-stage pipeline (mixed:2, 2 replicas of each stage, their gradients
 averaged by DDP) on 1F1B and GPipe, 4 stages on 1F1B and GPipe, model parallelism (4
-stages, one micro-batch); the last stage's loss is the mean over its pipeline's batch,
-and a stage's replicas stay equal. The model: convolution, ReLU, pooling, dense (no
+stages, one micro-batch), and with a workload's global gradient clipping (deepcam's LAMB)
+of the whole model's norm over the stages; the last stage's loss is the mean over its
+pipeline's batch, and a stage's replicas stay equal. The model: convolution, ReLU, pooling, dense (no
 batch norm, which sees each micro-batch alone, and no dropout, which draws).
 The profile of a chain on the meta device, in-process."""
 import json
@@ -16,8 +17,10 @@ from tests.conftest import ROOT, mpirun
 
 torch = pytest.importorskip("torch")
 
-MODES = ("mixed:2:4", "mixed:2:4:gpipe", "pipeline:4", "pipeline:4:gpipe", "model")
+MODES = ("mixed:2:4", "mixed:2:4:gpipe", "pipeline:4", "pipeline:4:gpipe", "model", "mixed:2:4|clip")
+CLIP = 0.05    # "|clip": a global gradient norm clipped to this (deepcam's LAMB clips at 1), well under the step's
 PROGRAM = r'''
+CLIP = %r
 import copy, json, sys, types
 sys.path.insert(0, sys.argv[1])
 from mpi4py import MPI
@@ -39,12 +42,15 @@ g = torch.Generator().manual_seed(7)
 x, y = torch.randn(P * B, 1, 8, 8, generator=g), torch.randint(0, 10, (P * B,), generator=g)
 out = {"rank": world.rank, "modes": {}}
 with distributed.job_group(world, "gloo"):
-    for mode in sys.argv[2].split(","):
+    for case in sys.argv[2].split(","):
+        mode, clip = case.split("|")[0], "|clip" in case
+        workload.OPTIMIZER_OPTIONS = {"sgd": {"global_clipnorm": CLIP}} if clip else {}
         torch.manual_seed(0)
         model = build()
         start, ref = copy.deepcopy(model), copy.deepcopy(model)   # ref: the unsplit model, one step on the whole batch
         opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
         nn.functional.cross_entropy(ref(x), y).backward()
+        norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP if clip else float("inf")))
         opt.step()
         r = parallelism.resolve(parallelism.parse(mode), P, B)
         split = pipeline.Split(module, None, r)
@@ -58,12 +64,12 @@ with distributed.job_group(world, "gloo"):
         split.assemble(model)
         diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
         moved = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), start.parameters()))
-        out["modes"][mode] = {"stage": split.groups.stage, "replica": split.groups.replica, "diff": diff,
+        out["modes"][case] = {"norm": norm, "stage": split.groups.stage, "replica": split.groups.replica, "diff": diff,
                               "moved": moved, "replica_diff": replica_diff, "want": want,
                               "loss": None if loss is None else float(loss), "stages": [s.first for s in split.stages],
                               "busy": step.busy.seconds, "seconds": step.seconds}
 print(json.dumps(out), flush=True)
-'''
+''' % CLIP
 
 
 def test_one_step_of_a_split_model_is_the_unsplit_models_step(tmp_path):
@@ -75,6 +81,8 @@ def test_one_step_of_a_split_model_is_the_unsplit_models_step(tmp_path):
     for mode in MODES:
         got = [r["modes"][mode] for r in ranks]
         mixed = mode.startswith("mixed")
+        if mode.endswith("|clip"):
+            assert got[0]["norm"] > 4 * CLIP, got[0]          # the clip bit: the step's norm was far above it
         # job rank r is stage r // R, replica r % R (R = 2 replicas for mixed:2, else 1)
         assert [(g["stage"], g["replica"]) for g in got] == ([(0, 0), (0, 1), (1, 0), (1, 1)] if mixed else
                                                                [(0, 0), (1, 0), (2, 0), (3, 0)]), mode
@@ -118,3 +126,38 @@ def test_a_chain_is_profiled_block_by_block_on_the_meta_device():
     assert [(s.first, s.last, s.flops, s.sends) for s in two] == [(0, 2, 5184, 64), (3, 8, 13930, 0)]
     with pytest.raises(TypeError, match="not an nn.Sequential"):
         pipeline.chain(types.SimpleNamespace(chain=None), nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("workload,data,settings", [
+    ("digits", {"x_train": __import__("numpy").zeros((1, 8, 8, 1), "float32"), "num_classes": 10}, {}),
+    ("ic", {"num_classes": 10, "side": 32}, {"HPCAI500_IC_WIDTH": 8, "HPCAI500_IC_STAGES": (1, 1, 1, 1)}),
+    ("cosmoflow", {"side": 32}, {}),
+    ("deepcam", {"height": 32, "width": 48}, {"HPCAI500_DEEPCAM_WIDTH": 8, "HPCAI500_DEEPCAM_MIDDLE": 2}),
+])
+def test_each_split_workloads_chain_is_its_model(monkeypatch, workload, data, settings):
+    """Every workload line 37 may split (models.SPLIT): its chain of blocks composes to the
+    model's forward pass (deepcam: the low-level feature carried beside the deep path to
+    the join), and its blocks' FLOPs and weights sum to the whole model's Table 3 count,
+    so the cut divides exactly what Eq. 6 counts."""
+    import types
+
+    from harness import settings as hs
+    from harness.frameworks.pytorch import flops as tflops
+    from harness.frameworks.pytorch import models, pipeline
+    assert workload in models.SPLIT
+    monkeypatch.setattr(hs, "value", lambda name: settings.get(name))
+    module, data = models.get(workload), types.SimpleNamespace(**data)
+    torch.manual_seed(0)
+    model = module.build_model(data).eval()
+    x = torch.randn(2, *module.sample(data).shape[1:])
+    with torch.no_grad():
+        y = x
+        for block in pipeline.chain(module, model):
+            y = block(y)
+        assert torch.equal(y, model(x))
+    blocks, whole = pipeline.blocks(module, data), tflops.count_built(module, data)
+    assert sum(b.flops for b in blocks) == whole.forward and sum(b.weights for b in blocks) == whole.weights
+    if workload == "deepcam":    # the pair (deep, low) crosses every cut from the entry flow to the join
+        with torch.no_grad():
+            low = model.encoder.entry(x[:1]).numel()
+        assert blocks[0].out_elements == 2 * low and blocks[1].out_elements > low

@@ -19,9 +19,9 @@ def _wrapper(folder):
     return without(folder, "tensorflow", "tf_keras", "keras", "horovod")
 
 
-def _passes(folder, p, tests: int, tv="B32C32SRPT"):
+def _passes(folder, p, tests: int, tv="B32C32SRPT", quality: bool = True):
     """Exit 0, `tests` tests all PASSED and trained by PyTorch with T/V code `tv` (or codes,
-    one a test), --verify passes."""
+    one a test), --verify passes; `quality`: each learnt the digits (Top-1 > 0.5)."""
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("...... PASSED") == tests and "FAILED" not in p.stdout, p.stdout[-2000:]
     res = results(folder)
@@ -30,7 +30,7 @@ def _passes(folder, p, tests: int, tv="B32C32SRPT"):
     assert [t["tv"] for t in res["tests"]] == ([tv] * tests if isinstance(tv, str) else list(tv))
     for t in res["tests"]:
         assert t["framework"] == "pytorch" and t["consistency"]["passed"]
-        assert t["quality"] > 0.5          # learnt: chance is 0.1 (measured 0.96-0.98 after 10 epochs, 0.73 for 1 x 4 after 4)
+        assert t["quality"] > 0.5 or not quality          # learnt: chance is 0.1 (measured 0.96-0.98 after 10 epochs, 0.73 for 1 x 4 after 4)
     (run,) = [d for d in folder.iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
@@ -158,3 +158,21 @@ def test_ic_cosmoflow_deepcam_and_ewa_train_in_pytorch_without_tensorflow(tmp_pa
     (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
+
+
+def test_ic_cosmoflow_and_deepcam_train_cut_into_stages(tmp_path):
+    """Line 37's pipeline on 2 ranks for the three chain workloads of the other split runs'
+    digits (issue 35): ic's ResNet, cosmoflow's 3-D CNN and deepcam's DeepLabv3+ (its
+    low-level feature carried to the decoder's stage), shrunk (SMALL_MODELS), LAMB
+    (deepcam's global clipping over both stages), 2 micro-batches on GPipe, 2 epochs:
+    every test PASSED, --verify passes, each pipeline recorded with 2 stages and the FLOPs
+    whole (the cut splits them; the count is the model's)."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=3, l7="ic cosmoflow deepcam",
+                                             l8="synthetic:16:32", l9=1, l10=1, l11=2, l14=2, l15=2, l18="lamb",
+                                             l19=0.001, l30=0, l35="pytorch", l37="pipeline:2:gpipe"))
+    p = mpirun(2, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path), env=SMALL_MODELS)
+    res = _passes(tmp_path / "runs", p, 3, "B32C32MRPTGP2", quality=False)
+    for t in res["tests"]:
+        assert t["pipeline"]["stages"] == 2 and abs(sum(c["share"] for c in t["pipeline"]["cut"]) - 1) < 1e-9
+        assert t["exchange"] == ["activations point-to-point between 2 stages, Gloo; a stage's gradients: none"]
+    assert [t["workload"] for t in res["tests"]] == ["ic", "cosmoflow", "deepcam"]

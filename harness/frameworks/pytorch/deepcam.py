@@ -170,6 +170,53 @@ def build_model(data) -> nn.Module:
     return DeepLab(climate.CHANNELS, climate.CLASSES, scale=scale, middle=middle)
 
 
+class _Entry(nn.Module):
+    """The chain's first block: the entry flow, its output both the deep path's input and
+    the low-level feature the decoder joins (a pair from here on)."""
+
+    def __init__(self, entry: nn.Module):
+        super().__init__()
+        self.entry = entry
+
+    def forward(self, x):
+        low = self.entry(x)
+        return low, low
+
+
+class _Deep(nn.Module):
+    """A block of the deep path (a middle or exit block, ASPP, the first up-sampling), the
+    low-level feature carried along beside it to the decoder's stage."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, pair):
+        deep, low = pair
+        return self.block(deep), low
+
+
+class _Join(nn.Module):
+    """The decoder's join: the deep path and the reduced low-level feature, concatenated."""
+
+    def __init__(self, low: nn.Module):
+        super().__init__()
+        self.low = low
+
+    def forward(self, pair):
+        deep, low = pair
+        return torch.cat([deep, self.low(low)], dim=1)
+
+
+def chain(model: DeepLab) -> list[nn.Module]:
+    """DeepLab as a chain of blocks for line 37's split modes (the model's own modules,
+    wrapped): the entry flow; each middle and exit block, ASPP and the first up-sampling
+    with the low-level feature carried beside them; the join; the decoder's layers. Its
+    composition is DeepLab.forward (tests/test_pipeline.py)."""
+    return [_Entry(model.encoder.entry), *(_Deep(b) for b in model.encoder.middle), _Deep(model.aspp),
+            _Deep(model.up1), _Join(model.low), *model.up2]
+
+
 def sample(data) -> torch.Tensor:
     return torch.zeros(1, climate.CHANNELS, data.height, data.width)
 

@@ -14,7 +14,7 @@ from harness import workloads
 BUILT = ("digits", "ic", "cosmoflow", "deepcam", "ewa")
 # The workloads whose PyTorch model is a chain of blocks that line 37's model, pipeline and
 # mixed modes cut into stages (harness/frameworks.split_problem reads it).
-SPLIT = ("digits", "ic", "cosmoflow")
+SPLIT = ("digits", "ic", "cosmoflow", "deepcam")
 
 
 class Model(Protocol):

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from harness import parallelism, sampler, train, workloads
 from harness.frameworks.pytorch import communication, kernels, models, optimizers, pipeline
@@ -120,7 +121,6 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
     mode (recipe.mode): data parallelism (Step), or the model cut into stages (PipelineStep
     on a pipeline.Split: a pipeline reads its replica's share of the job's batches, B x S
     samples a step, on its first stage and its last)."""
-    import torch.distributed as dist
 
     size, batch, epochs = comm.size, recipe.batch, recipe.epochs
     module = models.get(workload.NAME)
@@ -287,9 +287,7 @@ class PipelineStep(Step):
         self.pipe = order(stage, mode.microbatches, loss_fn=lambda out, y: module.loss(_fp32(out), y).mean())
         self.opt, self.config = make_optimizer(recipe.optimizer, self.part, schedule(0), workload.MOMENTUM,
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
-        if self.config.get("global_clipnorm"):   # harness/frameworks.split_problem keeps such a workload whole
-            raise ValueError("global gradient clipping is not carried across a pipeline's stages")
-        self.max_norm, self.amp, self.scaler = 0.0, AMP.get(recipe.precision), None
+        self.max_norm, self.amp, self.scaler = self.config.get("global_clipnorm", 0.0), AMP.get(recipe.precision), None
         self.taken, self.seconds = 0, 0.0
 
     def __call__(self, x, y):
@@ -307,8 +305,24 @@ class PipelineStep(Step):
             else:
                 self.pipe.step()
         self.seconds += time.perf_counter() - t0
+        self.clip()
         self.opt.step()
         return torch.stack(losses).mean().detach() if losses else None
+
+    def clip(self) -> None:
+        """The workload's global clipping (deepcam's LAMB) of the whole model's gradients:
+        each stage's squared norm summed over its pipeline (a stage's replicas hold the
+        same averaged gradients), every stage scaled by one factor, as clip_grad_norm_
+        scales the unsplit model's."""
+        if not self.max_norm:
+            return
+        grads = [p.grad for p in self.part.parameters() if p.grad is not None]
+        total = torch.stack([g.double().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(
+            (), dtype=torch.float64, device=self.dev)
+        dist.all_reduce(total, group=self.split.groups.pipeline)
+        factor = self.max_norm / (float(total.sqrt()) + 1e-6)     # clip_grad_norm_'s epsilon
+        if factor < 1:
+            torch._foreach_mul_(grads, factor)
 
     def undone_warm_up(self, batches) -> None:
         super().undone_warm_up(batches)
