@@ -4,6 +4,8 @@
   each bagging layout (M > 1) against the data-parallel layout (M = 1, P = Sys_scale).
 * Quality against speed at a fixed scale (Fig. 7): every layout that shares a Sys_scale,
   side by side, the best VFLOPS and the shortest time to quality marked.
+* The parallel mode inside a base model (Fig. 7's other axis, line 37): one layout in
+  data, model, pipeline and mixed parallelism side by side, which won and why.
 
 Pure: typed results in, strings and plain records out; no MPI, no matplotlib, no
 file. The grouping lives here once, so the report's lines and the charts of
@@ -18,6 +20,7 @@ the work, not the layout.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from harness.results import TestResult
@@ -73,10 +76,13 @@ def _scale(t: TestResult) -> int:
 
 
 def groups(tests: list[TestResult]) -> list[Group]:
-    """Every (workload, B, precision, Sys_scale) of the tests, sorted by those four;
-    within a group M descending (most base models first), ties by test index."""
+    """Every (workload, B, precision, Sys_scale) of the data-parallel tests, sorted by
+    those four; within a group M descending (most base models first), ties by test index.
+    A test of a split mode (line 37) is mode_lines', not a layout of these."""
     by: dict[tuple, list[TestResult]] = {}
     for t in tests:
+        if t.mode != "data":
+            continue
         by.setdefault((*_setting(t), _scale(t)), []).append(t)
     return [Group(*key, tuple(sorted(ts, key=lambda t: (-t.M, t.index))))
             for key, ts in sorted(by.items(), key=lambda kv: kv[0])]
@@ -106,7 +112,7 @@ def scaling_series(tests: list[TestResult]) -> list[Series]:
     M = 1 is the first point of both its bagging series and the data-parallel one.
     Several results of one layout (repetitions) stay separate points, as they were given."""
     by: dict[tuple, list[TestResult]] = {}
-    for t in tests:
+    for t in (t for t in tests if t.mode == "data"):
         by.setdefault((*_setting(t), 0, t.P), []).append(t)          # 0: bagging before DP
         if t.M == 1:
             by.setdefault((*_setting(t), 1, None), []).append(t)
@@ -197,3 +203,76 @@ def tradeoff_lines(tests: list[TestResult]) -> list[str]:
         out.append(f"  * best VTflops and shortest time to quality ({target})" if reached else
                    f"  * best VTflops (time to quality: no layout reached the {target})")
     return out
+
+
+def mode_groups(tests: list[TestResult]) -> list[tuple]:
+    """The tests of one (workload, framework, B, precision, M, P) in two or more parallel
+    modes (line 37): [(key, tests in index order)], sorted by key."""
+    by: dict[tuple, list[TestResult]] = {}
+    for t in tests:
+        by.setdefault((t.workload, t.framework, t.B, t.precision, t.M, t.P), []).append(t)
+    return [(k, tuple(sorted(ts, key=lambda t: t.index))) for k, ts in sorted(by.items())
+            if len({t.mode for t in ts}) > 1]
+
+
+def mode_lines(tests: list[TestResult]) -> list[str]:
+    """One block per layout run in several modes: each mode's FLOPS (and its ratio to data
+    parallelism's), VFLOPS, time to quality, what it sent a step (gradients averaged, or
+    activations between stages and the stages' gradients) and its stages' mean idle share
+    beside the theory; then which mode had the highest FLOPS and the reading why."""
+    out = []
+    for (wl, fw, b, prec, m, p), ts in mode_groups(tests):
+        data = next((t for t in ts if t.mode == "data"), None)
+        out += [f"Parallel modes ({wl}, {fw}, B {b}, {prec}, M {m} x P {p}):",
+                f"  {'Test':>4} {'Mode':<18} {'Tflops':>11} {'vs data':>8} {'VTflops':>10} {'TTQ s':>11}"
+                f" {'MB/step':>9} {'idle':>6} {'theory':>6}"]
+        for t in ts:
+            idle, theory = _mean_idle(t), t.pipeline and t.pipeline["bubble_theory"]
+            idle = "-" if idle is None else f"{100 * idle:.0f} %"
+            theory = "-" if theory is None else f"{100 * theory:.0f} %"
+            out.append(f"  {t.index:>4} {t.mode:<18} {tflops(t.flops):>11}"
+                       f" {ratio(t.flops, data.flops) if data else 'n/a':>8} {vtflops(t.vflops):>10}"
+                       f" {seconds(t.time_to_quality):>11} {_step_megabytes(t):>9.3g} {idle:>6} {theory:>6}")
+        out += [*MODE_LEGEND, *textwrap.wrap(_reading(ts, data), 98, initial_indent="  ", subsequent_indent="  ")]
+    return out
+
+
+MODE_LEGEND = ("  MB/step: data, the gradients each rank's all-reduce averages (4 bytes x the model's weights,",
+               "  batch-norm statistics included); a split mode, what a pipeline sent between its stages",
+               "  (activations forward, their gradients back) and, mixed, its stages' gradients over their",
+               "  replicas; idle: its stages' mean share of the schedule spent waiting; theory (S-1)/(m+S-1)")
+
+
+def _step_megabytes(t: TestResult) -> float:
+    """MB a step: data parallelism, the model's gradients (what each rank's all-reduce
+    averages; 0 with P = 1); a split mode, what a pipeline sent between its stages and,
+    mixed, its stages' gradients averaged over their replicas."""
+    pl = t.pipeline
+    if pl is None:
+        return 4 * t.weights / 1e6 if t.P > 1 else 0.0
+    grads = pl["gradient_bytes"] if pl["replicas"] > 1 else 0
+    return (pl["bytes_between_stages"] + grads) / 1e6
+
+
+def _mean_idle(t: TestResult) -> float | None:
+    idle = [v for v in (t.pipeline or {}).get("idle", []) if v is not None]
+    return sum(idle) / len(idle) if idle else None
+
+
+def _reading(ts: tuple, data: TestResult | None) -> str:
+    """Which mode had the highest FLOPS, and Fig. 7's reading of why: what it moved a step
+    against data parallelism's gradients, and how long its stages idled."""
+    best = max(ts, key=lambda t: t.flops)
+    if data is None:
+        return f"Highest FLOPS: {best.mode} (no data-parallel test to read it against)."
+    mine, grads = _step_megabytes(best), _step_megabytes(data)
+    if best is data:
+        idle = ", ".join(f"{t.mode} {100 * _mean_idle(t):.0f} %" for t in ts if _mean_idle(t) is not None)
+        return (f"Highest FLOPS: data. Why: averaging its gradients ({grads:.3g} MB a step) cost less than the split"
+                f" modes lost to their stages' idle time ({idle}).")
+    idle = _mean_idle(best)
+    why = (f"it moved {mine:.3g} MB a step where data parallelism averaged {grads:.3g} MB of gradients"
+           if mine < grads else f"though it moved more ({mine:.3g} MB a step against {grads:.3g} MB of gradients),"
+           " its stages kept computing")
+    return (f"Highest FLOPS: {best.mode}, x{best.flops / data.flops:.2f} of data. Why: {why}; its stages idled"
+            f" {100 * (idle or 0):.0f} % of the schedule (theory {100 * best.pipeline['bubble_theory']:.0f} %).")

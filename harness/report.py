@@ -175,19 +175,20 @@ def footer(tests: list[results.TestResult], skipped: int, summary: list[str], in
 
 
 def scaling_lines(tests: list[results.TestResult], weak_scaling, mark_short: bool = True) -> list[str]:
-    """Bagging weak scaling: one line per (workload, framework, B, precision, P) group whose tests
+    """Bagging weak scaling: one line per (workload, framework, B, precision, P, mode) group whose tests
     span several M (so that data parallelism, a change of P, is never mixed in); marked
     when a test of the group trained for less than metrics.SHORT_SPAN (mark_short=False:
     as reports of results schema 2.2 and before wrote it)."""
     groups: dict[tuple, list[results.TestResult]] = {}
     for t in tests:
-        groups.setdefault((t.workload, t.framework, t.B, t.precision, t.P), []).append(t)
+        groups.setdefault((t.workload, t.framework, t.B, t.precision, t.P, t.mode), []).append(t)
     out = []
-    for (wl, fw, b, prec, p), ts in groups.items():
+    for (wl, fw, b, prec, p, mode), ts in groups.items():
         s = weak_scaling([(t.M * t.P, t.flops) for t in ts])
         if s:
             short = mark_short and any(t.train_seconds < metrics.SHORT_SPAN for t in ts)
-            out.append(f"Scaling ({wl}{'' if fw == 'tensorflow' else ', ' + fw}, B {b}, {prec}, P {p}): Sys_scale {s.scale_from} -> {s.scale_to} :"
+            out.append(f"Scaling ({wl}{'' if fw == 'tensorflow' else ', ' + fw}, B {b}, {prec}, P {p}"
+                       f"{'' if mode == 'data' else ', ' + mode}): Sys_scale {s.scale_from} -> {s.scale_to} :"
                        f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}"
                        + (f" (timed spans under {metrics.SHORT_SPAN:g} s: indicative)" if short else ""))
     return out
@@ -216,7 +217,7 @@ def summary_lines(tests: list[results.TestResult], summaries: list[metrics.Repea
     against speed at a fixed scale), on the tests folded over repetitions."""
     folded = fold(tests, summaries)
     return (scaling_lines(tests, metrics.weak_scaling) + experiments.comparison_lines(folded)
-            + experiments.tradeoff_lines(folded))
+            + experiments.tradeoff_lines(folded) + experiments.mode_lines(folded))
 
 
 def summarize(run_dirs: list[str]) -> str:

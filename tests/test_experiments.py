@@ -1,6 +1,6 @@
 """The paper's two experiments (harness/experiments.py) and their charts, from hand-made
 results (tests/conftest.result): bagging against data parallelism (Fig. 9), quality against speed at
-a fixed scale (Fig. 7). No MPI, no TensorFlow."""
+a fixed scale (Fig. 7), one layout in several parallel modes (line 37). No MPI, no TensorFlow."""
 from dataclasses import replace
 
 from harness import experiments, plots
@@ -190,3 +190,41 @@ def test_a_huge_ratio_keeps_its_column():
     lines = experiments.comparison_lines(tests)
     assert lines[3].split()[-3:] == ["x1.15", "x5.18e+04", "n/a"]
     assert len(lines[3]) == len(lines[1])          # the bagging row as wide as the header
+
+
+# -- the parallel modes of one layout (line 37) ------------------------------------------
+def _mode(index, mode, flops, idle=None, sent=0.0, replicas=1, theory=0.2):
+    t = replace(_t(index, 1, 4, flops), framework="pytorch", mode=mode, weights=150_000)   # 0.6 MB of FP32 gradients
+    if mode == "data":
+        return t
+    return replace(t, pipeline={"replicas": replicas, "idle": idle, "bubble_theory": theory,
+                                "bytes_between_stages": sent, "gradient_bytes": 4 * 149_000})
+
+
+def test_modes_of_one_layout_side_by_side_and_the_reading():
+    tests = [_mode(1, "data", 1e12), _mode(2, "pipeline", 2.5e12, [0.1, 0.3], 0.2e6),
+             _mode(3, "mixed:2", 1.5e12, [0.2, 0.2], 0.1e6, replicas=2, theory=0.1), _t(4, 1, 4, 3e12)]
+    lines = experiments.mode_lines(tests)
+    assert lines[0] == "Parallel modes (digits, pytorch, B 32, fp32, M 1 x P 4):"
+    # MB/step: data 4 x 150,000 B; pipeline 0.2 MB between stages; mixed 0.1 MB + its stages' 0.596 MB of gradients
+    assert lines[2:5] == [
+        "     1 data                1.0000e+00    x1.00  1.000e+00 not reached       0.6      -      -",
+        "     2 pipeline            2.5000e+00    x2.50  2.500e+00 not reached       0.2   20 %   20 %",
+        "     3 mixed:2             1.5000e+00    x1.50  1.500e+00 not reached     0.696   20 %   10 %"]
+    assert lines[5:9] == list(experiments.MODE_LEGEND)
+    assert " ".join(ln.strip() for ln in lines[9:]) == (
+        "Highest FLOPS: pipeline, x2.50 of data. Why: it moved 0.2 MB a step where data parallelism averaged 0.6 MB"
+        " of gradients; its stages idled 20 % of the schedule (theory 20 %).")
+    assert all(len(ln) <= 100 for ln in lines)
+    assert experiments.groups(tests)[0].tests == (tests[0], tests[3])   # Fig. 7/9: data-parallel tests only
+
+
+def test_modes_reading_when_data_wins_or_a_split_mode_moves_more():
+    data_wins = experiments.mode_lines([_mode(1, "data", 3e12), _mode(2, "model", 1e12, [0.5, 0.7], 8e6)])
+    assert " ".join(ln.strip() for ln in data_wins[-2:]).endswith(
+        "Highest FLOPS: data. Why: averaging its gradients (0.6 MB a step) cost less than the split modes lost to"
+        " their stages' idle time (model 60 %).")
+    more = experiments.mode_lines([_mode(1, "data", 1e12), _mode(2, "model", 2e12, [0.5, 0.5], 8e6, theory=0.5)])
+    assert "Why: though it moved more (8 MB a step against 0.6 MB of gradients), its stages kept computing" in \
+        " ".join(ln.strip() for ln in more)
+    assert experiments.mode_lines([_mode(1, "data", 1e12)]) == []       # one mode: nothing to compare

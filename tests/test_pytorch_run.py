@@ -79,6 +79,7 @@ def test_the_four_parallel_modes_on_four_ranks(tmp_path):
                                  " all-reduce, Gloo"]
     assert "Pipeline    : 4 stages x 1 replica(s), 16 micro-batches of 8 on 1F1B ; idle stage 0" in p.stdout
     assert "- Parallel modes in PyTorch (line 37)" in p.stdout
+    assert "Parallel modes (digits, pytorch, B 32, fp32, M 1 x P 4):" in p.stdout and "Highest FLOPS: " in p.stdout
 
 
 @pytest.mark.parametrize("pmap", [0, 1])
