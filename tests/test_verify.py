@@ -146,8 +146,8 @@ def test_the_real_run_verifies(run_copy):
     for what in ("input: SHA-256", "input file", "forward FLOPs per sample", "training FLOPs per sample",
                  "FLOPs per sample by operator", "samples trained", "FLOPS (total FLOPs / train_seconds)",
                  "penalty (quality / target)^n", "VFLOPS (FLOPS x penalty)", "time to solution", "utilisation",
-                 "division (harness/division.judge)", "report.txt lines 1-", "footer",
-                 "each job's exchange (lines 21-22, the torus grid from the node map)",
+                 "division (harness/division.judge)", "report.txt lines 1-", "footer", "pipeline (line 37: the mode resolved",
+                 "each job's exchange (lines 21-22 and 37, the torus grid from the node map)",
                  "MLLOG mllog/test001_rep00_model0000.log: MLPerf HPC compliance checker: passes",
                  "MLLOG mllog/test001_rep00_model0001.log: figures"):
         assert what in text, what
