@@ -36,7 +36,7 @@ class Linear:      # a workload of one Dense(1) without bias, mean squared error
     MOMENTUM = 0.9
     OPTIMIZER_OPTIONS = {}   # none: the harness's optimizers as made
     stream = None   # workloads.training_feed chains batches() per epoch
-    predict = None
+    predict = None  # models.Model asks for one; train() never predicts
     @staticmethod
     def build_model(data):
         return tf.keras.Sequential([tf.keras.layers.Input((2,)),
