@@ -2,7 +2,7 @@
 
     mpirun -np 2 python bench/bare_ewa.py --steps 40 --batch 4 --samples 400 --side 96
 
-The harness's Faster-RCNN (harness.workloads.faster_rcnn, the backbone detector.config_for
+The harness's Faster-RCNN (harness.frameworks.tensorflow.faster_rcnn, the backbone detector.config_for
 picks for the size, or --backbone), SGD with momentum 0.9 at a constant learning rate,
 DistributedGradientTape, `--steps` steps; one step runs before the clock. Threads per
 rank as the harness sets them. Timed from a barrier to the end of the last step, max
@@ -10,7 +10,7 @@ over ranks; rank 0 prints one JSON line.
 
 --feed chooses where the batches come from:
   tensors  4 batches of the synthetic set, read once and kept as tensors (the ideal)
-  numpy    ewa.batches every step: h5py reads of this rank's rows, normalise, flip,
+  numpy    TensorFlow's ewa.batches every step: h5py reads of this rank's rows, normalise, flip,
            numpy arrays into the step (what the harness does)
   tfdata   the same generator through tf.data.Dataset.from_generator + prefetch(2)
            (HPCAI500_EWA_PREFETCH=2): reading overlaps the step, on a tf.data thread
@@ -48,7 +48,9 @@ def main() -> None:
     from mpi4py import MPI
     import horovod.tensorflow as hvd
     import tensorflow as tf
-    from harness.workloads import Dataset, detector, ewa, faster_rcnn
+    from harness.frameworks.tensorflow import ewa as tf_ewa
+    from harness.frameworks.tensorflow import faster_rcnn
+    from harness.workloads import Dataset, detector, ewa
 
     hvd.init()
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())  # as harness.train.setup_devices
@@ -69,9 +71,9 @@ def main() -> None:
             fixed = [tf.nest.map_structure(tf.constant, b) for _, b in
                      zip(range(4), ewa.batches(data, rows, a.batch, training=True, seed=1))]
             return (fixed[s % len(fixed)] for s in range(a.steps + 1))
-        # numpy, or the same generator through tf.data (ewa.batches does the wrapping)
+        # numpy, or the same generator through tf.data (TensorFlow's ewa.batches does the wrapping)
         os.environ[ewa.PREFETCH_ENV] = "2" if a.feed == "tfdata" else "0"
-        return ewa.batches(data, rows, a.batch, training=True, seed=1)
+        return tf_ewa.batches(data, rows, a.batch, training=True, seed=1)
 
     tf.keras.utils.set_random_seed(7)
     model = faster_rcnn.build(cfg)

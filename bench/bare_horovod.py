@@ -39,7 +39,8 @@ def main() -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
     from harness.train import learning_rate
-    from harness.workloads import Data, digits
+    from harness.frameworks.tensorflow import digits
+    from harness.workloads import Data
 
     hvd.init()
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())  # as harness.train.setup_devices

@@ -1,6 +1,6 @@
 """How much memory a rank needs to train DeepCAM (the reference model) at 768 x 1152.
 
-The reference DeepLabv3+ (deepcam.build_model, no test-only setting) trains a few steps
+The reference DeepLabv3+ (TensorFlow's deepcam.build_model, no test-only setting) trains a few steps
 (LAMB, as the reference; fp32) in a fresh process for each (height, width, B), and the
 process's peak resident memory (ru_maxrss) is read. Memory grows with the pixels a step
 holds (B x H x W: activations and their gradients) over a fixed part (weights, their
@@ -33,8 +33,7 @@ import json, os, resource, sys
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np, tensorflow as tf
 sys.path.insert(0, sys.argv[1])
-from harness.frameworks.tensorflow import flops, optimizers
-from harness.workloads import deepcam, deeplab
+from harness.frameworks.tensorflow import deepcam, deeplab, flops, optimizers
 h, w, b, steps = map(int, sys.argv[2:6])
 model = deeplab.build(h, w, 16, 3)
 opt = optimizers.make("lamb", 1e-3)

@@ -8,12 +8,13 @@ Full ResNet-50 v1.5 at small sizes for this CPU: M=1, P=2, B=16 on 2 ranks, data
 * Harness: hpcai500.py on a copy of HPCAI500.dat (line 7 = ic); throughput =
   samples_trained / train_seconds from results.json (the clock includes reading,
   decoding and augmenting the JPEGs, as MLPerf's does).
-* Bare Horovod (this script with --bare, under mpirun): the same model (ic.build_model),
+* Bare Horovod (this script with --bare, under mpirun): the same model (TensorFlow's
+  ic.build_model),
   loss + weight decay, SGD with momentum 0.875, DistributedGradientTape, batch, ranks,
   step count and threads per rank, on random batches held in memory as tensors; one
   step before the clock, then barrier, timed, max over ranks.
 * Input pipeline alone (--pipeline, one process, the thread settings of one of 2
-  ranks): images/s read, decoded, cropped, flipped and batched by ic.batches on a
+  ranks): images/s read, decoded, cropped, flipped and batched by TensorFlow's ic.batches on a
   bootstrap resample, nothing trained. Set against the training step's images/s per
   rank (bare loop / ranks): the pipeline keeps up if it is the faster of the two.
 Runs alternate harness / bare, RUNS times each; medians compared. See bench/README.md
@@ -57,8 +58,10 @@ def main(runs: int = RUNS) -> None:
 
 
 def _data(node_rank: int = 0, node_barrier=lambda: None):
+    """(the workload, its TensorFlow module, the data)."""
+    from harness.frameworks.tensorflow import ic as tf_ic
     from harness.workloads import Dataset, ic
-    return ic, ic.load(Dataset.parse(DATASET), os.path.join(common.WORK, ".data"), node_rank, node_barrier)
+    return ic, tf_ic, ic.load(Dataset.parse(DATASET), os.path.join(common.WORK, ".data"), node_rank, node_barrier)
 
 
 def _threads(local_size: int) -> None:
@@ -75,17 +78,17 @@ def bare_loop(steps: int) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
     hvd.init()
-    ic, data = _data(hvd.local_rank(), MPI.COMM_WORLD.Barrier)  # no TF op: threads can still be set
+    ic, tf_ic, data = _data(hvd.local_rank(), MPI.COMM_WORLD.Barrier)  # no TF op: threads can still be set
     _threads(hvd.local_size())
     rng = np.random.default_rng(hvd.rank())
     shape = (B, data.side, data.side, 3)
     batches = [(tf.constant(rng.standard_normal(shape, dtype=np.float32)),
                 tf.constant(rng.integers(0, data.num_classes, B, dtype=np.int64))) for _ in range(4)]
-    model = ic.build_model(data)
+    model = tf_ic.build_model(data)
     opt = tf.keras.optimizers.SGD(learning_rate=0.01 * hvd.size(), momentum=ic.MOMENTUM)
     hvd.broadcast_variables(model.variables, root_rank=0)
 
-    step = common.bare_step(model, opt, ic.loss)
+    step = common.bare_step(model, opt, tf_ic.loss)
 
     step(*batches[0]).numpy()
     MPI.COMM_WORLD.Barrier()
@@ -100,15 +103,15 @@ def bare_loop(steps: int) -> None:
 
 
 def pipeline(batches: int = 48) -> None:
-    """Images/s of ic.batches alone (training transform), threads as one of 2 ranks."""
+    """Images/s of TensorFlow's ic.batches alone (training transform), threads as one of 2 ranks."""
     import numpy as np
-    ic, data = _data()
+    _, tf_ic, data = _data()
     _threads(common.NP)
     rows = np.random.default_rng(0).integers(0, data.n_train, batches * B)
-    for _ in ic.batches(data, rows[:2 * B], B, training=True, seed=0):  # warm: build the pipeline once
+    for _ in tf_ic.batches(data, rows[:2 * B], B, training=True, seed=0):  # warm: build the pipeline once
         pass
     start = time.perf_counter()
-    n = sum(int(x.shape[0]) for x, _ in ic.batches(data, rows, B, training=True, seed=1))
+    n = sum(int(x.shape[0]) for x, _ in tf_ic.batches(data, rows, B, training=True, seed=1))
     seconds = time.perf_counter() - start
     print(json.dumps({"images": n, "seconds": seconds, "images_per_s": n / seconds}), flush=True)
 

@@ -16,7 +16,7 @@ also the ratio of the two Tflops, the model and its FLOP count being the same):
   samples of epochs 2..E / the time between the end of epoch 1 and the end of epoch E,
   from job 0's MLLOG epoch_stop stamps (its root's clock).
 * bare (this script with --bare, under mpirun): the workload's own model
-  (build_model), loss and weight decay, SGD with its momentum at a constant LR,
+  (its TensorFlow module's build_model), loss and weight decay, SGD with its momentum at a constant LR,
   DistributedGradientTape, the same batch, ranks and threads per rank
   (frameworks/tensorflow/train.setup_devices); 4 batches from the workload's feed held in memory as
   tensors, cycled; WARMUP batches untimed, then E iterations of the harness's steps
@@ -158,30 +158,31 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
     from mpi4py import MPI
     import horovod.tensorflow as hvd
     from harness import workloads
-    from harness.frameworks.tensorflow import train
+    from harness.frameworks.tensorflow import models, train
     from harness.workloads import get
     wl_name, dataset, batch, _ = CASES[case]   # its settings: in the environment mpirun gave
     hvd.init()
-    wl = get(wl_name)
+    wl, module = get(wl_name), models.get(wl_name)
+    feed_of = module.batches or wl.batches   # TensorFlow's feed of the workload, as train.train takes it
     data = wl.load(workloads.Dataset.parse(dataset), os.path.join(common.WORK, ".data"), hvd.local_rank(), MPI.COMM_WORLD.Barrier)
     train.setup_devices(hvd.local_rank(), hvd.local_size())   # the harness's threads per rank
     import tensorflow as tf
     rows = np.random.default_rng(hvd.rank()).integers(0, data.n_train, 4 * batch)
     batches = [tf.nest.map_structure(tf.convert_to_tensor, b)
-               for b in wl.batches(data, rows, batch, training=True, seed=1)]
+               for b in feed_of(data, rows, batch, training=True, seed=1)]
     tf.keras.utils.set_random_seed(7)
-    model = wl.build_model(data)
+    model = module.build_model(data)
     opt = tf.keras.optimizers.SGD(learning_rate=0.01 * hvd.size(), momentum=wl.MOMENTUM)
     hvd.broadcast_variables(model.variables, root_rank=0)
 
-    step = common.bare_step(model, opt, wl.loss)
+    step = common.bare_step(model, opt, module.loss)
 
     for s in range(WARMUP):
         step(*batches[s % len(batches)]).numpy()
     # fed: the harness's own training feed (one for all epochs, made before the clock),
     # each epoch a new draw of this rank's rows; else the in-memory batches, cycled
     shards = lambda e: np.random.default_rng([hvd.rank(), e]).integers(0, data.n_train, steps * batch)  # noqa: E731
-    feed = (workloads.training_feed(wl, data, shards, EPOCHS, batch, seed=1) if fed
+    feed = (workloads.training_feed(feed_of, module.stream, data, shards, EPOCHS, batch, seed=1) if fed
             else (batches[s % len(batches)] for s in itertools.count()))
     seconds = []
     for epoch in range(EPOCHS):

@@ -92,7 +92,7 @@ class Data:
     n: int = 1_281_167              # training samples
     n_val: int = 50_000             # validation samples
     classes: int = 1_000            # score width of the mean/vote reduction
-    params: int = 25_610_152        # ResNet-50's trainable parameters (harness/workloads/resnet.py)
+    params: int = 25_610_152        # ResNet-50's trainable parameters (harness/frameworks/tensorflow/resnet.py)
     sample_bytes: float = 110e3     # bytes, a TFRecord'ed JPEG (ImageNet's ~140 GB / N)
 
 
@@ -217,7 +217,7 @@ def _resnet_record() -> bytes:
     from harness.frameworks.tensorflow import flops
     from harness.errors import native_stderr_captured
     with native_stderr_captured():     # TensorFlow's start-up banners
-        from harness.workloads import resnet
+        from harness.frameworks.tensorflow import resnet
         return pickle.dumps(flops.count(resnet.build((224, 224, 3), Data().classes)))
 
 

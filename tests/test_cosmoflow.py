@@ -257,11 +257,12 @@ def _by_hand(side):
 
 @pytest.fixture(scope="module")
 def models():
+    from harness.frameworks.tensorflow import cosmoflow as tf_cf
     from harness.workloads.cosmoflow import CosmoData
     out = {}
     for side in (SIDE, 128):
         data = CosmoData("", "", None, None, np.zeros((0, 4)), side, "")
-        out[side] = cf.build_model(data)
+        out[side] = tf_cf.build_model(data)
     return out
 
 

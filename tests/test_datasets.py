@@ -14,6 +14,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from harness.frameworks.tensorflow import ic as tf_ic  # noqa: E402
 from harness.workloads import DataError, Dataset, ewa, ic  # noqa: E402
 from harness.workloads import weather_synthetic  # noqa: E402
 from tests.conftest import results  # noqa: E402
@@ -248,7 +249,7 @@ def test_imagenet_layout_in_either_label_base_reads_back_0_based(tmp_path, base)
     d = ic.read(str(tmp_path))
     assert d.label_offset == base and d.num_classes == 1000
     assert list(d.y_val) == VAL0
-    ys = np.concatenate([y for _, y in ic.batches(d, np.arange(6), 3, training=False, seed=0)])
+    ys = np.concatenate([y for _, y in tf_ic.batches(d, np.arange(6), 3, training=False, seed=0)])
     assert list(ys) == TRAIN0[0] + TRAIN0[1]
     which = f"label {1000 if base else 0} occurs (validation-00000-of-00001)"
     assert ic.describe_data(d) == [
@@ -286,7 +287,7 @@ def test_labels_outside_the_range_name_the_shard(tmp_path):
     import tensorflow as tf
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"label\] \[1000\] \[in\] \[\S*late/train-00001-of-00002\] \[lies outside 0..999"):
-        list(ic.batches(d, np.arange(4), 4, training=False, seed=0))
+        list(tf_ic.batches(d, np.arange(4), 4, training=False, seed=0))
 
 
 # ---- end to end: each order trains with no setting ---------------------------------

@@ -12,8 +12,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from harness import ensemble, verify  # noqa: E402
-from harness.frameworks.tensorflow import flops  # noqa: E402
-from harness.workloads import deepcam, deeplab  # noqa: E402
+from harness.frameworks.tensorflow import deeplab, flops  # noqa: E402
+from harness.frameworks.tensorflow import deepcam as tf_deepcam  # noqa: E402
+from harness.workloads import deepcam  # noqa: E402
 from tests.conftest import dat_text, mpirun, results  # noqa: E402
 
 L = tf.keras.layers
@@ -32,7 +33,7 @@ def test_loss_is_the_plain_mean_of_the_class_weighted_pixel_losses():
     # uniform logits: every pixel's cross entropy is ln 3; labels 0, 1, 2, 2 weigh w0 + w1 + 2 w2,
     # w_c = f_c^-0.125: 0.9862678^-0.125 = 1.0017299, 0.00045787^-0.125 = 2.6146112, 0.0132743^-0.125 = 1.7164197
     y = tf.constant([[[0, 1], [2, 2]]])
-    got = deepcam.loss(y, tf.zeros((1, 2, 2, 3))).numpy()
+    got = tf_deepcam.loss(y, tf.zeros((1, 2, 2, 3))).numpy()
     assert got == pytest.approx([math.log(3) * (1.0017299 + 2.6146112 + 2 * 1.7164197) / 4], rel=1e-6)
 
 

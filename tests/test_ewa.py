@@ -216,9 +216,8 @@ def test_only_node_rank_zero_writes(tmp_path):
         ewa.load(Dataset.parse("synthetic:20:16"), str(tmp_path))
 
 
-def test_batches_flip_images_and_boxes_together(data, monkeypatch):
-    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "0")   # the generator's numpy arrays (prefetch: below)
-    rows = np.array([3, 1, 3, 0, 2])  # bootstrap rows repeat and come in any order
+def test_batches_flip_images_and_boxes_together(data):
+    rows = np.array([3, 1, 3, 0, 2])  # the workload's feed: numpy arrays (TensorFlow's prefetch: below)  # bootstrap rows repeat and come in any order
     plain = list(ewa.batches(data, rows, 2, training=False, seed=0))
     assert len(plain) == 2
     (x, gt), y = plain[0]
@@ -242,11 +241,16 @@ def test_batches_flip_images_and_boxes_together(data, monkeypatch):
 
 
 def test_prefetch_feeds_the_same_batches(data, monkeypatch):
+    """TensorFlow's feed of ewa: the workload's batches, read ahead by tf.data where
+    HPCAI500_EWA_PREFETCH asks it."""
+    from harness.frameworks.tensorflow import ewa as tf_ewa
     rows = np.array([3, 1, 3, 0, 2, 7])
-    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "0")
     plain = list(ewa.batches(data, rows, 2, training=True, seed=4))
+    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "0")
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(plain, tf_ewa.batches(data, rows, 2, training=True,
+                                                                                seed=4)))
     monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "2")
-    fed = list(ewa.batches(data, rows, 2, training=True, seed=4))
+    fed = list(tf_ewa.batches(data, rows, 2, training=True, seed=4))
     assert len(fed) == len(plain) == 3
     for ((x, gt), y), ((fx, fgt), fy) in zip(plain, fed):
         assert np.array_equal(x, fx.numpy()) and np.array_equal(gt, fgt.numpy()) and np.array_equal(y, fy.numpy())
@@ -459,12 +463,15 @@ def test_bad_data_names_file_dataset_and_problem(tmp_path, monkeypatch, case, me
 @pytest.fixture(scope="module")
 def model(data):
     import tensorflow as tf
+    from harness.frameworks.tensorflow import ewa as tf_ewa
     tf.keras.utils.set_random_seed(3)
-    return ewa.build_model(data)
+    return tf_ewa.build_model(data)
 
 
 def test_training_steps_overfit_two_images(data, model):
     import tensorflow as tf
+
+    from harness.frameworks.tensorflow import ewa as tf_ewa
     (x, gt), y = tf.nest.map_structure(np.asarray, next(ewa.batches(data, np.arange(2), 2, training=False)))
     out = model((x, gt), training=True)
     cfg = ewa.config(data)
@@ -482,8 +489,8 @@ def test_training_steps_overfit_two_images(data, model):
     @tf.function
     def step(x, gt, y):
         with tf.GradientTape() as tape:
-            per_sample = ewa.loss(y, tf.nest.map_structure(lambda t: tf.cast(t, tf.float32),
-                                                           model((x, gt), training=True)))
+            per_sample = tf_ewa.loss(y, tf.nest.map_structure(lambda t: tf.cast(t, tf.float32),
+                                                              model((x, gt), training=True)))
             loss = tf.reduce_mean(per_sample)
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return per_sample
@@ -494,7 +501,8 @@ def test_training_steps_overfit_two_images(data, model):
 
 
 def test_predict_shapes_and_ranges(data, model):
-    s = ewa.predict(model, data, slice(2, 7))
+    from harness.frameworks.tensorflow import ewa as tf_ewa
+    s = tf_ewa.predict(model, data, slice(2, 7))
     k = ewa.config(data).detections
     assert s.shape == (5, ewa.score_width(data)) == (5, 6 * k)
     rows = s.reshape(5, k, 6)
@@ -504,7 +512,7 @@ def test_predict_shapes_and_ranges(data, model):
     assert (rows[..., 2:][real] >= 0).all() and (rows[real][:, 4] <= 32).all() and (rows[real][:, 5] <= 48).all()
     assert (rows[~real] == 0).all()
     assert (np.diff(rows[..., 1], axis=1) <= 1e-6).all()  # best first
-    assert np.allclose(ewa.predict(model, data, slice(4, 5)), s[2:3], atol=1e-5)  # batch-independent
+    assert np.allclose(tf_ewa.predict(model, data, slice(4, 5)), s[2:3], atol=1e-5)  # batch-independent
 
 
 def _packed(per_image, k):
@@ -545,8 +553,7 @@ def test_flops_count_the_roi_head_once_per_roi(data):
     Two models that differ only in R differ by (R2 - R1) x the head's FLOPs by hand."""
     import dataclasses
 
-    from harness.frameworks.tensorflow import flops
-    from harness.workloads import faster_rcnn
+    from harness.frameworks.tensorflow import faster_rcnn, flops
     cfg = ewa.config(data)
     counts = {r: flops.count(faster_rcnn.build(dataclasses.replace(cfg, rois=r))) for r in (16, 48)}
     c = cfg.widths[-1] * cfg.pool ** 2
@@ -577,8 +584,8 @@ def test_backbone_choice_and_resnet50_trunk(monkeypatch):
     the profiler's."""
     import tensorflow as tf
 
-    from harness.frameworks.tensorflow import flops
-    from harness.workloads import detector, faster_rcnn
+    from harness.frameworks.tensorflow import faster_rcnn, flops
+    from harness.workloads import detector
     assert detector.config_for(768, 1152, 15).backbone == "resnet50"
     assert detector.config_for(96, 144, 3).backbone == "small"
     monkeypatch.setenv("HPCAI500_EWA_BACKBONE", "small")
@@ -615,10 +622,10 @@ def test_the_pytorch_detector_counts_as_its_keras_twin(data):
     small model of the fixture and the ResNet-50 one at 768 x 1152 (PyTorch's counted on
     the meta device: 163,988,720,256 FLOPs forward, 63,439,981 weights in both)."""
     torch = pytest.importorskip("torch")
-    from harness.frameworks.tensorflow import flops
     from harness.frameworks.pytorch import ewa as pt
     from harness.frameworks.pytorch import flops as ptflops
-    from harness.workloads import detector, faster_rcnn
+    from harness.frameworks.tensorflow import faster_rcnn, flops
+    from harness.workloads import detector
     for cfg in (ewa.config(data), detector.config_for(768, 1152, 15)):
         keras = flops.count(faster_rcnn.build(cfg))
         with torch.device("meta"):
@@ -655,7 +662,7 @@ def test_the_pytorch_loss_and_detections_are_tensorflows(data):
     import tensorflow as tf
 
     from harness.frameworks.pytorch import ewa as pt
-    from harness.workloads import faster_rcnn
+    from harness.frameworks.tensorflow import faster_rcnn
     cfg, out, gt = _outputs(data)
     theirs = faster_rcnn.loss_terms(tf.constant(gt), {k: tf.constant(v) for k, v in out.items()})
     ours = pt.loss_terms(torch.from_numpy(gt), {k: torch.from_numpy(v[:1] if k == "anchors" else v)
@@ -677,7 +684,7 @@ def test_the_pytorch_proposals_and_roi_crop_are_tensorflows(data):
     import tensorflow as tf
 
     from harness.frameworks.pytorch import ewa as pt
-    from harness.workloads import faster_rcnn
+    from harness.frameworks.tensorflow import faster_rcnn
     cfg, out, gt = _outputs(data, seed=1)
     args = [out["rpn_logits"], out["rpn_deltas"], gt]
     for training in (False, True):
@@ -754,13 +761,14 @@ def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
 
 @pytest.mark.parametrize("depth", ["0", "2"])
 def test_stream_is_each_epochs_batches_in_turn(data, monkeypatch, depth):
-    """ewa.stream with and without prefetch: epoch e's batches as batches(shards(e),
-    seed + e) gives them, whole batches only, one pipeline for all epochs."""
+    """TensorFlow's ewa.stream with and without prefetch: epoch e's batches as the
+    workload's batches(shards(e), seed + e) gives them, whole batches only, one pipeline
+    for all epochs."""
+    from harness.frameworks.tensorflow import ewa as tf_ewa
     epochs = {0: np.array([3, 1, 3, 0, 2]), 1: np.array([7, 7, 4, 5])}
-    monkeypatch.setenv("HPCAI500_EWA_PREFETCH", "0")
     want = [b for e in (0, 1) for b in ewa.batches(data, epochs[e], 2, training=True, seed=9 + e)]
     monkeypatch.setenv("HPCAI500_EWA_PREFETCH", depth)
-    got = list(ewa.stream(data, lambda e: epochs[e], 2, 2, seed=9))
+    got = list(tf_ewa.stream(data, lambda e: epochs[e], 2, 2, seed=9))
     assert len(got) == len(want) == 4
     for ((x, gt), y), ((wx, wgt), wy) in zip(got, want):
         assert np.array_equal(np.asarray(x), wx) and np.array_equal(np.asarray(gt), wgt)

@@ -41,8 +41,9 @@ def _small_cnn():
 
 def _digits_cnn():
     """The digits workload's own model, the one the shipped HPCAI500.dat trains."""
+    from harness.frameworks.tensorflow import digits as tf_digits
     from harness.workloads import Dataset, digits
-    return digits.build_model(digits.load(Dataset.parse("embedded"), ""))
+    return tf_digits.build_model(digits.load(Dataset.parse("embedded"), ""))
 
 
 # ---- 1. hand-computed Table 3 cases ------------------------------------------

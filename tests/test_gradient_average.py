@@ -31,11 +31,12 @@ X = np.arange(16, dtype=np.float32).reshape(8, 2) / 10.0
 Y = np.array([1, -1, 2, 0, 3, 1, -2, 0.5], np.float32)
 
 
-class Linear:      # a workload of one Dense(1) without bias, mean squared error
+class Linear:      # a workload of one Dense(1) without bias, mean squared error; its own TensorFlow module
     NAME = "linear"
     MOMENTUM = 0.9
     OPTIMIZER_OPTIONS = {}   # none: the harness's optimizers as made
     stream = None   # workloads.training_feed chains batches() per epoch
+    predict = None  # models.Model asks for one; train() never predicts
     @staticmethod
     def build_model(data):
         return tf.keras.Sequential([tf.keras.layers.Input((2,)),
@@ -78,6 +79,10 @@ class Small(Linear):  # batch norm (statistics), dropout (random state), a softm
             yield XS[idx], YS[idx]
 
 
+# train.py takes a workload's Keras members from models.get(NAME), which imports
+# harness.frameworks.tensorflow.<NAME>: each fake is its own module there
+sys.modules["harness.frameworks.tensorflow.linear"] = Linear
+sys.modules["harness.frameworks.tensorflow.small"] = Small
 world = MPI.COMM_WORLD
 hvd.init(comm=world)
 out = {}

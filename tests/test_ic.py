@@ -10,8 +10,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from harness.frameworks.tensorflow import flops  # noqa: E402
-from harness.workloads import DataError, Dataset, ic, resnet, tfrecord  # noqa: E402
+from harness.frameworks.tensorflow import flops, resnet  # noqa: E402
+from harness.frameworks.tensorflow import ic as tf_ic  # noqa: E402
+from harness.workloads import DataError, Dataset, ic, tfrecord  # noqa: E402
 from tests.conftest import results  # noqa: E402
 
 # Hand-built data set: solid-colour JPEGs of assorted sizes, raw labels 1-based like
@@ -127,14 +128,14 @@ def test_reader_labels_shapes_and_pixels(handmade, monkeypatch):
     # neither 0 nor 1000 among labels 1..3: the converter's 1-based labels assumed, and said
     assert data.label_offset == 1 and data.label_how.startswith("assumed: neither 0 nor 1000")
     assert list(data.y_val) == [r - 1 for r in RAW_LABELS[7:]] and data.y_val.dtype == np.int64
-    (x, y), = list(ic.batches(data, np.arange(7), 7, training=False, seed=0))
+    (x, y), = list(tf_ic.batches(data, np.arange(7), 7, training=False, seed=0))
     assert x.shape == (7, 224, 224, 3) and x.dtype == tf.float32 and y.dtype == tf.int64
     assert list(y.numpy()) == [r - 1 for r in RAW_LABELS[:7]]
     assert np.allclose(_colour(x), COLOURS[:7], atol=4)   # RGB order, right record, right normalisation
     monkeypatch.setenv("HPCAI500_IC_LABEL_OFFSET", "0")   # 0-based labels: nothing subtracted
     raw = ic.read(str(path), cache_dir=str(path / "cache"))
     assert list(raw.y_val) == RAW_LABELS[7:] and raw.num_classes == 4
-    (_, y0), = list(ic.batches(raw, np.arange(7), 7, training=False, seed=0))
+    (_, y0), = list(tf_ic.batches(raw, np.arange(7), 7, training=False, seed=0))
     assert list(y0.numpy()) == RAW_LABELS[:7]
 
 
@@ -142,7 +143,7 @@ def test_bootstrap_rows_with_repeats(handmade):
     path, _ = handmade
     data = ic.read(str(path))
     rows = np.array([3, 0, 3, 6, 6, 1, 5, 3])
-    got = list(ic.batches(data, rows, 3, training=False, seed=0))
+    got = list(tf_ic.batches(data, rows, 3, training=False, seed=0))
     assert len(got) == 2                                   # 8 // 3: the remainder is dropped
     x = np.concatenate([b[0] for b in got])
     y = np.concatenate([b[1] for b in got])
@@ -216,7 +217,7 @@ def test_synthetic_round_trip(synthetic):
     assert (data.n_train, data.n_val, data.side, data.num_classes) == (240, 60, 24, 10)
     labels = np.array([lab for _, lab in tfrecord.synthetic_images(300, 24, 10, 2024)])
     assert list(data.y_val) == list(labels[:60])             # validation first, then train
-    y = np.concatenate([b[1] for b in ic.batches(data, np.arange(240), 40, training=False, seed=0)])
+    y = np.concatenate([b[1] for b in tf_ic.batches(data, np.arange(240), 40, training=False, seed=0)])
     assert list(y) == list(labels[60:])
     assert len(list(path.glob("train-*-of-00002"))) == 2     # 128 records a shard
     mtime = os.path.getmtime(path / "train-00000-of-00002")
@@ -229,7 +230,7 @@ def test_synthetic_default_and_224_px(tmp_path):
     ic.write_synthetic(str(tmp_path / "big"), 5, 224)
     data = ic.read(str(tmp_path / "big"))
     assert (data.n_train, data.n_val, data.side) == (4, 1, 224)
-    (x, _), = list(ic.batches(data, [0, 1, 3, 2], 4, training=True, seed=1))
+    (x, _), = list(tf_ic.batches(data, [0, 1, 3, 2], 4, training=True, seed=1))
     assert x.shape == (4, 224, 224, 3)
     assert ic.SYNTHETIC_DEFAULT == (640, 32) and ic.SYNTHETIC_CLASSES == 10
 
@@ -255,10 +256,10 @@ def test_augmentation_is_seeded(synthetic):
     data, _ = synthetic
     rows = np.arange(32)
     def run(seed):
-        return np.concatenate([b[0] for b in ic.batches(data, rows, 16, training=True, seed=seed)])
+        return np.concatenate([b[0] for b in tf_ic.batches(data, rows, 16, training=True, seed=seed)])
     a, b, c = run(7), run(7), run(8)
     assert a.shape == (32, 24, 24, 3) and np.array_equal(a, b) and not np.array_equal(a, c)
-    plain = np.concatenate([b[0] for b in ic.batches(data, rows, 16, training=False, seed=0)])
+    plain = np.concatenate([b[0] for b in tf_ic.batches(data, rows, 16, training=False, seed=0)])
     assert not np.array_equal(a, plain)                       # crops and flips did something
     assert abs(float(plain.mean())) < 1.0 and 0.3 < float(plain.std()) < 2.0   # normalised
 
@@ -272,7 +273,7 @@ def test_the_numpy_feed_reads_the_records_tf_data_reads(handmade):
     data = ic.read(str(path))
     rows = np.array([3, 0, 3, 6, 6, 1, 5, 3])
     ours = list(ic.numpy_batches(data, data.train, rows, 3, augment=False, workers=2))
-    theirs = list(ic.batches(data, rows, 3, training=False, seed=0))
+    theirs = list(tf_ic.batches(data, rows, 3, training=False, seed=0))
     assert len(ours) == len(theirs) == 2
     for (x, y), (tx, ty) in zip(ours, theirs):
         assert x.shape == (3, 224, 224, 3) and x.dtype == np.float32 and y.dtype == np.int64
@@ -309,24 +310,24 @@ def test_random_crop_draws_as_tensorflows_box_sampler():
 
 
 def test_stream_feeds_every_epoch_from_one_pipeline(synthetic):
-    """ic.stream: epoch e's rows, whole batches only, in turn; shards drawn lazily; the
-    same sample is augmented differently in each epoch, and the stream is seeded."""
+    """TensorFlow's ic.stream: epoch e's rows, whole batches only, in turn; shards drawn
+    lazily; the same sample is augmented differently in each epoch, and the stream is seeded."""
     data, _ = synthetic
     epochs = {0: np.array([5, 1, 5, 7, 2]), 1: np.array([2, 2, 9, 0, 3]), 2: np.array([4, 6])}
     asked = []
     def shards(e):
         asked.append(e)
         return epochs[e]
-    feed = ic.stream(data, shards, 3, 2, seed=11)
+    feed = tf_ic.stream(data, shards, 3, 2, seed=11)
     assert asked == []                                       # nothing drawn before the first batch
     got = list(feed)
     assert asked == [0, 1, 2] and len(got) == 2 + 2 + 1      # 5 rows -> 2 batches, 2 rows -> 1
     labels = np.concatenate([y for _, y in got])
     rows = [5, 1, 5, 7, 2, 2, 9, 0, 4, 6]
-    assert list(labels) == list(next(ic.batches(data, rows, 10, training=False, seed=0))[1])
+    assert list(labels) == list(next(tf_ic.batches(data, rows, 10, training=False, seed=0))[1])
     x = np.concatenate([x for x, _ in got])
     assert not np.array_equal(x[0], x[2])                    # row 5 twice in epoch 1: two draws
-    again = np.concatenate([x for x, _ in ic.stream(data, lambda e: epochs[e], 3, 2, seed=11)])
+    again = np.concatenate([x for x, _ in tf_ic.stream(data, lambda e: epochs[e], 3, 2, seed=11)])
     assert np.array_equal(x, again)
 
 
@@ -341,9 +342,9 @@ def test_stage_copies_exactly_the_rows(synthetic, tmp_path):
     assert list(copy.y_val) == list(data.y_val)
     with tfrecord.Reader(data.train) as src, tfrecord.Reader(copy.train) as dst:
         assert dst.records(range(len(rows))) == src.records(rows)    # byte for byte, in order
-    y_src = np.concatenate([b[1] for b in ic.batches(data, rows, len(rows), training=False, seed=0)])
-    y_dst = np.concatenate([b[1] for b in ic.batches(copy, np.arange(len(rows)), len(rows),
-                                                     training=False, seed=0)])
+    y_src = np.concatenate([b[1] for b in tf_ic.batches(data, rows, len(rows), training=False, seed=0)])
+    y_dst = np.concatenate([b[1] for b in tf_ic.batches(copy, np.arange(len(rows)), len(rows),
+                                                        training=False, seed=0)])
     assert list(y_src) == list(y_dst)
     # the staged index was written by stage, not rebuilt: read found it by its key
     assert len(list((tmp_path / "stage").glob("ic-index-*.npz"))) == 1
@@ -391,14 +392,14 @@ def test_model_regularizers_and_init(synthetic):
     assert model.get_layer("conv3_block1_1_conv").strides == (1, 1)
     a, b = model.get_layer("conv2_block1_1_conv").kernel, model.get_layer("conv2_block1_3_conv").kernel
     assert a.shape[:2] == b.shape[:2] == (1, 1) and not np.array_equal(a[0, 0, :8, :8], b[0, 0, :8, :8])
-    x_spec, y_spec = ic.input_signature(data, 8)
+    x_spec, y_spec = tf_ic.input_signature(data, 8)
     assert x_spec.shape == (8, 24, 24, 3) and y_spec.shape == (8,) and y_spec.dtype == tf.int64
 
 
 def test_loss_is_smoothed_cross_entropy():
     logits = tf.constant([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
     y = tf.constant([0, 2], tf.int64)
-    got = ic.loss(y, logits).numpy()
+    got = tf_ic.loss(y, logits).numpy()
     logp = tf.nn.log_softmax(logits).numpy()
     target = np.eye(3)[[0, 2]] * 0.9 + 0.1 / 3
     assert got.shape == (2,) and np.allclose(got, -(target * logp).sum(1), atol=1e-6)
@@ -409,10 +410,10 @@ def test_predict_and_quality(synthetic, monkeypatch):
     data, _ = synthetic
     monkeypatch.setenv("HPCAI500_IC_WIDTH", "8")
     monkeypatch.setenv("HPCAI500_IC_STAGES", "1,1,1,1")
-    model = ic.build_model(data)
+    model = tf_ic.build_model(data)
     assert model.count_params() < 200_000 and ic.score_width(data) == 10
-    full = ic.predict(model, data, slice(0, data.n_val))
-    part = ic.predict(model, data, slice(5, 17))
+    full = tf_ic.predict(model, data, slice(0, data.n_val))
+    part = tf_ic.predict(model, data, slice(5, 17))
     assert full.shape == (60, 10) and full.dtype == np.float32
     assert np.allclose(full.sum(1), 1, atol=1e-5) and np.allclose(part, full[5:17], atol=1e-6)
     onehot = np.eye(10, dtype=np.float32)[data.y_val]

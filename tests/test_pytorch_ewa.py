@@ -1,6 +1,6 @@
 """harness/frameworks/pytorch/ewa.py without TensorFlow: the detector's outputs, a few
-training steps that fit two images, predictions packed as ewa.predict packs them, the ROI
-crop by hand. Its equality with the Keras detector (count, loss, detections, proposals,
+training steps that fit two images, predictions packed as TensorFlow's ewa.predict packs
+them, the ROI crop by hand. Its equality with the Keras detector (count, loss, detections, proposals,
 crop): tests/test_ewa.py, where both frameworks are installed; a run: test_pytorch_run.py."""
 import numpy as np
 import pytest
@@ -36,7 +36,7 @@ def test_training_steps_fit_two_images(data):
     ROIs, no draws in evaluation; 30 SGD steps halve the loss on two images."""
     torch.manual_seed(3)
     model = pt.build_model(data)
-    (x, gt), y = next(pt.batches(data, np.arange(2), 2, training=False, seed=0))
+    (x, gt), y = next(ewa.batches(data, np.arange(2), 2, training=False, seed=0))
     inputs, target = pt.inputs((x, gt), "cpu"), pt.targets(y, "cpu")
     cfg, out = ewa.config(data), model(inputs)
     a = len(cfg.anchors())

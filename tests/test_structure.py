@@ -14,7 +14,6 @@ HARNESS = ROOT / "harness"
 LATE = {
     ("harness.report", "harness.plots"): "matplotlib (~1 s), only on rank 0 when a chart is drawn",
     ("harness.frameworks.tensorflow.train", "harness.frameworks.tensorflow.optimizers"): "TensorFlow at its top: after the driver pins the devices",
-    ("harness.workloads.ewa", "harness.workloads.faster_rcnn"): "TensorFlow at its top: loading data runs none",
 }
 
 
@@ -122,23 +121,20 @@ def test_torch_is_imported_only_by_the_pytorch_package_which_imports_no_tensorfl
     assert not _frameworks_imported(modules["harness.frameworks"])
 
 
-# The modules outside harness/frameworks/tensorflow/ that still import TensorFlow: the
-# workloads' Keras members (models, losses, tf.data feeds, predict), not yet moved behind
-# the seam (issue 34). The list may only shrink: a new module that imports TensorFlow
-# belongs in TensorFlow's package.
-TENSORFLOW_OUTSIDE = {"harness.workloads", "harness.workloads.cosmoflow", "harness.workloads.deepcam",
-                      "harness.workloads.deeplab", "harness.workloads.detection", "harness.workloads.digits",
-                      "harness.workloads.ewa", "harness.workloads.faster_rcnn", "harness.workloads.ic",
-                      "harness.workloads.resnet"}
-
-
-def test_tensorflow_lives_in_its_package_but_for_the_workloads_keras_members():
-    """The training step, the optimizers, the int8 and torus exchanges and the Keras walker
-    are harness/frameworks/tensorflow/'s; harness/train.py, flops.py and communication.py
-    (what both frameworks share) import no framework."""
+def test_tensorflow_and_horovod_are_imported_only_by_the_tensorflow_package():
+    """Issue 34's seam: the training step, the optimizers, the int8 and torus exchanges,
+    the Keras walker and the workloads' Keras members are harness/frameworks/tensorflow/'s,
+    and no other module imports TensorFlow or Horovod (a node with PyTorch alone must run
+    PyTorch); harness/train.py, flops.py and communication.py (what both frameworks share)
+    import no framework, and a module outside the package does not import the package."""
     modules = _modules()
+    tensorflow = "harness.frameworks.tensorflow"
     outside = {n for n, tree in modules.items() if _frameworks_imported(tree) & {"tensorflow", "horovod"}
-               and not n.startswith("harness.frameworks.tensorflow")}
-    assert outside == TENSORFLOW_OUTSIDE, sorted(outside ^ TENSORFLOW_OUTSIDE)
+               and not n.startswith(tensorflow)}
+    assert not outside, sorted(outside)
     assert not any(_frameworks_imported(modules[n]) for n in ("harness.train", "harness.flops",
                                                               "harness.communication"))
+    graph, _ = _imports(modules)
+    reaching = {n for n, targets in graph.items() if not n.startswith(tensorflow)
+                and any(t == tensorflow or t.startswith(tensorflow + ".") for t in targets)}
+    assert not reaching, sorted(reaching)

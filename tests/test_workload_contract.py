@@ -1,12 +1,15 @@
 """One contract, run over every workload the input file can name: the interface of
 harness/workloads (the Workload protocol), the optional constants' defaults, and the
-values the harness relies on. A new workload is checked by being listed in CHOICES."""
+values the harness relies on; and TensorFlow's module of every workload against its
+interface (harness/frameworks/tensorflow/models.Model). A new workload is checked by
+being listed in CHOICES."""
 import inspect
 
 import numpy as np
 import pytest
 
 from harness import dat, ensemble, workloads
+from harness.frameworks.tensorflow import models as tf_models
 
 
 @pytest.mark.parametrize("name", list(workloads.CHOICES))
@@ -15,18 +18,34 @@ def test_every_workload_meets_the_interface(name):
     assert wl.NAME == name
     for member in workloads.REQUIRED:
         assert hasattr(wl, member), member
-    for fn in ("load", "read", "stage", "build_model", "loss", "input_signature", "batches", "score_width",
-               "predict", "quality"):
-        # callable the way the harness calls it: the protocol's arguments bind
-        protocol = inspect.signature(getattr(workloads.Workload, fn)).parameters.values()
-        args = [p.name for p in protocol if p.name != "self" and p.kind is not p.KEYWORD_ONLY]
-        kwargs = {p.name: None for p in protocol if p.kind is p.KEYWORD_ONLY}
-        inspect.signature(getattr(wl, fn)).bind(*args, **kwargs)
+    for fn in ("load", "read", "stage", "batches", "score_width", "quality"):
+        _binds(workloads.Workload, wl, fn)
     assert isinstance(wl.QUALITY, str) and wl.QUALITY
     assert 0 < wl.TARGET_QUALITY <= 1 and wl.PENALTY_N >= 0
     assert wl.AGGREGATIONS and set(wl.AGGREGATIONS) <= set(ensemble.AGGREGATIONS)
     assert wl.ENSEMBLE in ("sum", "stack") and 0 <= wl.MOMENTUM < 1
     assert callable(wl.describe_model)
+
+
+def _binds(protocol, module, fn):
+    """`module`'s fn callable the way the harness calls it: the protocol's arguments bind."""
+    params = inspect.signature(getattr(protocol, fn)).parameters.values()
+    args = [p.name for p in params if p.name != "self" and p.kind is not p.KEYWORD_ONLY]
+    kwargs = {p.name: None for p in params if p.kind is p.KEYWORD_ONLY}
+    inspect.signature(getattr(module, fn)).bind(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", list(workloads.CHOICES))
+def test_every_workload_has_a_tensorflow_module_that_meets_its_interface(name):
+    """harness/frameworks/tensorflow/<name>.py: the Keras members; the feed, where it gives
+    one, as the workloads' batches() is called."""
+    module = tf_models.get(name)
+    for member in tf_models.REQUIRED:
+        assert hasattr(module, member), member
+    for fn in ("build_model", "loss", "input_signature", "predict"):
+        _binds(tf_models.Model, module, fn)
+    if module.batches is not None:
+        _binds(workloads.Workload, module, "batches")
 
 
 def test_optional_constants_come_from_one_table():
@@ -45,22 +64,19 @@ def test_a_module_missing_a_member_is_refused(monkeypatch):
 
 
 def test_training_feed_chains_each_epochs_batches_with_its_seed():
-    """A workload without stream(): batches() of shards(e) with seed + e, e in turn,
-    each epoch's rows drawn only when the feed reaches it."""
+    """A feed without stream(): batches() of shards(e) with seed + e, e in turn, each
+    epoch's rows drawn only when the feed reaches it."""
     calls = []
 
-    class Fake:
-        stream = None
-        @staticmethod
-        def batches(data, rows, batch, *, training, seed):
-            calls.append((list(rows), seed, training))
-            yield from ((rows[i:i + batch], seed) for i in range(0, len(rows) // batch * batch, batch))
+    def batches(data, rows, batch, *, training, seed):
+        calls.append((list(rows), seed, training))
+        yield from ((rows[i:i + batch], seed) for i in range(0, len(rows) // batch * batch, batch))
 
-    feed = workloads.training_feed(Fake, None, lambda e: [10 * e, 10 * e + 1, 10 * e + 2], 2, 2, seed=100)
+    feed = workloads.training_feed(batches, None, None, lambda e: [10 * e, 10 * e + 1, 10 * e + 2], 2, 2, seed=100)
     assert calls == []
     assert [(list(x), s) for x, s in feed] == [([0, 1], 100), ([10, 11], 101)]
     assert calls == [([0, 1, 2], 100, True), ([10, 11, 12], 101, True)]
-    assert workloads.get("ic").stream is not None and workloads.get("digits").stream is None
+    assert tf_models.get("ic").stream is not None and tf_models.get("digits").stream is None
 
 
 @pytest.mark.parametrize("rows", [[], [2, 1], [1, 1], [-1, 0], [0, 5]], ids=["empty", "unsorted", "repeat",

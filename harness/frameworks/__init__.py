@@ -1,4 +1,4 @@
-"""The training frameworks, one package each behind one interface (issue 34, under way).
+"""The training frameworks, one package each behind one interface (issue 34).
 
 Table 2 of HPC AI500 V3.0 lets a user choose the framework: TensorFlow by default, PyTorch
 beside it (lines 34-35 of the input file, a sweep like the workloads). This module is
@@ -9,10 +9,15 @@ Table 2 choices it carries (`builds`, UNSUPPORTED: harness/plan.py refuses the r
 their line), the interface every framework's package gives (`Framework`) and `get`,
 which imports one. No framework is imported by this file.
 
-PyTorch trains the workloads of pytorch/models.BUILT (all five). TensorFlow's
-package holds its training step, optimizers, int8/torus ops and Keras walker; its interface is
-also the door to the TensorFlow code not yet moved in (kernels/, the workloads' Keras
-models, losses, tf.data feeds and predictions); moving that is the rest of issue 34.
+Each package holds everything its framework trains with, the workloads' models included
+(one module a workload, behind <name>/models.py's interface), while harness/workloads/
+holds each workload's data, numpy feed and quality once for both. PyTorch trains the
+workloads of pytorch/models.BUILT (all five). TensorFlow's package holds its training
+step, optimizers, int8/torus ops, Keras walker and the workloads' Keras models, losses,
+tf.data feeds and predictions; its roofline micro-kernels stay in the top-level kernels/
+(the benchmark's own folder, with its command line), which its interface reaches. No
+module outside harness/frameworks/tensorflow/ imports TensorFlow or Horovod, none outside
+harness/frameworks/pytorch/ torch.
 """
 from __future__ import annotations
 

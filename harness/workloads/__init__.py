@@ -3,6 +3,11 @@
 `get(name)` returns the workload's module after checking that it provides every
 member of the interface, with the optional constants filled in from DEFAULTS: the one
 place their defaults live. The harness knows nothing else about a workload.
+
+A workload is written once for every framework and imports none: its data (reading,
+synthetic writers, staging), its numpy feed, its quality, its model's design in numbers.
+Each framework builds the model, its loss and its predictions in its own package, one
+module a workload (harness/frameworks/<framework>/models.py).
 """
 from __future__ import annotations
 
@@ -86,11 +91,6 @@ class Data:
     def n_val(self) -> int:
         return len(self.y_val)
 
-    def input_signature(self, batch: int):
-        import tensorflow as tf
-        return (tf.TensorSpec((batch, *self.x_train.shape[1:]), tf.as_dtype(self.x_train.dtype)),
-                tf.TensorSpec((batch, *self.y_train.shape[1:]), tf.as_dtype(self.y_train.dtype)))
-
     def batches(self, rows: np.ndarray, batch: int):
         """Fancy-indexed numpy batches: nothing to decode, so no pipeline to hide (a
         tf.data pipeline here ran 4-8 % slower and stalled one epoch at 2 ranks on 2
@@ -145,15 +145,6 @@ def staged_rows(workload: str, rows, n_train: int) -> np.ndarray:
     return rows
 
 
-def class_probabilities(model, inputs, classes: int) -> np.ndarray:
-    """Softmax of the model's logits, computed in FP32, over the batches `inputs` (an
-    iterable of x): what a classifier's predict() returns. Averaging it across base
-    models is the mean aggregation; its argmax, a vote."""
-    import tensorflow as tf
-    out = [tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy() for x in inputs]
-    return np.concatenate(out) if out else np.zeros((0, classes), np.float32)
-
-
 def top1(scores: np.ndarray, labels: np.ndarray) -> float:
     """Top-1 accuracy; ties in the scores go to the lowest class index."""
     return float(np.mean(np.argmax(scores, axis=1) == labels))
@@ -197,24 +188,15 @@ class Workload(Protocol):
         written, and every block of a large one: the writer beats the watchdog with it, so
         that a long copy is not taken for a hang (harness/staging.py)."""
 
-    def build_model(self, data): ...  # a tf.keras.Model
-    def loss(self, y, outputs): ...   # per-sample loss tensor (outputs cast to FP32 by the harness)
-    def input_signature(self, data, batch: int): ...  # (x_spec, y_spec), tf.TensorSpec nests
-
     def batches(self, data, rows, batch: int, *, training: bool, seed: int):
-        """len(rows) // batch batches (x, y) of training samples `rows`, in that order
-        (the harness shuffles and shards; the workload reads, decodes, augments)."""
+        """len(rows) // batch batches (x, y) of training samples `rows`, in that order, as
+        numpy arrays (the harness shuffles and shards; the workload reads, decodes,
+        augments): every framework's feed unless its model module gives its own
+        (harness/frameworks/<framework>/models.py: ic's tf.data pipeline, for one)."""
 
-    # Optional (DEFAULTS: None, then `training_feed` chains batches() per epoch):
-    # stream(data, shards, epochs, batch, *, seed) -> one iterator over every epoch's
-    # training batches, len(shards(e)) // batch of epoch e = 0 .. epochs-1 in turn, for a
-    # workload whose feed is a pipeline better built once than once an epoch (ic's tf.data).
-    stream: object
-
-    def score_width(self, data) -> int: ...
-
-    def predict(self, model, data, rows: slice):
-        """np.ndarray (rows, score_width): scores of validation rows, averageable over models."""
+    def score_width(self, data) -> int:
+        """The columns of a validation row's scores, as every framework's predict() gives
+        them (averageable over models)."""
 
     def quality(self, scores, data) -> float: ...  # scores of the whole validation set; see HIGHER_IS_BETTER
 
@@ -230,7 +212,7 @@ class Workload(Protocol):
         column order and validation years, ic's label base. Default: no lines."""
 
 
-DEFAULTS = {"stream": None, "ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "VOTE_GROUP": None,
+DEFAULTS = {"ENSEMBLE": "sum", "MOMENTUM": 0.9, "HIGHER_IS_BETTER": True, "VOTE_GROUP": None,
             "OPTIMIZER_OPTIONS": {}, "QUALITY_PER_SAMPLE": False,
             "describe_model": lambda data: (None, []), "describe_data": lambda data: []}
 
@@ -259,13 +241,14 @@ def checked_module(path: str, required: tuple, defaults: dict, what: str = ""):
 REQUIRED = required_members(Workload, DEFAULTS)
 
 
-def training_feed(workload, data, shards, epochs: int, batch: int, seed: int):
-    """The training loop's one iterator of batches over all epochs: the workload's
-    stream() if it has one, else its batches() of each epoch's rows `shards(e)` in turn
-    (each_epoch)."""
-    if workload.stream is not None:
-        return workload.stream(data, shards, epochs, batch, seed=seed)
-    return each_epoch(lambda rows, s: workload.batches(data, rows, batch, training=True, seed=s), shards, epochs, seed)
+def training_feed(batches, stream, data, shards, epochs: int, batch: int, seed: int):
+    """The training loop's one iterator of batches over all epochs, from a framework's
+    feed of the workload: `stream(data, shards, epochs, batch, *, seed)` if it is given
+    (one pipeline for every epoch), else `batches` (the Workload.batches contract) of each
+    epoch's rows `shards(e)` in turn (each_epoch)."""
+    if stream is not None:
+        return stream(data, shards, epochs, batch, seed=seed)
+    return each_epoch(lambda rows, s: batches(data, rows, batch, training=True, seed=s), shards, epochs, seed)
 
 
 def each_epoch(batches_of, shards, epochs: int, seed: int):

@@ -31,16 +31,18 @@ log1p in float32. No augmentation (the reference has none).
 writes them in the published layout (GZIP, int16, one sample a file) and they are read
 back through the same reader. There is no embedded data set.
 
-Model: the reference's (cosmoflow/models/cosmoflow.py): 5 x [Conv3D k3 same, filters 32,
-64, 128, 256, 512; LeakyReLU 0.3; MaxPool3D 2], Flatten, Dense 128 + LeakyReLU + Dropout
+Model: the reference's (cosmoflow/models/cosmoflow.py), built in Keras by
+harness/frameworks/tensorflow/cosmoflow.py and in PyTorch by harness/frameworks/pytorch/
+cosmoflow.py from the numbers here: 5 x [Conv3D k3 same, filters 32, 64, 128, 256, 512;
+LeakyReLU 0.3; MaxPool3D 2], Flatten, Dense 128 + LeakyReLU + Dropout
 0.5, Dense 64 + LeakyReLU + Dropout 0.5, Dense 4 tanh x 1.2; loss MSE. Recipe:
 SGD momentum 0.9 (the harness's default). The reference's LR (0.001 x global batch / 64,
 4 warm-up epochs, x0.25 from epoch 32, x0.125 from 64) is line 19 and 20's business here,
 with the harness's warm-up + cosine decay (DESIGN.md §5).
 
-Ensemble and VFLOPS: `predict` gives each validation universe's 4 predicted parameters;
-the harness sums the M models' (ENSEMBLE "sum") and `quality` gets their mean. The
-penalty of Eq. 8 for an error is (target / achieved)^n (harness/metrics.py); n = 5 (PENALTY_N):
+Ensemble and VFLOPS: each framework's `predict` gives each validation universe's 4
+predicted parameters; the harness sums the M models' (ENSEMBLE "sum") and `quality` gets
+their mean. The penalty of Eq. 8 for an error is (target / achieved)^n (harness/metrics.py); n = 5 (PENALTY_N):
 see there and README.
 """
 from __future__ import annotations
@@ -329,40 +331,6 @@ def describe_model(data: CosmoData) -> tuple[str, list[str]]:
     return note, deviations
 
 
-def _scale(x):
-    return x * OUTPUT_SCALE
-
-
-def build_model(data: CosmoData):
-    import tensorflow as tf
-    L = tf.keras.layers
-    model = tf.keras.Sequential([tf.keras.Input((data.side,) * 3 + (CHANNELS,))], name="cosmoflow")
-    for f in filters():
-        model.add(L.Conv3D(f, 3, padding="same"))
-        model.add(L.LeakyReLU(LEAKY_ALPHA))
-        model.add(L.MaxPooling3D(2))
-    model.add(L.Flatten())
-    for n in DENSE:
-        model.add(L.Dense(n))
-        model.add(L.LeakyReLU(LEAKY_ALPHA))
-        model.add(L.Dropout(DROPOUT))
-    model.add(L.Dense(PARAMETERS, activation="tanh"))
-    model.add(L.Lambda(_scale, name="times_1p2"))
-    return model
-
-
-def loss(y, outputs):
-    """Per-sample mean squared error over the 4 parameters (the reference's MSE)."""
-    import tensorflow as tf
-    return tf.reduce_mean(tf.square(outputs - tf.cast(y, outputs.dtype)), axis=-1)
-
-
-def input_signature(data: CosmoData, batch: int):
-    import tensorflow as tf
-    return (tf.TensorSpec((batch, data.side, data.side, data.side, CHANNELS), tf.float32),
-            tf.TensorSpec((batch, PARAMETERS), tf.float32))
-
-
 def _volumes(data: CosmoData, index: tfrecord.Index, rows, batch: int, drop_remainder: bool):
     """Batches (x, y) of records `rows` of `index`, in order, decoded."""
     rows = np.asarray(rows, np.int64)
@@ -393,14 +361,6 @@ def batches(data: CosmoData, rows, batch: int, *, training: bool = True, seed: i
 
 def score_width(data: CosmoData) -> int:
     return PARAMETERS
-
-
-def predict(model, data: CosmoData, rows: slice) -> np.ndarray:
-    """The 4 predicted parameters (float64) of validation rows `rows`: averaging them over
-    base models is the ensemble's prediction."""
-    import tensorflow as tf
-    out = [tf.cast(model(x, training=False), tf.float32).numpy() for x in validation_volumes(data, rows)]
-    return np.concatenate(out).astype(np.float64) if out else np.zeros((0, PARAMETERS))
 
 
 def validation_volumes(data: CosmoData, rows: slice):

@@ -9,9 +9,10 @@ class absent from both scoring 1; then the mean over samples. Target 0.82 (MLPer
 Data: harness/workloads/climate.py (the reference's HDF5 layout, one sample a file, a
 stats.h5 for the min-max normalisation), `synthetic[:SAMPLES[:HEIGHT]]` written by
 climate_synthetic.py in that layout and read back by the same reader; no embedded set.
-Model: harness/workloads/deeplab.py, the reference's DeepLabv3+ with an Xception
-encoder ported layer for layer; HPCAI500_DEEPCAM_WIDTH and HPCAI500_DEEPCAM_MIDDLE
-(test-only) shrink it.
+Model: the reference's DeepLabv3+ with an Xception encoder, ported layer for layer
+(Keras: harness/frameworks/tensorflow/deeplab.py; PyTorch: harness/frameworks/pytorch/
+deepcam.py), both built from the design's numbers below; HPCAI500_DEEPCAM_WIDTH and
+HPCAI500_DEEPCAM_MIDDLE (test-only) shrink it.
 
 Loss: the reference's per-pixel cross entropy weighted by class, w_c = f_c^-0.125 with
 f_c the classes' pixel frequencies in the published training set (CLASS_WEIGHTS), and
@@ -19,11 +20,12 @@ its reduction: the plain mean of the weighted per-pixel losses (PyTorch's
 CrossEntropyLoss(weight, reduction='none') then torch.mean), not a mean normalised by
 the weights.
 
-Ensemble: `predict` gives each validation sample's per-pixel class probabilities
-(softmax in FP32), H x W x 3 a row; the quality being a mean over samples
-(QUALITY_PER_SAMPLE), the harness evaluates a chunk of samples at a time. mean: the M models' probabilities averaged, the
-class their argmax; vote: each model's per-pixel class one-hot (VOTE_GROUP = 3 columns
-a vote), the class with most votes (ties to the lowest class index).
+Ensemble: each framework's `predict` gives each validation sample's per-pixel class
+probabilities (softmax in FP32), H x W x 3 a row; the quality being a mean over samples
+(QUALITY_PER_SAMPLE), the harness evaluates a chunk of samples at a time. mean: the M
+models' probabilities averaged, the class their argmax; vote: each model's per-pixel
+class one-hot (VOTE_GROUP = 3 columns a vote), the class with most votes (ties to the
+lowest class index).
 
 VFLOPS: (IoU / 0.82)^n with n = 5 (PENALTY_N): no paper defines n for DeepCAM; IoU is
 a higher-is-better fraction as Top-1 is, so the n of HPC AI500 V2.0's image
@@ -36,7 +38,7 @@ import os
 import numpy as np
 
 from harness import settings
-from harness.workloads import DataError, Dataset, climate, climate_synthetic, deeplab, synthetic_once
+from harness.workloads import DataError, Dataset, climate, climate_synthetic, synthetic_once
 
 NAME = "deepcam"
 QUALITY = "IoU"
@@ -58,6 +60,24 @@ OPTIMIZER_OPTIONS = {"lamb": {"weight_decay": 1e-2, "epsilon": 1e-6, "global_cli
                      "adam": {"weight_decay": 1e-2, "epsilon": 1e-6}}
 EVAL_PIXELS = 1 << 22          # pixels a prediction step holds, at most (4 M: ~270 MB of logits and features)
 WIDTH_ENV, MIDDLE_ENV = "HPCAI500_DEEPCAM_WIDTH", "HPCAI500_DEEPCAM_MIDDLE"
+
+# The model's design (the reference's DeepLabv3+, scale 1), which both frameworks' ports
+# build from: harness/frameworks/tensorflow/deeplab.py's docstring describes it.
+OUTPUT_STRIDE = 16
+MIDDLE_BLOCKS = 16
+ASPP_RATES = (1, 6, 12, 18)       # output stride 16
+EXIT_RATES = (1, 2)               # block 20's dilation, then the exit convolutions'
+BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5   # PyTorch's momentum 0.1, eps 1e-5
+# The reference's channel counts (scale 1)
+ENTRY = (32, 64)
+BLOCKS = (128, 256, 728)
+EXIT = (1024, 1536, 1536, 2048)
+ASPP, LOW_LEVEL, DECODER = 256, 48, 256
+
+
+def channels(count: int, scale: float) -> int:
+    """A reference channel count at width `scale` (at least 1)."""
+    return max(1, round(count * scale))
 
 
 # ---- data ---------------------------------------------------------------------------
@@ -104,13 +124,8 @@ def shape() -> tuple[float, int]:
     unless the test-only settings shrink it."""
     width = settings.value(WIDTH_ENV)
     middle = settings.value(MIDDLE_ENV)
-    return ((width or deeplab.ENTRY[0]) / deeplab.ENTRY[0],
-            deeplab.MIDDLE_BLOCKS if middle is None else middle)
-
-
-def build_model(data: climate.Data):
-    scale, middle = shape()
-    return deeplab.build(data.height, data.width, climate.CHANNELS, climate.CLASSES, scale=scale, middle=middle)
+    return ((width or ENTRY[0]) / ENTRY[0],
+            MIDDLE_BLOCKS if middle is None else middle)
 
 
 def describe_model(data: climate.Data) -> tuple[str, list[str]]:
@@ -121,9 +136,9 @@ def describe_model(data: climate.Data) -> tuple[str, list[str]]:
         deviations.append(f"{data.height} x {data.width} samples, not {REFERENCE_SIZE[0]} x {REFERENCE_SIZE[1]}")
     if scale != 1:
         deviations.append(f"channels x {scale:g} ({WIDTH_ENV}), entry convolution"
-                          f" {deeplab.channels(deeplab.ENTRY[0], scale)} filters, not {deeplab.ENTRY[0]}")
-    if middle != deeplab.MIDDLE_BLOCKS:
-        deviations.append(f"{middle} middle-flow blocks ({MIDDLE_ENV}), not {deeplab.MIDDLE_BLOCKS}")
+                          f" {channels(ENTRY[0], scale)} filters, not {ENTRY[0]}")
+    if middle != MIDDLE_BLOCKS:
+        deviations.append(f"{middle} middle-flow blocks ({MIDDLE_ENV}), not {MIDDLE_BLOCKS}")
     note = ("DeepLabv3+ (Xception encoder, ASPP, transposed-convolution decoder) by Table 3's rules: separable"
             " convolutions as depthwise 2 x 9 x C x H x W + pointwise, dilated ones as undilated (the taps"
             " multiplied are the same), transposed ones per input pixel (TensorFlow's convention); the"
@@ -131,21 +146,6 @@ def describe_model(data: climate.Data) -> tuple[str, list[str]]:
             " (not on biases and batch norm), eps 1e-6, gradient-norm clipping at 1; adam as AdamW (weight"
             " decay 1e-2, eps 1e-6); other optimizers as the harness makes them")
     return note, deviations
-
-
-def loss(y, outputs):
-    """Per-sample loss: the mean over pixels of the class-weighted cross entropy."""
-    import tensorflow as tf
-    labels = tf.cast(y, tf.int32)
-    ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.cast(outputs, tf.float32))
-    weighted = ce * tf.gather(tf.constant(CLASS_WEIGHTS, tf.float32), labels)
-    return tf.reduce_mean(weighted, axis=[1, 2])
-
-
-def input_signature(data: climate.Data, batch: int):
-    import tensorflow as tf
-    return (tf.TensorSpec((batch, data.height, data.width, climate.CHANNELS), tf.float32),
-            tf.TensorSpec((batch, data.height, data.width), tf.int32))
 
 
 def batches(data: climate.Data, rows, batch: int, *, training: bool = True, seed: int = 0):
@@ -161,16 +161,6 @@ def batches(data: climate.Data, rows, batch: int, *, training: bool = True, seed
 
 def score_width(data: climate.Data) -> int:
     return data.height * data.width * climate.CLASSES
-
-
-def predict(model, data: climate.Data, rows: slice) -> np.ndarray:
-    """Per-pixel class probabilities (softmax of the logits in FP32) of validation
-    samples `rows`, each flattened H x W x 3 (pixel-major: a pixel's 3 columns are
-    adjacent, VOTE_GROUP)."""
-    import tensorflow as tf
-    out = [tf.nn.softmax(tf.cast(model(x, training=False), tf.float32)).numpy().reshape(len(x), -1)
-           for x in validation_samples(data, rows)]
-    return np.concatenate(out) if out else np.zeros((0, score_width(data)), np.float32)
 
 
 def validation_samples(data: climate.Data, rows: slice):

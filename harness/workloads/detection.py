@@ -4,8 +4,10 @@ Boxes are (ymin, xmin, ymax, xmax) in pixels, continuous coordinates: a box's ar
 (ymax - ymin) * (xmax - xmin), with no "+1" (that is a pixel-index convention of the
 VOC devkit; our boxes are extents of fields, not pixel lists).
 
-`iou`, `encode` and `decode` are written once for numpy and TensorFlow: the model's
-graph uses the same formulas the tests check by hand (pass `xp=TF`).
+`iou`, `encode` and `decode` are written once for numpy and the frameworks: the models
+run the same formulas the tests check by hand, on tensors (`xp`: the namespace of the
+few numpy functions they use, harness/frameworks/tensorflow/faster_rcnn.TF and
+harness/frameworks/pytorch/ewa.TORCH).
 A detection is a row (class, score, ymin, xmin, ymax, xmax); score 0 marks padding.
 """
 from __future__ import annotations
@@ -36,18 +38,6 @@ def box_columns(order: str) -> list[int]:
 DELTA_SCALE = (0.1, 0.1, 0.2, 0.2)
 RPN_SCALE = (1.0, 1.0, 1.0, 1.0)
 MAX_LOG_RATIO = math.log(1000.0 / 16)  # a decoded box grows at most ~60x: exp() cannot overflow
-
-
-class _TensorFlow:
-    """The few numpy functions the box formulas use, as TensorFlow ops."""
-
-    def __getattr__(self, name):
-        import tensorflow as tf
-        return {"maximum": tf.maximum, "minimum": tf.minimum, "log": tf.math.log,
-                "exp": tf.exp, "stack": tf.stack}[name]
-
-
-TF = _TensorFlow()
 
 
 def anchors(feature_hw: tuple[int, int], stride: int, sizes, ratios) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The ewa detector's design, written once for every framework: its configuration
 (`Config`: image size, backbone, anchors, RPN, ROIs, head) as `config_for` picks it for an
 image size, and the training's sampling constants. Each framework builds the same network
-from it: harness/workloads/faster_rcnn.py in Keras, harness/frameworks/pytorch/ewa.py in
-PyTorch. The box math both use is detection.py's. Pure; no framework imported.
+from it: harness/frameworks/tensorflow/faster_rcnn.py in Keras, harness/frameworks/pytorch/
+ewa.py in PyTorch. The box math both use is detection.py's. Pure; no framework imported.
 """
 from __future__ import annotations
 

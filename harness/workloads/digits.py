@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 
 from harness.files import atomic_path, node_once
-from harness.workloads import Data, DataError, Dataset, class_probabilities, progress_or_nothing, top1
+from harness.workloads import Data, DataError, Dataset, progress_or_nothing, top1
 
 NAME = "digits"
 QUALITY = "Top-1"
@@ -125,43 +125,12 @@ def stage(data: Data, rows: np.ndarray, path: str, progress=None) -> int:
     return sum(os.path.getsize(os.path.join(path, f)) for f in ("train.h5", "val.h5"))
 
 
-def build_model(data: Data):
-    import tensorflow as tf
-    layers = tf.keras.layers
-    return tf.keras.Sequential([
-        layers.Input(data.x_train.shape[1:]),
-        layers.Conv2D(32, 3, padding="same", activation="relu"),
-        layers.BatchNormalization(),
-        layers.Conv2D(64, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Flatten(),
-        layers.Dense(128, activation="relu"),
-        layers.Dropout(0.25),
-        layers.Dense(data.num_classes),
-    ], name="digits_cnn")
-
-
-def loss(labels, logits):
-    import tensorflow as tf
-    return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-
-
-def input_signature(data: Data, batch: int):
-    return data.input_signature(batch)
-
-
 def batches(data: Data, rows: np.ndarray, batch: int, *, training: bool = True, seed: int = 0):
     return data.batches(rows, batch)  # no augmentation: the digits are 8 x 8
 
 
 def score_width(data: Data) -> int:
     return data.num_classes
-
-
-def predict(model, data: Data, rows: slice, batch: int = 512) -> np.ndarray:
-    """Class probabilities (computed in FP32) of validation rows `rows`."""
-    x = data.x_val[rows]
-    return class_probabilities(model, (x[i:i + batch] for i in range(0, len(x), batch)), CLASSES)
 
 
 def quality(scores: np.ndarray, data: Data) -> float:

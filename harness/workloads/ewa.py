@@ -6,7 +6,9 @@ images of 16 climate variables; target mAP@[IoU=0.5] 0.35, n = 10, 50 epochs.
 
 This module is the workload interface (harness/workloads/__init__.py); the data set's
 on-disk layouts, its reader and our staged copy are extreme_weather.py, the synthetic
-scenes weather_synthetic.py, the model faster_rcnn.py, the box math detection.py.
+scenes weather_synthetic.py, the detector's design detector.py, the box math
+detection.py; the model is each framework's (Keras: harness/frameworks/tensorflow/
+faster_rcnn.py and ewa.py; PyTorch: harness/frameworks/pytorch/ewa.py).
 
 Data: a path (a directory of per-year HDF5 files in the published layout, or one such
 file), or `synthetic[:SAMPLES[:SIDE]]` (default 320 images of 96 x 144; SIDE is the
@@ -21,20 +23,21 @@ images are read per batch by h5py, one image per read, normalised, transposed to
 channels last and mirrored in one pass (extreme_weather.Data.normalised). At 768 x
 1152 an image is 57 MB in float32: a per-rank batch of 2 is ~0.11 GB of input before
 activations and takes ~0.15 s to read and normalise here.
-`batches` yields numpy arrays by default. HPCAI500_EWA_PREFETCH=N (> 0) feeds the same
-generator through tf.data.Dataset.from_generator + prefetch(N), so that reading
-overlaps the step on a tf.data thread. Off by default: measured by bench/ewa.py at
+`batches` yields numpy arrays (both frameworks' feed). In TensorFlow,
+HPCAI500_EWA_PREFETCH=N (> 0) feeds the same generator through
+tf.data.Dataset.from_generator + prefetch(N) (harness/frameworks/tensorflow/ewa.py), so
+that reading overlaps the step on a tf.data thread. Off by default: measured by bench/ewa.py at
 96 x 144, B = 4, P = 2 on 2 cores, the feed is ~13 ms of a ~53 ms step, yet the
 prefetching loop ran at 0.99x the plain one: with one rank per core there is no idle
 core to read on (bench/README.md). On GPU nodes, where the CPU idles during a step,
 set it to 2.
 
-The model (faster_rcnn.py): a ResNet-50 trunk (conv1 to conv4, stride 16) by default,
-a narrow two-stage backbone for images below 384 pixels or with
+The model (detector.py's design): a ResNet-50 trunk (conv1 to conv4, stride 16) by
+default, a narrow two-stage backbone for images below 384 pixels or with
 HPCAI500_EWA_BACKBONE=small (HPCAI500_EWA_BACKBONE=resnet50 forces the full one).
 
-Ensemble: `predict` returns each image's top K detections, packed (K x 6 floats);
-the harness stacks the M models' arrays (ENSEMBLE = "stack") and `quality` fuses
+Ensemble: each framework's `predict` returns each image's top K detections, packed (K x
+6 floats); the harness stacks the M models' arrays (ENSEMBLE = "stack") and `quality` fuses
 them class-wise (weighted box fusion, scores averaged over M: see detection.fuse)
 before computing mAP@0.5.
 """
@@ -45,7 +48,7 @@ import os
 import numpy as np
 
 from harness import settings
-from harness.workloads import DataError, Dataset, each_epoch, synthetic_once
+from harness.workloads import DataError, Dataset, synthetic_once
 from harness.workloads import detection as det
 from harness.workloads import detector
 from harness.workloads import extreme_weather as ew
@@ -116,14 +119,6 @@ def stage(data: Data, rows: np.ndarray, path: str, progress=None) -> int:
 
 # ---- model and training ----------------------------------------------------------
 
-def _model():
-    """The detector's module. Imported when first used, not with this one: it imports
-    TensorFlow, which must not start before the driver has pinned the devices (loading
-    the data runs no TensorFlow op)."""
-    from harness.workloads import faster_rcnn
-    return faster_rcnn
-
-
 def config(data: Data):
     """The detector's configuration for this data's image size and boxes an image."""
     return detector.config_for(data.height, data.width, data.max_boxes)
@@ -144,45 +139,19 @@ def describe_model(data: Data) -> tuple[str, list[str]]:
     return f"backbone {cfg.backbone} ({how}), R = {cfg.rois} ROIs; " + COUNTING_NOTE, deviations
 
 
-def build_model(data: Data):
-    faster_rcnn = _model()
-    return faster_rcnn.build(config(data))
-
-
-def loss(y, outputs):
-    faster_rcnn = _model()
-    return faster_rcnn.loss(y, outputs)
-
-
-def input_signature(data: Data, batch: int):
-    import tensorflow as tf
-    boxes = tf.TensorSpec((batch, data.max_boxes, 5), tf.float32)
-    return (tf.TensorSpec((batch, data.height, data.width, CHANNELS), tf.float32), boxes), boxes
-
-
 def batches(data: Data, rows, batch: int, *, training: bool = True, seed: int = 0):
-    """Normalised images and boxes of training rows `rows`, in order. Training
-    batches are flipped left-right at random (seeded): weather has no preferred
-    east-west orientation in a box detector's eyes, and it doubles the data.
-    Numpy arrays by default; with HPCAI500_EWA_PREFETCH=N > 0, tensors from the same
-    generator through tf.data.Dataset.from_generator + prefetch(N), which reads the
-    next batches on a tf.data thread while the step runs (see the module docstring)."""
-    return _fed(data, batch, lambda: numpy_batches(data, rows, batch, training, seed))
-
-
-def stream(data: Data, shards, epochs: int, batch: int, *, seed: int):
-    """Every epoch's training batches in turn (workloads.Workload.stream), epoch e's rows
-    `shards(e)` flipped from seed + e: the batches a call of batches() per epoch gives.
-    With prefetch on, one tf.data pipeline for the whole training: tearing one down
-    every epoch held a rank for seconds at 2 ranks (bench/README.md, peers.py)."""
-    return _fed(data, batch, lambda: each_epoch(lambda rows, s: numpy_batches(data, rows, batch, True, s),
-                                                 shards, epochs, seed))
+    """Normalised images and boxes of training rows `rows`, in order, as numpy arrays
+    (numpy_batches). Training batches are flipped left-right at random (seeded): weather
+    has no preferred east-west orientation in a box detector's eyes, and it doubles the
+    data. TensorFlow may read them ahead on a tf.data thread (HPCAI500_EWA_PREFETCH:
+    harness/frameworks/tensorflow/ewa.py)."""
+    return numpy_batches(data, rows, batch, training, seed)
 
 
 def numpy_batches(data: Data, rows, batch: int, training: bool, seed: int):
     """The feed's batches as numpy arrays, ((images, boxes), boxes): images normalised, channels
     last; training batches flipped left-right at random from `seed` (`batches` says why).
-    Both frameworks' feed."""
+    Both frameworks' feed (`batches`)."""
     rng = np.random.default_rng(seed)
     order = np.asarray(rows)
     for s in range(len(order) // batch):
@@ -197,45 +166,10 @@ def numpy_batches(data: Data, rows, batch: int, training: bool, seed: int):
         yield (x, boxes), boxes
 
 
-def _fed(data: Data, batch: int, generate):
-    """generate() itself (numpy batches), or through a tf.data prefetch of
-    HPCAI500_EWA_PREFETCH batches when that is > 0."""
-    depth = settings.value(PREFETCH_ENV)
-    if depth <= 0:
-        return generate()
-    import tensorflow as tf
-    spec = input_signature(data, batch)
-    return iter(tf.data.Dataset.from_generator(generate, output_signature=spec).prefetch(depth))
-
-
 # ---- prediction and quality ------------------------------------------------------
 
 def score_width(data: Data) -> int:
     return 6 * config(data).detections
-
-
-def predict(model, data: Data, rows: slice) -> np.ndarray:
-    """Each validation image's top K detections, packed (K x 6): (class, score, ymin,
-    xmin, ymax, xmax) rows, best first, zero rows after the last detection."""
-    import tensorflow as tf
-    faster_rcnn = _model()
-    cfg = config(data)
-    index = np.arange(data.n_val)[rows]
-    batch = int(max(1, min(32, (1 << 22) // (data.height * data.width))))  # ~4 M pixels a step
-    empty = np.zeros((batch, data.max_boxes, 5), np.float32)
-    empty[..., 0] = -1
-
-    @tf.function(autograph=False)  # plain Python control flow: no AST conversion
-    def run(x):
-        return faster_rcnn.detections(model((x, empty), training=False), cfg)
-
-    out = []
-    for lo in range(0, len(index), batch):
-        part = index[lo:lo + batch]
-        x = data.normalised("val", part)
-        x = np.concatenate([x, np.zeros((batch - len(x), *x.shape[1:]), np.float32)])  # one shape, one trace
-        out.append(run(tf.constant(x)).numpy()[:len(part)].reshape(len(part), -1))
-    return np.concatenate(out) if out else np.zeros((0, score_width(data)))
 
 
 def quality(scores: np.ndarray, data: Data) -> float:

@@ -24,20 +24,25 @@ is built once by reading only the 12-byte TFRecord headers and seeking over the 
 names, sizes and mtimes), and a record is then one os.pread. The validation labels
 (needed in memory for the quality) are parsed once and cached in the same file.
 
-Batches are a tf.data pipeline: a Python generator preads the given rows in chunks,
-then parse + JPEG decode + augmentation run in parallel (AUTOTUNE), then batch and
-prefetch. Training: random resized crop (area 8-100 %, aspect 3/4-4/3) to side x side
+Batches: each framework feeds its own. TensorFlow's is a tf.data pipeline
+(harness/frameworks/tensorflow/ic.py): a Python generator preads the given rows in
+chunks, then parse + JPEG decode + augmentation run in parallel (AUTOTUNE), then batch
+and prefetch. Training: random resized crop (area 8-100 %, aspect 3/4-4/3) to side x side
 and a horizontal flip, drawn by stateless ops from (seed, position in the stream), so a
 run is reproducible whatever the parallelism. Validation: the central 87.5 % square,
-resized to side x side. Both normalised with ImageNet's mean and std.
+resized to side x side. Both normalised with ImageNet's mean and std. The numpy feed
+here (`numpy_batches`, PyTorch's) reads the same records and transforms them the same
+way with Pillow (its section below says how the two differ).
 
 `synthetic[:SAMPLES[:SIDE]]` (default 640 images of 32 px, 10 classes) writes JPEG shards
 in the same layout, labels 1-based like the converter, 20 % for validation, and reads
 them back through the same reader. There is no embedded data set.
 
-Model: resnet.py, classes and image side from the data. For tests on small CPUs only,
-env HPCAI500_IC_WIDTH (stem channels, default 64) and HPCAI500_IC_STAGES (bottlenecks per
-stage, default 3,4,6,3) shrink it; unset, the model is ResNet-50.
+Model: ResNet-50 v1.5 (Keras: harness/frameworks/tensorflow/resnet.py; PyTorch:
+harness/frameworks/pytorch/ic.py), classes and image side from the data. For tests on
+small CPUs only, env HPCAI500_IC_WIDTH (stem channels, default 64) and
+HPCAI500_IC_STAGES (bottlenecks per stage, default 3,4,6,3) shrink it; unset, the model
+is ResNet-50.
 
 Recipe (NVIDIA's ResNet-50 v1.5 reference): SGD momentum 0.875 (MOMENTUM), weight decay
 3.0517578125e-05 as L2 kernel regularizers (the harness adds sum(model.losses)), label
@@ -54,7 +59,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import atomic_path, node_once
-from harness.workloads import DataError, Dataset, class_probabilities, progress_or_nothing, resnet, staged_rows, tfrecord, top1
+from harness.workloads import DataError, Dataset, progress_or_nothing, staged_rows, tfrecord, top1
 
 NAME = "ic"
 QUALITY = "Top-1"
@@ -82,6 +87,13 @@ STAGE_SHARD_BYTES = 128 << 20  # staged train shards
 EVAL_BATCH = 64
 CHUNK = 64                     # records a generator step hands to tf.data
 META = "hpcai500-ic.json"
+# The model's design, ResNet-50 v1.5, which both frameworks build from (Keras:
+# harness/frameworks/tensorflow/resnet.py, whose docstring describes it; PyTorch:
+# harness/frameworks/pytorch/ic.py)
+STAGES = (3, 4, 6, 3)          # bottlenecks per stage: ResNet-50
+WIDTH = 64                     # channels of the stem; stage s has WIDTH * 2**s inner channels
+EXPANSION = 4                  # bottleneck output = 4 x inner channels
+BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5
 
 
 @dataclass(frozen=True)
@@ -280,14 +292,14 @@ def _write_meta(path: str, side: int, classes: int, label_offset: int) -> None:
 
 def shape() -> tuple[int, tuple[int, ...]]:
     """(stem width, bottlenecks per stage): ResNet-50's unless the test-only settings shrink it."""
-    return settings.value("HPCAI500_IC_WIDTH") or resnet.WIDTH, settings.value("HPCAI500_IC_STAGES") or resnet.STAGES
+    return settings.value("HPCAI500_IC_WIDTH") or WIDTH, settings.value("HPCAI500_IC_STAGES") or STAGES
 
 
 def describe_model(data: ICData) -> tuple[str, list[str]]:
     """The FLOP note of the model built, and how it differs from ResNet-50 v1.5 at 224 px."""
     width, stages = shape()
     deviations = []
-    if (width, tuple(stages)) != (resnet.WIDTH, tuple(resnet.STAGES)):
+    if (width, tuple(stages)) != (WIDTH, tuple(STAGES)):
         deviations.append(f"a reduced ResNet (stem width {width}, stages {','.join(map(str, stages))}; "
                           "HPCAI500_IC_WIDTH/HPCAI500_IC_STAGES), not ResNet-50")
     if data.side != IMAGE_SIDE:
@@ -299,49 +311,11 @@ def describe_model(data: ICData) -> tuple[str, list[str]]:
     return REFERENCE_NOTE, []
 
 
-def build_model(data: ICData):
-    width, stages = shape()
-    return resnet.build((data.side, data.side, 3), data.num_classes, weight_decay=WEIGHT_DECAY,
-                        width=width, stages=stages)
+# ---- the feeds (TensorFlow's tf.data pipeline: harness/frameworks/tensorflow/ic.py) -----
 
-
-def loss(y, logits):
-    """Per-sample cross-entropy with label smoothing 0.1 (sparse integer labels)."""
-    import tensorflow as tf
-    onehot = tf.one_hot(tf.cast(y, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
-    return tf.keras.losses.categorical_crossentropy(onehot, logits, from_logits=True,
-                                                    label_smoothing=LABEL_SMOOTHING)
-
-
-def input_signature(data: ICData, batch: int):
-    import tensorflow as tf
-    return (tf.TensorSpec((batch, data.side, data.side, 3), tf.float32),
-            tf.TensorSpec((batch,), tf.int64))
-
-
-# ---- the input pipeline ---------------------------------------------------------------
-
-def _records(index: tfrecord.Index, parts):
-    """tf.data of the raw records of each row array `parts()` yields, in turn and in
-    order, each with its shard number: preads in a generator, CHUNK at a time (one
-    Python step per chunk, not per record). `parts` is called when the pipeline starts,
-    so a later epoch's rows are drawn only when the reader reaches them."""
-    import tensorflow as tf
-
-    def gen():
-        with tfrecord.Reader(index) as r:
-            for rows in parts():
-                for a in range(0, len(rows), CHUNK):
-                    yield (np.array(r.records(rows[a:a + CHUNK]), dtype=object),
-                           index.shard[rows[a:a + CHUNK]].astype(np.int32))
-
-    return tf.data.Dataset.from_generator(
-        gen, output_signature=(tf.TensorSpec((None,), tf.string), tf.TensorSpec((None,), tf.int32))).unbatch()
-
-
-def _rows(index: tfrecord.Index, rows, batch: int, drop_remainder: bool) -> np.ndarray:
+def checked_rows(index: tfrecord.Index, rows, batch: int, drop_remainder: bool) -> np.ndarray:
     """`rows` checked against the index, cut to whole batches if `drop_remainder` (no
-    record that would be dropped is read)."""
+    record that would be dropped is read): both feeds' rows."""
     rows = np.asarray(rows, np.int64)
     if len(rows) and (rows.min() < 0 or rows.max() >= len(index)):
         raise IndexError(f"ic: rows {rows.min()}..{rows.max()} outside 0..{len(index) - 1}")
@@ -354,101 +328,8 @@ def outside(offset: int, classes: int) -> str:
             f" report's conventions; {OFFSET_ENV} sets the base)")
 
 
-def _parse(record, shard, offset: int, classes: int, files):
-    """(JPEG bytes, 0-based label) of a record; a label outside 0..classes-1 after the
-    offset stops the pipeline with an error naming the record's shard (`files`: a
-    string tensor of the index's shard paths)."""
-    import tensorflow as tf
-    f = tf.io.parse_single_example(record, {tfrecord.IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
-                                            tfrecord.LABEL_KEY: tf.io.FixedLenFeature([], tf.int64)})
-    raw = f[tfrecord.LABEL_KEY]
-    label = raw - offset
-    check = tf.debugging.Assert(
-        (label >= 0) & (label < classes),
-        ["ic: label", raw, "in", tf.gather(files, shard), outside(offset, classes)], summarize=1)
-    with tf.control_dependencies([check]):
-        return f[tfrecord.IMAGE_KEY], tf.identity(label)
-
-
-def _normalise(image):
-    import tensorflow as tf
-    return (image - tf.constant(MEAN) * 255.0) / (tf.constant(STD) * 255.0)
-
-
-def train_image(jpeg, side: int, seed):
-    """Random resized crop + horizontal flip, drawn from the stateless seed (2,) int64."""
-    import tensorflow as tf
-    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.image.extract_jpeg_shape(jpeg), tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=crop_seed,
-        min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
-        max_attempts=10, use_image_if_no_bounding_boxes=True)
-    window = tf.stack([begin[0], begin[1], size[0], size[1]])
-    image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)  # decodes the crop only
-    image = tf.image.resize(image, (side, side))
-    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-    return _normalise(image)
-
-
-def val_image(jpeg, side: int):
-    """The central CENTER_FRACTION square, resized to side x side."""
-    import tensorflow as tf
-    shape = tf.image.extract_jpeg_shape(jpeg)
-    crop = tf.cast(CENTER_FRACTION * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
-    crop = tf.maximum(crop, 1)
-    window = tf.stack([(shape[0] - crop) // 2, (shape[1] - crop) // 2, crop, crop])
-    image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
-    return _normalise(tf.image.resize(image, (side, side)))
-
-
-def dataset(data: ICData, index: tfrecord.Index, rows, batch: int, *, augment: bool, seed: int = 0,
-            drop_remainder: bool = True):
-    """The tf.data pipeline of records `rows` of `index` (data.train or data.val), in
-    order: the training transform if `augment`, else the validation one."""
-    rows = _rows(index, rows, batch, drop_remainder)
-    return _pipeline(data, index, lambda: (rows,), batch, augment=augment, seed=seed, drop_remainder=drop_remainder)
-
-
-def _pipeline(data: ICData, index: tfrecord.Index, parts, batch: int, *, augment: bool, seed: int,
-              drop_remainder: bool):
-    """Records of the row arrays `parts()` yields, parsed, transformed, batched and
-    prefetched. Training sample i of the pipeline (counted across all parts) is
-    augmented from the stateless seed (seed, i): deterministic, and different in every
-    epoch of a stream."""
-    import tensorflow as tf
-    side, offset, classes = data.side, data.label_offset, data.num_classes
-    files = tf.constant([str(f) for f in index.files])
-    ds = _records(index, parts).map(lambda r, s: _parse(r, s, offset, classes, files))
-    if augment:
-        base = tf.constant(seed % 2**63, tf.int64)
-        ds = ds.enumerate().map(
-            lambda i, jl: (train_image(jl[0], side, tf.stack([base, i])), jl[1]),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    else:
-        ds = ds.map(lambda j, l: (val_image(j, side), l),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.batch(batch, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
-
-
-def batches(data: ICData, rows, batch: int, *, training: bool, seed: int):
-    """len(rows) // batch batches (x, y) of training samples `rows`, in that order;
-    augmented if `training`, else the deterministic validation transform."""
-    return iter(dataset(data, data.train, rows, batch, augment=training, seed=seed))
-
-
-def stream(data: ICData, shards, epochs: int, batch: int, *, seed: int):
-    """Every epoch's training batches from one pipeline (workloads.Workload.stream):
-    len(shards(e)) // batch augmented batches of epoch e = 0 .. epochs-1 in turn. One
-    pipeline for the whole training, so none is built inside the clock after the first,
-    the next epoch's first batches are decoded while this one's last steps run, and no
-    pipeline is torn down between epochs (deleting an exhausted, autotuned tf.data
-    iterator held a rank 8-9 s at 2 ranks a rank, measured: bench/README.md)."""
-    parts = lambda: (_rows(data.train, shards(e), batch, True) for e in range(epochs))  # noqa: E731
-    return iter(_pipeline(data, data.train, parts, batch, augment=True, seed=seed, drop_remainder=True))
-
-
 # ---- the numpy feed (a framework without tf.data: PyTorch) ------------------------------
-# The same records, labels and transforms as the tf.data pipeline above, decoded with
+# The same records, labels and transforms as TensorFlow's tf.data pipeline, decoded with
 # Pillow: random resized crop (TF's sampling: area 8-100 %, aspect 3/4-4/3 uniform, 10
 # attempts, else the whole image) and a flip, or the central square, resized bilinearly
 # to side x side, normalised. Pillow's resize filters when it shrinks (antialiased), TF's
@@ -463,7 +344,7 @@ def numpy_batches(data: ICData, index: tfrecord.Index, rows, batch: int, *, augm
     ahead. Training sample i of the feed is drawn from numpy's generator (seed, i)."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
-    rows = _rows(index, rows, batch, drop_remainder)
+    rows = checked_rows(index, rows, batch, drop_remainder)
     ahead = deque()
     with tfrecord.Reader(index) as reader, ThreadPoolExecutor(max(1, workers)) as pool:
         for a in range(0, len(rows), batch):
@@ -473,6 +354,15 @@ def numpy_batches(data: ICData, index: tfrecord.Index, rows, batch: int, *, augm
                 yield ahead.popleft().result()
         while ahead:
             yield ahead.popleft().result()
+
+
+def batches(data: ICData, rows, batch: int, *, training: bool, seed: int):
+    """len(rows) // batch batches (x, y) of training samples `rows`, in that order, as numpy
+    arrays (numpy_batches, decoded on this thread); augmented if `training`, else the
+    deterministic validation transform. Each framework feeds its own instead: TensorFlow its
+    tf.data pipeline (harness/frameworks/tensorflow/ic.py), PyTorch this feed in its threads
+    (harness/frameworks/pytorch/ic.py)."""
+    return numpy_batches(data, data.train, rows, batch, augment=training, seed=seed)
 
 
 def _decode_batch(data: ICData, index: tfrecord.Index, part, records, augment: bool, seed: int, first: int):
@@ -536,14 +426,6 @@ def _random_crop(rng, w: int, h: int) -> tuple[int, int, int, int]:
 
 def score_width(data: ICData) -> int:
     return data.num_classes
-
-
-def predict(model, data: ICData, rows: slice) -> np.ndarray:
-    """Softmax probabilities (float32, computed in FP32) of validation rows `rows`:
-    averaging them across base models is the mean aggregation; argmax, a vote."""
-    idx = np.arange(data.n_val)[rows]
-    batches = dataset(data, data.val, idx, EVAL_BATCH, augment=False, drop_remainder=False)
-    return class_probabilities(model, (x for x, _ in batches), data.num_classes)
 
 
 def quality(scores: np.ndarray, data: ICData) -> float:

@@ -1,5 +1,5 @@
-"""CosmoFlow's 3D CNN in PyTorch: the model harness/workloads/cosmoflow.py builds in Keras
-(MLPerf HPC's reference is Keras), layer for layer: 5 blocks of Conv3D 3x3x3 (padding 1:
+"""CosmoFlow's 3D CNN in PyTorch: the model harness/frameworks/tensorflow/cosmoflow.py builds
+in Keras (MLPerf HPC's reference is Keras), layer for layer: 5 blocks of Conv3D 3x3x3 (padding 1:
 Keras' "same") + LeakyReLU 0.3 + max-pool 2, flatten, 2 dense + LeakyReLU + dropout 0.5,
 dense to the 4 parameters, tanh, x 1.2. Keras' initial weights (Glorot-uniform kernels,
 zero biases), so that both frameworks start from the same distribution. The same Table 3

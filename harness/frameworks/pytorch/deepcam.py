@@ -1,8 +1,9 @@
 """DeepCAM's model in PyTorch: DeepLabv3+ with an Xception encoder, as MLPerf HPC's reference
 (mlcommons/hpc, deepcam/src/deepCam/architecture/deeplab_xception.py, PyTorch) builds it
-with `DeepLabv3_plus(n_input=16, n_classes=3, os=16)`, and as harness/workloads/deeplab.py
-ports it to Keras: the same blocks, channels, paddings, dilations, initial weights and
-batch-norm settings (deeplab.py's docstring gives each judgement the port took; here
+with `DeepLabv3_plus(n_input=16, n_classes=3, os=16)`, and as harness/frameworks/tensorflow/
+deeplab.py ports it to Keras, both from the design's numbers in harness/workloads/deepcam.py:
+the same blocks, channels, paddings, dilations, initial weights and batch-norm settings
+(deeplab.py's docstring gives each judgement the port took; here
 PyTorch's own layers are the reference's: symmetric padding, ConvTranspose2d with
 output_padding 1, kaiming-normal encoder and ASPP, PyTorch's defaults elsewhere). Two
 choices keep the two frameworks' models the same function with the same weights:
@@ -26,13 +27,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from harness.frameworks.pytorch import models, train
-from harness.workloads import climate, deepcam, deeplab
+from harness.workloads import climate, deepcam
 
-BN_MOMENTUM = 1 - deeplab.BN_MOMENTUM    # PyTorch's 0.1 (Keras counts momentum the other way)
+BN_MOMENTUM = 1 - deepcam.BN_MOMENTUM    # PyTorch's 0.1 (Keras counts momentum the other way)
 
 
 def _bn(c: int) -> nn.BatchNorm2d:
-    return nn.BatchNorm2d(c, eps=deeplab.BN_EPSILON, momentum=BN_MOMENTUM)
+    return nn.BatchNorm2d(c, eps=deepcam.BN_EPSILON, momentum=BN_MOMENTUM)
 
 
 def _conv(cin: int, cout: int, kernel: int, stride: int = 1, dilation: int = 1, bias: bool = False,
@@ -100,9 +101,9 @@ class Xception(nn.Module):
 
     def __init__(self, cin: int, c, middle: int, exit_rates: tuple):
         super().__init__()
-        e0, e1 = c(deeplab.ENTRY[0]), c(deeplab.ENTRY[1])
-        b1, b2, b3 = (c(n) for n in deeplab.BLOCKS)
-        x0, x1, x2, x3 = (c(n) for n in deeplab.EXIT)
+        e0, e1 = c(deepcam.ENTRY[0]), c(deepcam.ENTRY[1])
+        b1, b2, b3 = (c(n) for n in deepcam.BLOCKS)
+        x0, x1, x2, x3 = (c(n) for n in deepcam.EXIT)
         self.entry = nn.Sequential(_conv_bn_relu(_conv(cin, e0, 3, stride=2), e0), _conv_bn_relu(_conv(e0, e1, 3), e1),
                                    Block(e1, b1, 2, stride=2, end_with_relu=False), nn.ReLU())
         self.middle = nn.Sequential(Block(b1, b2, 2, stride=2), Block(b2, b3, 2, stride=2, is_last=True),
@@ -143,24 +144,24 @@ def _deconv(cin: int, cout: int) -> nn.ConvTranspose2d:
 class DeepLab(nn.Module):
     """(N, inputs, H, W) -> (N, classes, H, W) logits, H and W multiples of 16."""
 
-    def __init__(self, inputs: int, classes: int, scale: float = 1.0, middle: int = deeplab.MIDDLE_BLOCKS,
-                 rates: tuple = (deeplab.ASPP_RATES, deeplab.EXIT_RATES)):
+    def __init__(self, inputs: int, classes: int, scale: float = 1.0, middle: int = deepcam.MIDDLE_BLOCKS,
+                 rates: tuple = (deepcam.ASPP_RATES, deepcam.EXIT_RATES)):
         super().__init__()
-        c = lambda n: deeplab.channels(n, scale)   # noqa: E731
-        deep, low, dec = c(deeplab.EXIT[-1]), c(deeplab.LOW_LEVEL), c(deeplab.DECODER)
+        c = lambda n: deepcam.channels(n, scale)   # noqa: E731
+        deep, low, dec = c(deepcam.EXIT[-1]), c(deepcam.LOW_LEVEL), c(deepcam.DECODER)
         self.encoder = Xception(inputs, c, middle, rates[1])
-        self.aspp = ASPP(deep, c(deeplab.ASPP), rates[0])
-        self.low = _conv_bn_relu(_conv(c(deeplab.BLOCKS[0]), low, 1, reference_init=False), low)
-        self.up1 = nn.Sequential(_conv_bn_relu(_deconv(c(deeplab.ASPP), dec), dec), _conv_bn_relu(_deconv(dec, dec), dec))
+        self.aspp = ASPP(deep, c(deepcam.ASPP), rates[0])
+        self.low = _conv_bn_relu(_conv(c(deepcam.BLOCKS[0]), low, 1, reference_init=False), low)
+        self.up1 = nn.Sequential(_conv_bn_relu(_deconv(c(deepcam.ASPP), dec), dec), _conv_bn_relu(_deconv(dec, dec), dec))
         self.up2 = nn.Sequential(_conv_bn_relu(_conv(dec + low, dec, 3, reference_init=False), dec),
                                  _conv_bn_relu(_conv(dec, dec, 3, reference_init=False), dec),
                                  _conv(dec, dec, 1, bias=True, reference_init=False),
                                  _conv_bn_relu(_deconv(dec, dec), dec), _deconv(dec, classes))
 
     def forward(self, x):
-        if x.shape[2] % deeplab.OUTPUT_STRIDE or x.shape[3] % deeplab.OUTPUT_STRIDE:
+        if x.shape[2] % deepcam.OUTPUT_STRIDE or x.shape[3] % deepcam.OUTPUT_STRIDE:
             raise ValueError(f"deeplab: found {x.shape[2]} x {x.shape[3]}, expected multiples of"
-                             f" {deeplab.OUTPUT_STRIDE} (the encoder's output stride)")
+                             f" {deepcam.OUTPUT_STRIDE} (the encoder's output stride)")
         deep, low = self.encoder(x)
         return self.up2(torch.cat([self.up1(self.aspp(deep)), self.low(low)], dim=1))
 
@@ -243,7 +244,7 @@ def _class_weights(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 def predict(model: nn.Module, data, rows: slice, device) -> np.ndarray:
     """Per-pixel class probabilities (softmax in FP32) of validation samples `rows`, each
-    flattened H x W x 3, pixel-major (deepcam.predict's layout)."""
+    flattened H x W x 3, pixel-major (the Keras twin's layout, tensorflow/deepcam.predict)."""
     feed = (inputs(x, device) for x in deepcam.validation_samples(data, rows))
     out = train.outputs(model, feed, lambda logits: torch.softmax(logits.float(), dim=1).movedim(1, -1).flatten(1))
     return out if len(out) else np.zeros((0, deepcam.score_width(data)), np.float32)

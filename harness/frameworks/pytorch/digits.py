@@ -1,5 +1,5 @@
-"""The digits workload's model in PyTorch: the small CNN harness/workloads/digits.py builds
-in Keras, layer for layer (2 convolutions with ReLU, batch norm between them, max-pool,
+"""The digits workload's model in PyTorch: the small CNN harness/frameworks/tensorflow/digits.py
+builds in Keras, layer for layer (2 convolutions with ReLU, batch norm between them, max-pool,
 2 dense), so that the two frameworks train the same architecture with the same FLOPs and
 weights (tests/test_pytorch_flops.py). The data, the feed's batches and the quality are
 the workload's own (harness/workloads/digits.py), written once for both frameworks: this

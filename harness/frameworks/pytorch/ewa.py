@@ -1,5 +1,5 @@
-"""The ewa workload's detector in PyTorch: the Faster-RCNN harness/workloads/faster_rcnn.py
-builds in Keras, layer for layer, from the same design (workloads/detector.py: Config,
+"""The ewa workload's detector in PyTorch: the Faster-RCNN harness/frameworks/tensorflow/
+faster_rcnn.py builds in Keras, layer for layer, from the same design (workloads/detector.py: Config,
 the anchors, the sampling constants) and the same box math (workloads/detection.py,
 its formulas run on tensors through `TORCH`).
 
@@ -26,7 +26,7 @@ and sampling; the sampling's uniform draws come from PyTorch's generator (the wa
 puts its state back).
 
 The data, feed and quality are harness/workloads/ewa.py's; the feed is its numpy
-generator (ewa.numpy_batches: HPCAI500_EWA_PREFETCH's tf.data prefetch is TensorFlow's).
+generator (ewa.batches: HPCAI500_EWA_PREFETCH's tf.data prefetch is TensorFlow's).
 """
 from __future__ import annotations
 
@@ -291,11 +291,6 @@ def sample(data):
     return torch.zeros(1, ewa.CHANNELS, data.height, data.width), empty
 
 
-def batches(data, rows, batch: int, *, training: bool, seed: int):
-    """The workload's numpy batches (never through tf.data: HPCAI500_EWA_PREFETCH is TensorFlow's)."""
-    return ewa.numpy_batches(data, rows, batch, training, seed)
-
-
 def inputs(x, device):
     images, boxes = x
     return models.channels_first(images, device), torch.from_numpy(np.asarray(boxes, np.float32)).to(device)
@@ -311,7 +306,7 @@ def loss(outputs: dict, gt) -> torch.Tensor:
 
 
 def predict(model: nn.Module, data, rows: slice, device) -> np.ndarray:
-    """Each validation image's top K detections, packed (K x 6), as ewa.predict gives them."""
+    """Each validation image's top K detections, packed (K x 6), as tensorflow/ewa.predict gives them."""
     cfg = ewa.config(data)
     index = np.arange(data.n_val)[rows]
     batch = int(max(1, min(32, (1 << 22) // (data.height * data.width))))  # ~4 M pixels a step

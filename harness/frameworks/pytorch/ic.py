@@ -1,5 +1,6 @@
-"""The ic workload's model in PyTorch: ResNet-50 v1.5 as harness/workloads/resnet.py builds
-it in Keras, layer for layer (torchvision's resnet50 is the same network; it is not used
+"""The ic workload's model in PyTorch: ResNet-50 v1.5 as harness/frameworks/tensorflow/
+resnet.py builds it in Keras, layer for layer, both from the design's numbers in
+harness/workloads/ic.py (torchvision's resnet50 is the same network; it is not used
 because torchvision pins one torch build each, and the one for this torch is not on PyPI
 for every platform the benchmark runs on: written here it is ~60 lines with no
 dependency). v1.5: a down-sampling bottleneck strides on its 3x3 convolution.
@@ -26,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from harness.frameworks.pytorch import models, train
-from harness.workloads import ic, resnet
+from harness.workloads import ic
 
 L2 = ic.WEIGHT_DECAY          # coupled weight decay on the kernels (module docstring)
 _STD_OF_TRUNCATED = 0.87962566103423978   # the standard deviation of N(0, 1) truncated at +-2
@@ -42,7 +43,7 @@ def _conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Conv2d:
 
 
 def _bn(c: int, zero: bool = False) -> nn.BatchNorm2d:
-    bn = nn.BatchNorm2d(c, eps=resnet.BN_EPSILON, momentum=1 - resnet.BN_MOMENTUM)
+    bn = nn.BatchNorm2d(c, eps=ic.BN_EPSILON, momentum=1 - ic.BN_MOMENTUM)
     if zero:
         nn.init.zeros_(bn.weight)
     return bn
@@ -51,7 +52,7 @@ def _bn(c: int, zero: bool = False) -> nn.BatchNorm2d:
 class Bottleneck(nn.Module):
     def __init__(self, cin: int, inner: int, stride: int, zero_init_residual: bool = True):
         super().__init__()
-        out = inner * resnet.EXPANSION
+        out = inner * ic.EXPANSION
         self.shortcut = None
         if stride != 1 or cin != out:
             self.shortcut = nn.Sequential(_conv(cin, out, 1, stride), _bn(out))
@@ -63,13 +64,13 @@ class Bottleneck(nn.Module):
         return F.relu((x if self.shortcut is None else self.shortcut(x)) + self.branch(x))
 
 
-def resnet_v1_5(classes: int, width: int = resnet.WIDTH, stages=resnet.STAGES) -> nn.Module:
+def resnet_v1_5(classes: int, width: int = ic.WIDTH, stages=ic.STAGES) -> nn.Module:
     """Logits (no softmax) of (N, 3, H, W) images; width and stages as resnet.build's."""
     layers, cin = [_conv(3, width, 7, 2), _bn(width), nn.ReLU(), nn.MaxPool2d(3, 2, 1)], width
     for s, blocks in enumerate(stages):
         for b in range(blocks):
             layers.append(Bottleneck(cin, width * 2 ** s, 2 if (b == 0 and s > 0) else 1))
-            cin = width * 2 ** s * resnet.EXPANSION
+            cin = width * 2 ** s * ic.EXPANSION
     logits = nn.Linear(cin, classes)
     nn.init.normal_(logits.weight, std=0.01)
     nn.init.zeros_(logits.bias)

@@ -106,11 +106,8 @@ def make_optimizer(name: str, model, lr: float, momentum: float, options: dict, 
 
 def feed(workload, module, data, shards, epochs: int, batch: int, seed: int):
     """The training batches of every epoch: the model module's own batches() where it has
-    one (a feed without TensorFlow, e.g. ic's Pillow decoding), else the workload's feed."""
-    if module.batches is None:
-        return workloads.training_feed(workload, data, shards, epochs, batch, seed)
-    return workloads.each_epoch(lambda rows, s: module.batches(data, rows, batch, training=True, seed=s), shards,
-                                epochs, seed)
+    one (e.g. ic's Pillow decoding in the rank's threads), else the workload's feed."""
+    return workloads.training_feed(module.batches or workload.batches, None, data, shards, epochs, batch, seed)
 
 
 def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm, dev, seed: int,

@@ -2,12 +2,15 @@
 models, Horovod's gradient exchange on each job's sub-communicator.
 
 The package holds the training step (train.py), LARS and LAMB (optimizers.py), the
-int8 and torus exchanges (communication.py) and the Keras walker of Table 3 (flops.py).
-The roofline micro-kernels (kernels/) and each workload's Keras model, loss, tf.data
-feed and predict still live where they were written; this interface is the one door
-through which the harness reaches all of it, so that a run that names no TensorFlow test
-never imports TensorFlow or Horovod. Moving the workloads' Keras members in is the rest
-of issue 34.
+int8 and torus exchanges (communication.py), the Keras walker of Table 3 (flops.py) and
+the workloads' Keras members, one module a workload (models.py: the model, its loss,
+input signature and predict, and TensorFlow's own feed where it differs from the
+workload's numpy one; resnet.py, deeplab.py and faster_rcnn.py are the Keras networks
+they build). The roofline micro-kernels are TensorFlow's too but live in the top-level
+kernels/ (the benchmark's own folder, with its command line); `roofline` reaches them.
+This interface is the one door through which the harness reaches all of it, so that a
+run that names no TensorFlow test never imports TensorFlow or Horovod; no module outside
+this package imports either.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import os
 
 from harness import communication, report
 from harness.frameworks.tensorflow import communication as tf_communication
-from harness.frameworks.tensorflow import flops, train
+from harness.frameworks.tensorflow import flops, models, train
 
 NAME = "tensorflow"
 setup_devices = train.setup_devices
@@ -72,7 +75,7 @@ class Job:
         return train.train(workload, data, model, indices, recipe, torus=self.torus, **hooks)
 
     def predict(self, workload, model, data, rows):
-        return workload.predict(model, data, rows)
+        return models.get(workload.NAME).predict(model, data, rows)
 
     def count(self, workload, model, data) -> flops.FlopCount:
         return flops.count(model)

@@ -6,7 +6,8 @@ training step runs train.WARMUP_STEPS times before the clock and is undone (`tra
 keeps its step number and LR in the graph, and with line 33's `xla` compiles its forward
 and backward pass. The recipe, the schedule, the timed epochs and the replica check are
 harness/train.py's (every framework's); here TensorFlow's step, feed and Horovod's edges
-(`train`, `_consistency`).
+(`train`, `_consistency`). The model, its loss, input signature and feed come from the
+workload's TensorFlow module (models.get).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import math
 import numpy as np
 
 from harness import sampler, workloads
-from harness.frameworks.tensorflow import communication
+from harness.frameworks.tensorflow import communication, models
 from harness.train import (PRECISIONS, WARMUP_STEPS, Recipe, TrainResult, epochs_loop, lr_scale, replica_check,
                            steps_per_epoch, threads)
 
@@ -68,7 +69,7 @@ def build(workload, data, seed: int, job: int, precision: str = "fp32"):
     # Keras' random layers (dropout) draw from a tf.random.Generator whose state is a
     # variable, not from kernels with hidden state: the warm-up of `train` can undo them.
     tf.keras.backend.experimental.enable_tf_random_generator()
-    return workload.build_model(data)
+    return models.get(workload.NAME).build_model(data)
 
 
 def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
@@ -90,19 +91,22 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
     # the LR schedule: warm-up then cosine to the base LR x lr_scale (P: the linear scaling rule)
     peak = recipe.base_lr * lr_scale(recipe.allreduce, size, hvd.local_size(), hvd.nccl_built())
     warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
-    step, opt = _make_step(workload, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak), torus)
+    module = models.get(workload.NAME)
+    step, opt = _make_step(workload, module, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak),
+                           torus)
     if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
         hooks.recipe(recipe.optimizer, opt.get_config(), peak, warmup, total)
-    concrete = step.get_concrete_function(*workload.input_signature(data, batch))
+    concrete = step.get_concrete_function(*module.input_signature(data, batch))
     _refuse_hidden_random_state(concrete.graph, workload.NAME)
     shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
     feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
+    batches = module.batches or workload.batches   # TensorFlow's feed of the workload, else its numpy one
     if warmup_steps:  # on the first batches of epoch 1, read again by the timed epoch
-        _undone_warm_up(step, concrete.variables, workload, data, shards(0)[:warmup_steps * batch], batch, feed_seed)
+        _undone_warm_up(step, concrete.variables, batches, data, shards(0)[:warmup_steps * batch], batch, feed_seed)
     # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
     # feed reaches it; reading, decoding and augmenting are the workload's, inside the
     # clock (MLPerf).
-    feed = workloads.training_feed(workload, data, shards, epochs, batch, feed_seed)
+    feed = workloads.training_feed(batches, module.stream, data, shards, epochs, batch, feed_seed)
     world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
     loop = epochs_loop(step, feed, steps, epochs, job, hooks, on_step,
                    evaluate and _evaluation(evaluate, model, hvd), eval_every)
@@ -115,12 +119,13 @@ def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: i
                        loop.clock, loop.trained)
 
 
-def _make_step(workload, model, recipe: Recipe, size: int, schedule, torus=None):
-    """(step, optimizer): the training step, a tf.function of (x, y) -> loss: forward and
-    backward (by XLA where line 33 says so), Horovod's gradient average (or Adasum) on the
-    job's ranks, the update at the LR `schedule(step number)` gives, loss scaling for
-    fp16; and the optimizer it updates with. The job's ranks start from the root's
-    weights."""
+def _make_step(workload, module, model, recipe: Recipe, size: int, schedule, torus=None):
+    """(step, optimizer): the training step, a tf.function of (x, y) -> loss (the loss of
+    `module`, the workload's TensorFlow module): forward and backward (by XLA where line
+    33 says so), Horovod's gradient average (or Adasum) on the job's ranks, the update at
+    the LR `schedule(step number)` gives, loss scaling for fp16; and the optimizer it
+    updates with (the workload's momentum and options). The job's ranks start from the
+    root's weights."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -136,7 +141,7 @@ def _make_step(workload, model, recipe: Recipe, size: int, schedule, torus=None)
     def loss_and_grads(x, y, tape_wrapper):
         with tf.GradientTape() as tape:
             out = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), model(x, training=True))  # loss in FP32
-            loss = tf.reduce_mean(workload.loss(y, out))
+            loss = tf.reduce_mean(module.loss(y, out))
             if model.losses:  # weight decay written as the workload's kernel regularizers
                 loss += tf.add_n([tf.cast(l, tf.float32) for l in model.losses])
             scaled = opt.get_scaled_loss(loss) if fp16 else loss
@@ -188,7 +193,7 @@ def _reduced(recipe: Recipe, loss_and_grads, size: int, torus=None):
     return reduced
 
 
-def _undone_warm_up(step, variables, workload, data, rows: np.ndarray, batch: int, feed_seed: int) -> None:
+def _undone_warm_up(step, variables, batches, data, rows: np.ndarray, batch: int, feed_seed: int) -> None:
     """Set-up before the clock, like MLPerf's init phase: run real steps on `rows` (the
     first batches of epoch 1) so that TensorFlow's graph optimisation (and XLA's
     compilation), the allocator's first growth and Horovod's first negotiation of every
@@ -197,7 +202,7 @@ def _undone_warm_up(step, variables, workload, data, rows: np.ndarray, batch: in
     generators' states): the timed epochs then train exactly the samples they count,
     from exactly the state a run without warm-up would start from."""
     state = [(v, v.numpy()) for v in variables]
-    for x, y in workload.batches(data, rows, batch, training=True, seed=feed_seed):
+    for x, y in batches(data, rows, batch, training=True, seed=feed_seed):
         step(x, y).numpy()
     for v, value in state:
         v.assign(value)

@@ -48,6 +48,17 @@ from harness.workloads.detector import (RESNET50, ROI_BATCH, ROI_POS_FRACTION, R
                                         checked)
 
 
+class _TensorFlow:
+    """The few numpy functions detection.py's box formulas use, as TensorFlow ops."""
+
+    def __getattr__(self, name):
+        return {"maximum": tf.maximum, "minimum": tf.minimum, "log": tf.math.log,
+                "exp": tf.exp, "stack": tf.stack}[name]
+
+
+TF = _TensorFlow()
+
+
 def build(cfg: Config):
     L = tf.keras.layers
     cfg = checked(cfg)
@@ -143,7 +154,7 @@ class Proposals(tf.keras.layers.Layer):
     def call(self, inputs, training=None):
         logits, deltas, gt = (tf.stop_gradient(tf.cast(t, tf.float32)) for t in inputs)
         cfg = self.cfg
-        boxes = clip(det.decode(deltas, tf.constant(self.anchors), det.TF, det.RPN_SCALE),
+        boxes = clip(det.decode(deltas, tf.constant(self.anchors), TF, det.RPN_SCALE),
                      cfg.height, cfg.width)
         scores, idx = tf.math.top_k(logits, k=min(cfg.pre_nms, len(self.anchors)), sorted=False)
         boxes = tf.gather(boxes, idx, batch_dims=1)
@@ -221,7 +232,7 @@ def _match(boxes, gt):
     """IoU of boxes (B, N, 4) [or (1, N, 4)] with the valid ground truth (B, G, 5):
     best IoU (B, N), the matched ground-truth rows (B, N, 5), and the IoU matrix."""
     valid = gt[..., 0] >= 0
-    overlaps = tf.where(valid[:, None, :], det.iou(boxes, gt[..., 1:5], det.TF), -1.0)
+    overlaps = tf.where(valid[:, None, :], det.iou(boxes, gt[..., 1:5], TF), -1.0)
     best = tf.reduce_max(overlaps, axis=2)
     matched = tf.gather(gt, tf.argmax(overlaps, axis=2, output_type=tf.int32), batch_dims=1)
     return best, matched, overlaps
@@ -249,21 +260,21 @@ def loss_terms(gt, outputs) -> dict:
     rpn_cls = tf.reduce_sum(bce * chosen, 1) / tf.maximum(tf.reduce_sum(chosen, 1), 1.0)
     # Box losses are normalised by the sampled count, not the positives: an image with
     # few positives must not turn the box regression's step size up.
-    target = det.encode(matched[..., 1:5], anchors, det.TF, det.RPN_SCALE)
+    target = det.encode(matched[..., 1:5], anchors, TF, det.RPN_SCALE)
     rpn_box = (tf.reduce_sum(_smooth_l1(outputs["rpn_deltas"] - target) * tf.cast(pos, tf.float32), 1)
                / tf.maximum(tf.reduce_sum(chosen, 1), 1.0))
 
     # Head targets: a ROI with IoU >= 0.5 takes its box's class, the rest background;
     # empty ROIs (NMS padding, padded ground truth) do not train the head.
     best, matched, _ = _match(rois, gt)
-    valid = det.area(rois, det.TF) > 0
+    valid = det.area(rois, TF) > 0
     fg, bg = _sample(valid & (best >= ROI_POS_IOU), valid & (best < ROI_POS_IOU),
                      min(ROI_BATCH, rois.shape[1]), ROI_POS_FRACTION, outputs["roi_noise"])
     chosen = tf.cast(fg | bg, tf.float32)
     labels = tf.where(fg, tf.cast(matched[..., 0], tf.int32) + 1, 0)
     ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, outputs["cls_logits"])
     head_cls = tf.reduce_sum(ce * chosen, 1) / tf.maximum(tf.reduce_sum(chosen, 1), 1.0)
-    target = det.encode(matched[..., 1:5], rois, det.TF)
+    target = det.encode(matched[..., 1:5], rois, TF)
     head_box = (tf.reduce_sum(_smooth_l1(outputs["box_deltas"] - target) * tf.cast(fg, tf.float32), 1)
                 / tf.maximum(tf.reduce_sum(chosen, 1), 1.0))
     return {"rpn_cls": rpn_cls, "rpn_box": rpn_box, "head_cls": head_cls, "head_box": head_box}
@@ -275,9 +286,9 @@ def detections(outputs, cfg: Config, score_threshold: float = 0.01):
     """(B, K, 6) detections (class, score, ymin, xmin, ymax, xmax), zero-padded: the
     head's boxes, class-wise NMS at IoU 0.5, the K best over all classes."""
     rois = tf.cast(outputs["rois"], tf.float32)
-    boxes = clip(det.decode(tf.cast(outputs["box_deltas"], tf.float32), rois, det.TF), cfg.height, cfg.width)
+    boxes = clip(det.decode(tf.cast(outputs["box_deltas"], tf.float32), rois, TF), cfg.height, cfg.width)
     probs = tf.nn.softmax(tf.cast(outputs["cls_logits"], tf.float32))[..., 1:]
-    probs *= tf.cast(det.area(rois, det.TF) > 0, tf.float32)[..., None]  # empty ROIs detect nothing
+    probs *= tf.cast(det.area(rois, TF) > 0, tf.float32)[..., None]  # empty ROIs detect nothing
     k = cfg.detections
     nms = tf.image.combined_non_max_suppression(
         boxes[:, :, None, :], probs, max_output_size_per_class=k, max_total_size=k,

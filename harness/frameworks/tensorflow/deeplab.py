@@ -65,21 +65,10 @@ from __future__ import annotations
 
 import math
 
-OUTPUT_STRIDE = 16
-MIDDLE_BLOCKS = 16
-ASPP_RATES = (1, 6, 12, 18)       # output stride 16
-EXIT_RATES = (1, 2)               # block 20's dilation, then the exit convolutions'
-BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5   # PyTorch's momentum 0.1, eps 1e-5
-# The reference's channel counts (scale 1)
-ENTRY = (32, 64)
-BLOCKS = (128, 256, 728)
-EXIT = (1024, 1536, 1536, 2048)
-ASPP, LOW_LEVEL, DECODER = 256, 48, 256
-
-
-def channels(count: int, scale: float) -> int:
-    """A reference channel count at width `scale` (at least 1)."""
-    return max(1, round(count * scale))
+# The design's numbers are the workload's (harness/workloads/deepcam.py), which PyTorch's
+# port (harness/frameworks/pytorch/deepcam.py) builds from too.
+from harness.workloads.deepcam import (ASPP, ASPP_RATES, BLOCKS, BN_EPSILON, BN_MOMENTUM, DECODER, ENTRY, EXIT,
+                                       EXIT_RATES, LOW_LEVEL, MIDDLE_BLOCKS, OUTPUT_STRIDE, channels)
 
 
 def build(height: int, width: int, inputs: int, classes: int, scale: float = 1.0,

@@ -27,10 +27,9 @@ ZeroPadding2D, which does no arithmetic.
 """
 from __future__ import annotations
 
-STAGES = (3, 4, 6, 3)          # bottlenecks per stage: ResNet-50
-WIDTH = 64                     # channels of the stem; stage s has WIDTH * 2**s inner channels
-EXPANSION = 4                  # bottleneck output = 4 x inner channels
-BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5
+# The design's numbers are the workload's (harness/workloads/ic.py), which PyTorch's
+# ResNet (harness/frameworks/pytorch/ic.py) builds from too.
+from harness.workloads.ic import BN_EPSILON, BN_MOMENTUM, EXPANSION, STAGES, WIDTH
 
 
 def build(input_shape, classes: int, *, weight_decay: float = 0.0, width: int = WIDTH,
