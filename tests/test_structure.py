@@ -119,6 +119,12 @@ def test_torch_is_imported_only_by_the_pytorch_package_which_imports_no_tensorfl
     pytorch = {n: _frameworks_imported(t) for n, t in modules.items() if n.startswith("harness.frameworks.pytorch")}
     assert all(found <= {"torch"} for found in pytorch.values()), pytorch
     assert not _frameworks_imported(modules["harness.frameworks"])
+    # outside the package only the registry reaches in, for the plain-Python list of what PyTorch builds
+    package = "harness.frameworks.pytorch"
+    graph, _ = _imports(modules)
+    reaching = {(n, t) for n, targets in graph.items() if not n.startswith(package) for t in targets
+                if t == package or t.startswith(package + ".")}
+    assert reaching == {("harness.frameworks", package), ("harness.frameworks", package + ".models")}, sorted(reaching)
 
 
 def test_tensorflow_and_horovod_are_imported_only_by_the_tensorflow_package():
