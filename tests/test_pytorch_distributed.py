@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 RANKS, TESTS = 4, 3
 PROGRAM = r'''
-import json, sys
+import gc, json, sys
 sys.path.insert(0, sys.argv[1])
 from mpi4py import MPI
 import torch
@@ -40,6 +40,8 @@ for test in range(1, TESTS + 1):
         grad = model.weight.grad.numpy().ravel().tolist()
         out["tests"].append({"sum": x.item(), "grad": grad, "size": torch.distributed.get_world_size(),
                              "address": group.address})
+        del ddp          # as the harness's Job.close: no DDP left holding the group's Gloo threads at exit
+        gc.collect()
     comm.Free()
 out["imported"] = sorted(m for m in ("tensorflow", "horovod") if m in sys.modules)
 print(json.dumps(out), flush=True)

@@ -6,6 +6,8 @@ trained through DistributedDataParallel (train.py), the workloads' models one mo
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 
@@ -74,4 +76,8 @@ class Job:
         return communication.split_exchange(cfg.comm_precision, cfg.allreduce, r.stages, r.replicas, carrier)
 
     def close(self) -> None:
+        # the job's DDP wrappers and pipeline stages hold its process groups, whose Gloo threads
+        # run until those objects go; a cycle would keep them to the interpreter's exit, where a
+        # thread calling back into Python aborts the process: collected before the groups go
+        gc.collect()
         self._group.__exit__(None, None, None)
