@@ -127,7 +127,7 @@ def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None,
         return "none (P = 1)"
     if comm_precision == "int8":
         return f"int8 all-gather, {carrier}"
-    ring = "DDP all-reduce" if framework == "pytorch" else "Horovod all-reduce"
+    ring = {"pytorch": "DDP all-reduce", "tensorflow": "Horovod all-reduce"}.get(framework, "all-reduce")
     how = {"ring": ring, "hierarchical": "hierarchical all-reduce", "adasum": "Adasum",
            "torus": f"torus {grid.describe() if grid else ''}"}[allreduce]
     return f"{how}{', fp16' if comm_precision == 'fp16' else ''}, {carrier}"
@@ -135,6 +135,7 @@ def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None,
 
 def split_exchange(comm_precision: str, allreduce: str, stages: int, replicas: int, carrier: str) -> str:
     """A split model's exchanges in words (line 37): activations between its stages, and
-    each stage's gradients over its replicas (none with one replica; PyTorch's DDP)."""
-    grads = "none" if replicas == 1 else exchange(comm_precision, allreduce, replicas, None, carrier, "pytorch")
+    each stage's gradients over its replicas (none with one replica; a plain all-reduce
+    once a step, harness/frameworks/pytorch/communication.average)."""
+    grads = "none" if replicas == 1 else exchange(comm_precision, allreduce, replicas, None, carrier, "")
     return f"activations point-to-point between {stages} stages, {carrier}; a stage's gradients: {grads}"

@@ -41,33 +41,35 @@ def _passes(folder, p, tests: int, tv="B32C32SRPT", quality: bool = True):
 def test_the_shipped_sweep_trains_in_pytorch_without_tensorflow(tmp_path, ranks):
     """1 rank: test 1 (the others skipped), trained by LAMB (harness/frameworks/pytorch/
     optimizers.py) through torch.compile (line 33's inductor); 4 ranks: the shipped
-    options, M = 1, 2, 4 base models. The roofline micro-kernels run in PyTorch and are
-    the utilisation's ceiling."""
-    options = {1: {"l18": "lamb", "l19": 0.01, "l33": "inductor"}, 4: {}}[ranks]
+    options, M = 1, 2, 4 base models, and (issue 35) one base model of 4 ranks in the four
+    parallel modes of line 37: data, model (4 stages, one batch at a time), pipeline (16
+    micro-batches on 1F1B) and mixed:2 (2 stages x 2 replicas); the split modes with P = 1
+    skipped. The roofline micro-kernels run in PyTorch and are the utilisation's ceiling."""
+    options = {1: {"l18": "lamb", "l19": 0.01, "l33": "inductor"},
+               4: {"l9": 4, "l10": "1 2 4 1", "l11": "1 1 1 4", "l36": 4, "l37": "data model pipeline mixed:2"}}[ranks]
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=5, l35="pytorch", **options))  # 5 epochs of 10
     p = mpirun(ranks, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
-    res = _passes(tmp_path / "runs", p, {1: 1, 4: 3}[ranks], {1: "B32C32MRIPT", 4: "B32C32SRPT"}[ranks])
+    res = _passes(tmp_path / "runs", p, {1: 1, 4: 7}[ranks], {1: ["B32C32MRIPT"], 4: ["B32C32SRPT"] * 4 + [
+        "B32C32SRPTMP", "B32C32SRPTPP16", "B32C32SRPT2SPP8"]}[ranks])
     if ranks == 1:
         assert "- Compiler inductor: torch.compile of the DDP-wrapped model" in p.stdout
         assert "- Optimizer lamb in PyTorch: harness/frameworks/pytorch/optimizers.py" in p.stdout
         assert "COMPILER: torch.compile, TorchInductor" in p.stdout
+    else:
+        _four_modes(res, p.stdout)
     assert list(res["roofline"]) == ["pytorch/fp32"] and res["roofline"]["pytorch/fp32"]["framework"] == "pytorch"
     assert all(t["utilisation"]["gemm"] > 0 for t in res["tests"])
     assert "- PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs" in p.stdout
     assert "FRAMEWRK: pytorch" in p.stdout
 
 
-def test_the_four_parallel_modes_on_four_ranks(tmp_path):
-    """Line 37 (issue 35): one base model of 4 ranks trained data-parallel, cut into 4
-    stages (model: one batch at a time; pipeline: 16 micro-batches on 1F1B) and as 2 stages
-    x 2 replicas (mixed:2): every test PASSED, --verify passes (MLPerf's checker on every
-    log), each split test's pipeline recorded: its cut, each stage's measured idle share
-    (of the schedule's span, in [0, 1)) beside the theory (S - 1) / (m + S - 1)."""
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=4, l15=3, l30=0, l35="pytorch",
-                                             l36=4, l37="data model pipeline mixed:2"))
-    p = mpirun(4, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
-    res = _passes(tmp_path / "runs", p, 4, ["B32C32SRPT", "B32C32SRPTMP", "B32C32SRPTPP16", "B32C32SRPT2SPP8"])
-    data, model, pipe, mixed = res["tests"]
+def _four_modes(res, stdout) -> None:
+    """Line 37's four modes of one base model of 4 ranks (the sweep's last four tests):
+    each split test's pipeline recorded, its cut, each stage's measured idle share (of the
+    schedule's span, in [0, 1)) beside the theory (S - 1) / (m + S - 1); the same samples
+    trained in every mode; the report's Parallel modes block."""
+    assert len(res["skipped"]) == 9                          # P = 1 with model, pipeline, mixed:2
+    data, model, pipe, mixed = res["tests"][-4:]
     assert data["pipeline"] is None and data["exchange"] == ["DDP all-reduce, Gloo"]
     for t, stages, m in ((model, 4, 1), (pipe, 4, 16), (mixed, 2, 8)):
         pl = t["pipeline"]
@@ -75,28 +77,33 @@ def test_the_four_parallel_modes_on_four_ranks(tmp_path):
         assert pl["bubble_theory"] == pytest.approx((stages - 1) / (m + stages - 1))
         assert all(0 <= idle < 1 for idle in pl["idle"]), pl
         assert t["samples_trained"] == data["samples_trained"]      # B x P a step in every mode, as many steps
-    assert mixed["exchange"] == ["activations point-to-point between 2 stages, Gloo; a stage's gradients: DDP"
+    assert mixed["exchange"] == ["activations point-to-point between 2 stages, Gloo; a stage's gradients:"
                                  " all-reduce, Gloo"]
-    assert "Pipeline    : 4 stages x 1 replica(s), 16 micro-batches of 8 on 1F1B ; idle stage 0" in p.stdout
-    assert "- Parallel modes in PyTorch (line 37)" in p.stdout
-    assert "Parallel modes (digits, pytorch, B 32, fp32, M 1 x P 4):" in p.stdout and "Highest FLOPS: " in p.stdout
+    assert "Pipeline    : 4 stages x 1 replica(s), 16 micro-batches of 8 on 1F1B ; idle stage 0" in stdout
+    assert "- Parallel modes in PyTorch (line 37)" in stdout
+    assert "Parallel modes (digits, pytorch, B 32, fp32, M 1 x P 4):" in stdout and "Highest FLOPS: " in stdout
 
 
 @pytest.mark.parametrize("pmap", [0, 1])
 def test_the_shipped_sweep_in_pytorch_on_two_nodes(cluster, tmp_path, pmap):
     """2 simulated nodes x 2 ranks, and one base model of 4 ranks across both (its DDP
-    all-reduce crosses the network; PMAP 1 deals its ranks round-robin over the nodes),
-    data-parallel and mixed:2 (line 37; P = 1 with mixed skipped): PMAP 0 puts a stage's
-    replicas on one node, so that its gradients stay there and activations cross."""
+    all-reduce crosses the network; PMAP 1 deals its ranks round-robin over the nodes);
+    with PMAP 0 that model also as mixed:2:2 (line 37; P = 1 with mixed skipped): a stage's
+    replicas on one node, so that its gradients stay there and its activations cross."""
+    modes = {"l36": 2, "l37": "data mixed:2:2"} if pmap == 0 else {}
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=4, l10="1 2 4 1", l11="1 1 1 4", l12=pmap,
-                                             l15=4, l30=0, l35="pytorch", l36=2, l37="data mixed:2"))
+                                             l15=4, l30=0, l35="pytorch", **modes))
     p = cluster_mpirun(cluster, "n1:2,n2:2", [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
-    res = _passes(tmp_path / "runs", p, 5, ["B32C32SRPT"] * 4 + ["B32C32SRPT2SPP8"])
+    res = _passes(tmp_path / "runs", p, 5 - pmap, ["B32C32SRPT"] * 4 + ["B32C32SRPT2SPP2"] * (1 - pmap))
     assert res["environment"]["hosts"] == ["n1", "n2"]
-    assert len(res["skipped"]) == 3                                       # P = 1 with mixed:2
-    dp, mixed = res["tests"][-2:]
+    assert len(res["skipped"]) == 3 * (1 - pmap)                          # P = 1 with mixed:2
+    dp = res["tests"][3]
     assert sorted(dp["jobs"][0]) == [0, 1, 2, 3] and dp["exchange"] == ["DDP all-reduce, Gloo"]   # PMAP 1: 0, 2, 1, 3
-    assert mixed["jobs"] == dp["jobs"] and mixed["pipeline"]["replicas"] == 2
+    if pmap == 0:
+        mixed = res["tests"][4]
+        assert mixed["jobs"] == dp["jobs"] == [[0, 1, 2, 3]] and mixed["pipeline"]["replicas"] == 2
+        assert mixed["exchange"] == ["activations point-to-point between 2 stages, Gloo; a stage's gradients:"
+                                     " all-reduce, Gloo"]
 
 
 def test_both_frameworks_side_by_side_in_one_sweep(tmp_path):
@@ -165,11 +172,11 @@ def test_ic_cosmoflow_and_deepcam_train_cut_into_stages(tmp_path):
     """Line 37's pipeline on 2 ranks for the three chain workloads of the other split runs'
     digits (issue 35): ic's ResNet, cosmoflow's 3-D CNN and deepcam's DeepLabv3+ (its
     low-level feature carried to the decoder's stage), shrunk (SMALL_MODELS), LAMB
-    (deepcam's global clipping over both stages), 2 micro-batches on GPipe, 2 epochs:
+    (deepcam's global clipping over both stages), 2 micro-batches on GPipe, 1 epoch:
     every test PASSED, --verify passes, each pipeline recorded with 2 stages and the FLOPs
     whole (the cut splits them; the count is the model's)."""
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=3, l7="ic cosmoflow deepcam",
-                                             l8="synthetic:16:32", l9=1, l10=1, l11=2, l14=2, l15=2, l18="lamb",
+                                             l8="synthetic:16:32", l9=1, l10=1, l11=2, l14=2, l15=1, l18="lamb",
                                              l19=0.001, l30=0, l35="pytorch", l37="pipeline:2:gpipe"))
     p = mpirun(2, [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path), env=SMALL_MODELS)
     res = _passes(tmp_path / "runs", p, 3, "B32C32MRPTGP2", quality=False)

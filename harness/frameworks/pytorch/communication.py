@@ -9,9 +9,10 @@ element NaN on every rank (an infinite scale), as through the FP32 exchange, so 
 fp16 gradient scaler skips the step.
 
 `maxima`, `scales`, `quantise` and `dequantised_mean` are the arithmetic (torch ops, no
-communication: the TensorFlow functions' twins); `int8_hook` adds torch.distributed's two
-collectives around them, on the job's process group (the default group of the job's
-ranks, harness/frameworks/pytorch/distributed.py).
+communication: the TensorFlow functions' twins); `int8_average` adds torch.distributed's
+two collectives around them, on a process group (the job's: the default group of the
+job's ranks, harness/frameworks/pytorch/distributed.py; or a stage's replicas');
+`int8_hook` is it as DDP's hook, `average` line 21's average of a split model's stage.
 """
 import torch
 import torch.distributed as dist
@@ -44,11 +45,9 @@ def dequantised_mean(gathered: torch.Tensor, scale: torch.Tensor, ranks: int) ->
     return gathered.float().sum(0) * (scale / ranks)
 
 
-def int8_hook(group, bucket) -> torch.futures.Future[torch.Tensor]:   # DDP checks this annotation: no
-    # `from __future__ import annotations` in this module, which would make it a string
-    """DDP's communication hook for one bucket (register_comm_hook(group, int8_hook)):
-    the bucket's gradients replaced by the job's int8-exchanged average."""
-    grads = bucket.gradients()
+def int8_average(grads, group) -> torch.Tensor:
+    """COLLECTIVE over `group`: the group's int8-exchanged average of `grads`, flattened
+    and concatenated in their order (FP32)."""
     m = maxima(grads)
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
     s = scales(m)
@@ -57,11 +56,39 @@ def int8_hook(group, bucket) -> torch.futures.Future[torch.Tensor]:   # DDP chec
     gathered = [torch.empty_like(mine) for _ in range(ranks)]
     dist.all_gather(gathered, mine, group=group)
     rows, at, means = torch.stack(gathered), 0, []
-    for i, g in enumerate(grads):   # the buffer is the gradients flattened in this order
+    for i, g in enumerate(grads):
         means.append(dequantised_mean(rows[:, at:at + g.numel()], s[i], ranks))
         at += g.numel()
-    buffer = bucket.buffer()
-    buffer.copy_(torch.cat(means).to(buffer.dtype))
+    return torch.cat(means)
+
+
+def int8_hook(group, bucket) -> torch.futures.Future[torch.Tensor]:   # DDP checks this annotation: no
+    # `from __future__ import annotations` in this module, which would make it a string
+    """DDP's communication hook for one bucket (register_comm_hook(group, int8_hook)):
+    the bucket's gradients replaced by the job's int8-exchanged average."""
+    buffer = bucket.buffer()     # the bucket's gradients flattened in their order
+    buffer.copy_(int8_average(bucket.gradients(), group).to(buffer.dtype))
     done = torch.futures.Future()
     done.set_result(buffer)      # DDP writes the future's tensor back into the gradients
     return done
+
+
+def average(grads, comm_precision: str, group) -> None:
+    """COLLECTIVE over `group`: `grads` (tensors) replaced in place by the group's average,
+    in line 21's precision: fp32 and fp16 one all-reduce of them flattened (fp16: cast for
+    the wire, back after), int8 int8_average. A split model's replicas of a stage (line
+    37's mixed) average so, once a step after the pipeline's schedule: DDP's reducer
+    under torch.distributed.pipelining failed with as many micro-batches as stages."""
+    if not grads:
+        return
+    if comm_precision == "int8":
+        flat = int8_average(grads, group)
+    else:
+        flat = torch.cat([g.flatten() for g in grads])
+        wire = flat.half() if comm_precision == "fp16" else flat
+        dist.all_reduce(wire, group=group)
+        flat = wire.to(flat.dtype) / dist.get_world_size(group)
+    at = 0
+    for g in grads:
+        g.copy_(flat[at:at + g.numel()].view_as(g))
+        at += g.numel()

@@ -8,11 +8,10 @@ harness/parallelism.stages cuts it where the costliest stage costs least. Every 
 a job builds the whole model from the job's seed (the same initial weights as data
 parallelism) and trains the blocks of its stage: job rank r is stage r // R, replica
 r % R (parallelism.py). A pipeline's stages meet on a process group of their own; a
-stage's replicas (mixed) average their gradients through DistributedDataParallel on
-another, once a step (pipelining's stage runs the micro-batches but the last under
-DDP's no_sync).
+stage's replicas (mixed) average their gradients on another, once a step after the
+schedule (harness/frameworks/pytorch/communication.average).
 
-`Step` is one training step of a stage: the pipeline batch (B x S samples) cut into m
+train.PipelineStep is one training step of a stage: the pipeline batch (B x S samples) cut into m
 micro-batches on the schedule of line 37 (ScheduleGPipe, Schedule1F1B; model = one
 micro-batch), the loss on the last stage (the workload's per-sample loss, its mean over
 the micro-batch; the schedule divides the gradients by m: the mean over the pipeline's

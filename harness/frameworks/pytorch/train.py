@@ -267,18 +267,19 @@ class PipelineStep(Step):
     step(x, y) -> the pipeline batch's mean loss on the last stage, None on the others.
     The batch (first stage: inputs; last: targets; others: nothing) is cut into the mode's
     micro-batches on its schedule (torch.distributed.pipelining), forward under autocast
-    (line 17), the loss in FP32 on the last stage; a stage's replicas (mixed) average
-    its gradients through DDP on their group (line 21's hooks as data parallelism's);
-    then the stage's optimizer. `busy` (pipeline.Busy) sums the stage's compute seconds and
-    `seconds` the schedule's (the optimizer's update apart): the stage's idle share is the rest."""
+    (line 17), the loss in FP32 on the last stage; a stage's replicas (mixed) then average
+    its gradients on their group in line 21's precision (communication.average: DDP's
+    reducer under pipelining failed with as many micro-batches as stages), then the
+    stage's optimizer. `busy` (pipeline.Busy) sums the stage's compute seconds and
+    `seconds` the schedule's (the replicas' average and the update apart): the stage's
+    idle share is the rest."""
 
     def __init__(self, workload, module, model, recipe: train.Recipe, dev, schedule, split):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
         self.module, self.model, self.dev, self.schedule, self.split = module, model, dev, schedule, split
         groups, mode = split.groups, split.mode
-        self.part = split.part(model)
-        wrapped = _ddp(self.part, dev, recipe.comm_precision, groups.replicas_group) if groups.replicas > 1 else self.part
-        stage = PipelineStage(wrapped, groups.stage, groups.stages, dev, group=groups.pipeline)
+        self.part, self.comm_precision = split.part(model), recipe.comm_precision
+        stage = PipelineStage(self.part, groups.stage, groups.stages, dev, group=groups.pipeline)
         self.busy = pipeline.Busy(stage, dev.type == "cuda")
         order = ScheduleGPipe if mode.schedule == "gpipe" else Schedule1F1B
         self.pipe = order(stage, mode.microbatches, loss_fn=lambda out, y: module.loss(_fp32(out), y).mean())
@@ -302,6 +303,9 @@ class PipelineStep(Step):
             else:
                 self.pipe.step()
         self.seconds += time.perf_counter() - t0
+        if groups.replicas > 1:   # mixed: the stage's gradients averaged over its replicas, once a step
+            communication.average([p.grad for p in self.part.parameters() if p.grad is not None],
+                                  self.comm_precision, groups.replicas_group)
         self.clip()
         self.opt.step()
         return torch.stack(losses).mean().detach() if losses else None
