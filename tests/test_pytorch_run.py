@@ -92,9 +92,11 @@ def test_the_shipped_sweep_in_pytorch_on_two_nodes(cluster, tmp_path, pmap):
     replicas on one node, so that its gradients stay there and its activations cross."""
     modes = {"l36": 2, "l37": "data mixed:2:2"} if pmap == 0 else {}
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=4, l10="1 2 4 1", l11="1 1 1 4", l12=pmap,
-                                             l15=4, l30=0, l35="pytorch", **modes))
+                                             l15=2, l30=0, l35="pytorch", **modes))
     p = cluster_mpirun(cluster, "n1:2,n2:2", [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
-    res = _passes(tmp_path / "runs", p, 5 - pmap, ["B32C32SRPT"] * 4 + ["B32C32SRPT2SPP2"] * (1 - pmap))
+    # 2 epochs: what learning takes is the one-node runs' to show (1 x 4 reaches ~0.5 only after 3)
+    res = _passes(tmp_path / "runs", p, 5 - pmap, ["B32C32SRPT"] * 4 + ["B32C32SRPT2SPP2"] * (1 - pmap),
+                  quality=False)
     assert res["environment"]["hosts"] == ["n1", "n2"]
     assert len(res["skipped"]) == 3 * (1 - pmap)                          # P = 1 with mixed:2
     dp = res["tests"][3]

@@ -12,10 +12,11 @@ from tests.conftest import ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, results,
 @pytest.mark.slow
 def test_shipped_file_end_to_end(tmp_path):
     """The README's `make run`: HPCAI500.dat as shipped, 4 ranks, M = 1, 2, 4; with PyTorch
-    unimportable (a TensorFlow run imports no PyTorch: a node with TensorFlow alone)."""
+    unimportable (a TensorFlow run imports no PyTorch: a node with TensorFlow alone). The
+    micro-kernels at test sizes: .ci/run's `make run` times them at full size."""
     text = (ROOT / "HPCAI500.dat").read_text().replace("runs          results", f"{str(tmp_path / 'r'):<13} results")
     (tmp_path / "HPCAI500.dat").write_text(text)
-    p = mpirun(4, ["HPCAI500.dat"], tmp_path, quick=False, program=without(tmp_path, "torch"))
+    p = mpirun(4, ["HPCAI500.dat"], tmp_path, program=without(tmp_path, "torch"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count("...... PASSED") == 3 and "FAILED" not in p.stdout
     assert "3 tests completed and passed consistency checks" in p.stdout
