@@ -330,17 +330,17 @@ class PipelineStep(Step):
         self.seconds = self.busy.seconds = 0.0     # the timed steps' alone
 
 
-def _ddp(model, dev, comm_precision: str, group=None):
-    """`model` in DistributedDataParallel on `group` (None: the job's), with line 21's
-    communication hook: fp16 casts the gradients to FP16 for the all-reduce and back;
-    int8 is harness/frameworks/pytorch/communication.py's."""
+def _ddp(model, dev, comm_precision: str):
+    """`model` in DistributedDataParallel on the job's group, with line 21's communication
+    hook: fp16 casts the gradients to FP16 for the all-reduce and back; int8 is
+    harness/frameworks/pytorch/communication.py's."""
     from torch.nn.parallel import DistributedDataParallel
-    ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, process_group=group)
+    ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     if comm_precision == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif comm_precision == "int8":
-        ddp.register_comm_hook(group, communication.int8_hook)
+        ddp.register_comm_hook(None, communication.int8_hook)
     return ddp
 
 
