@@ -216,3 +216,13 @@ def table(header: list[str], rows: list[list]) -> str:
     w = [max(len(r[i]) for r in cells) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"
     return "\n".join([line(cells[0]), "|" + "|".join("-" * (x + 2) for x in w) + "|"] + [line(r) for r in cells[1:]])
+
+
+def cores_shared(ranks: int) -> tuple[str, str]:
+    """("yes"|"no": whether `ranks` ranks share this machine's cores, the note the
+    simulated-cluster benches print under their tables)."""
+    cores = len(os.sched_getaffinity(0))
+    shared = "yes" if ranks > cores else "no"
+    return shared, (f"note: the 2 nodes share this machine's {cores} cores ({ranks} ranks): "
+                    + ("each rank has a core of its own; " if shared == "no" else "compute is a share of them; ")
+                    + "the link is real")

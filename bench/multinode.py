@@ -91,8 +91,7 @@ def main() -> None:
         c.down()
     med = {k: common.median([t["flops"] for t in v]) for k, v in got.items()}
     base = links[0]
-    cores = len(os.sched_getaffinity(0))
-    shared = "yes" if S > cores else "no"   # ranks sharing this machine's cores
+    shared, note = common.cores_shared(S)   # ranks sharing this machine's cores
     rows = []
     for link in links:
         bag, dp, dp16, dp8 = (med[link, k] for k in ("bag", "dp", "dp16", "dp8"))
@@ -120,9 +119,7 @@ def main() -> None:
         i8 = med[INT8_LINK, "dp8"] / med[INT8_LINK, "dp"]
         print(f"int8 / fp32 communication (DP) on {INT8_LINK}: {i8:.2f}x (goal >= {GOAL_INT8} with no shared cores:"
               f" {'MET' if i8 >= GOAL_INT8 and shared == 'no' else 'NOT MET'}; ranks share cores: {shared})")
-    print(f"note: the 2 nodes share this machine's {cores} cores ({S} ranks): "
-          + ("each rank has a core of its own; " if shared == "no" else "compute is a share of them; ")
-          + "the link is real")
+    print(note)
 
 
 if __name__ == "__main__":

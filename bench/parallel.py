@@ -32,6 +32,7 @@ import multinode   # its run (hpcai500.py on the cluster) and link_rate, as benc
 
 sys.path.insert(0, os.path.join(common.ROOT, "scripts", "cluster"))
 import cluster as cl  # noqa: E402
+from harness import experiments  # noqa: E402  (the report's mean of the stages' idle shares)
 
 WORKLOADS = {"ic": ("synthetic:256:64", 16), "deepcam": ("synthetic:32:64", 4)}   # dataset, B a rank
 GOAL_RATIO, GOAL_LINK, GOAL_WORKLOAD, GOAL_POINTS = 2.0, "100mbit", "ic", 0.05
@@ -50,11 +51,6 @@ def dats(P: int, workloads: list[str]) -> dict:
         out[w] = common.make_dat(f"parallel-{w}-{P}", l7=w, l8=dataset, l9=1, l10=1, l11=P, l12=0, l13=1, l14=b,
                                  l15=1, l30=0, l31=0, l35="pytorch", l36=len(modes(P)), l37=" ".join(modes(P)))
     return out
-
-
-def mean_idle(t: dict) -> float | None:
-    idle = [v for v in (t["pipeline"] or {}).get("idle", []) if v is not None]
-    return sum(idle) / len(idle) if idle else None
 
 
 def main() -> None:
@@ -93,8 +89,7 @@ def main() -> None:
 
 
 def report(got, rates, loads, links, workloads, P, args) -> None:
-    cores = len(os.sched_getaffinity(0))
-    shared = "yes" if P > cores else "no"
+    shared, note = common.cores_shared(P)
     med = {k: common.median([t["flops"] for t in v]) for k, v in got.items() if v}
     rows, gaps = [], []
     for w in workloads:
@@ -102,7 +97,7 @@ def report(got, rates, loads, links, workloads, P, args) -> None:
             data = med[w, link, "data"]
             for m in modes(P):
                 last = got[w, link, m][-1]
-                idle, pl = mean_idle(last), last["pipeline"]
+                idle, pl = experiments.mean_idle(last["pipeline"]), last["pipeline"]
                 theory = pl and pl["bubble_theory"]
                 if idle is not None and not m.startswith("model"):
                     gaps += [abs(v - theory) for v in pl["idle"] if v is not None]
@@ -124,9 +119,7 @@ def report(got, rates, loads, links, workloads, P, args) -> None:
         worst = max(gaps)
         print(f"largest gap between a stage's measured idle share and the theory (pipeline, mixed): {100 * worst:.1f}"
               f" points (goal <= {100 * GOAL_POINTS:.0f}: {'MET' if worst <= GOAL_POINTS else 'NOT MET'})")
-    print(f"note: the 2 nodes share this machine's {cores} cores ({P} ranks): "
-          + ("each rank has a core of its own; " if shared == "no" else "compute is a share of them; ")
-          + "the link is real")
+    print(note)
 
 
 if __name__ == "__main__":

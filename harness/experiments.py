@@ -227,7 +227,7 @@ def mode_lines(tests: list[TestResult]) -> list[str]:
                 f"  {'Test':>4} {'Mode':<18} {'Tflops':>11} {'vs data':>8} {'VTflops':>10} {'TTQ s':>11}"
                 f" {'MB/step':>9} {'idle':>6} {'theory':>6}"]
         for t in ts:
-            idle, theory = _mean_idle(t), t.pipeline and t.pipeline["bubble_theory"]
+            idle, theory = mean_idle(t.pipeline), t.pipeline and t.pipeline["bubble_theory"]
             idle = "-" if idle is None else f"{100 * idle:.0f} %"
             theory = "-" if theory is None else f"{100 * theory:.0f} %"
             out.append(f"  {t.index:>4} {t.mode:<18} {tflops(t.flops):>11}"
@@ -254,8 +254,10 @@ def _step_megabytes(t: TestResult) -> float:
     return (pl["bytes_between_stages"] + grads) / 1e6
 
 
-def _mean_idle(t: TestResult) -> float | None:
-    idle = [v for v in (t.pipeline or {}).get("idle", []) if v is not None]
+def mean_idle(pipeline: dict | None) -> float | None:
+    """The mean of a test's stages' measured idle shares (results.json's `pipeline`; None
+    for data parallelism, or where no stage measured one)."""
+    idle = [v for v in (pipeline or {}).get("idle", []) if v is not None]
     return sum(idle) / len(idle) if idle else None
 
 
@@ -267,10 +269,10 @@ def _reading(ts: tuple, data: TestResult | None) -> str:
         return f"Highest FLOPS: {best.mode} (no data-parallel test to read it against)."
     mine, grads = _step_megabytes(best), _step_megabytes(data)
     if best is data:
-        idle = ", ".join(f"{t.mode} {100 * _mean_idle(t):.0f} %" for t in ts if _mean_idle(t) is not None)
+        idle = ", ".join(f"{t.mode} {100 * mean_idle(t.pipeline):.0f} %" for t in ts if mean_idle(t.pipeline) is not None)
         return (f"Highest FLOPS: data. Why: averaging its gradients ({grads:.3g} MB a step) cost less than the split"
                 f" modes lost to their stages' idle time ({idle}).")
-    idle = _mean_idle(best)
+    idle = mean_idle(best.pipeline)
     why = (f"it moved {mine:.3g} MB a step where data parallelism averaged {grads:.3g} MB of gradients"
            if mine < grads else f"though it moved more ({mine:.3g} MB a step against {grads:.3g} MB of gradients),"
            " its stages kept computing")

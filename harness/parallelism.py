@@ -39,8 +39,8 @@ KINDS = {"data": "data parallelism: each rank a replica of the whole model, grad
          "model": "model parallelism: the layers cut into P consecutive stages, one batch at a time",
          "pipeline": "pipeline parallelism: P stages, the batch cut into micro-batches",
          "mixed": "mixed: STAGES pipeline stages x P / STAGES data-parallel replicas of each"}
-SCHEDULES = {"1f1b": "1F1B (one forward, one backward: at most S micro-batches in flight)",
-             "gpipe": "GPipe (every micro-batch forward, then every one backward)"}
+SCHEDULES = {"1f1b": ("1F1B", "one forward, one backward: at most S micro-batches in flight"),
+             "gpipe": ("GPipe", "every micro-batch forward, then every one backward")}   # key: (name, how)
 FORM = ("data, model, pipeline[:MICROBATCHES][:1f1b|gpipe] or mixed:STAGES[:MICROBATCHES][:1f1b|gpipe]"
         " (MICROBATCHES, STAGES integers >= 1)")
 MICROBATCHES_PER_STAGE = 4     # the default m = 4 S: GPipe's rule of thumb, bubble (S - 1) / (5 S - 1) < 20 %
@@ -88,6 +88,11 @@ class Stage:
     share: float              # of the whole model's forward FLOPs
     weights: int
     sends: int                # elements per sample to the next stage (0: the last stage)
+
+    @classmethod
+    def of(cls, record: dict) -> "Stage":
+        """A stage as results.json records it (dataclasses.asdict; names a list)."""
+        return cls(**{**record, "names": tuple(record["names"])})
 
 
 def stages(chain: list[Block], count: int) -> list[Stage]:
@@ -200,7 +205,7 @@ def describe(r: Resolved) -> str:
         out += f" x {r.replicas} replicas"
     if r.kind == "model":
         return out + f", one batch of {r.pipeline_batch} at a time"
-    return (out + f", {r.microbatches} micro-batches of {r.microbatch} on {SCHEDULES[r.schedule].split(' (')[0]}"
+    return (out + f", {r.microbatches} micro-batches of {r.microbatch} on {SCHEDULES[r.schedule][0]}"
             f" (bubble {bubble(r.stages, r.microbatches):.0%} in theory)")
 
 
@@ -216,7 +221,7 @@ def summary(r: Resolved, ranks: list[dict], root: dict) -> dict:
     for k in range(r.stages):
         mine = [1.0 - q["busy"] / q["seconds"] for q in ranks if q["stage"] == k and q["seconds"] > 0]
         idle.append(sum(mine) / len(mine) if mine else None)
-    cut_ = [Stage(**{**c, "names": tuple(c["names"])}) for c in root["cut"]]
+    cut_ = [Stage.of(c) for c in root["cut"]]
     return {"stages": r.stages, "replicas": r.replicas, "microbatches": r.microbatches, "schedule": r.schedule,
             "microbatch": r.microbatch, "bubble_theory": bubble(r.stages, r.microbatches), "idle": idle,
             "cut": root["cut"], "bytes_between_stages": step_bytes(cut_, r), "gradient_bytes": 4 * root["trainable"]}

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from harness import experiments, files, flops, frameworks, heartbeat, metrics, mllog, results, telemetry, train
+from harness import experiments, files, flops, frameworks, heartbeat, metrics, mllog, parallelism, results, telemetry, train
 
 RULE = "=" * 80
 THIN = "-" * 80
@@ -246,7 +246,7 @@ def pipeline_lines(t: results.TestResult) -> list[str]:
     p = t.pipeline
     idle = ", ".join(f"stage {k} {'-' if v is None else f'{100 * v:.1f} %'}" for k, v in enumerate(p["idle"]))
     how = "one batch at a time" if p["microbatches"] == 1 else (
-        f"{p['microbatches']} micro-batches of {p['microbatch']} on {p['schedule'].upper().replace('GPIPE', 'GPipe')}")
+        f"{p['microbatches']} micro-batches of {p['microbatch']} on {parallelism.SCHEDULES[p['schedule']][0]}")
     cut = ", ".join(f"{k}: blocks {c['first']}-{c['last']} {100 * c['share']:.1f} %" for k, c in enumerate(p["cut"]))
     return [f"Pipeline    : {p['stages']} stages x {p['replicas']} replica(s), {how} ; idle {idle}"
             f" (theory {100 * p['bubble_theory']:.1f} %) ; {p['bytes_between_stages'] / 1e6:.3g} MB a step between"

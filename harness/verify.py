@@ -289,7 +289,7 @@ def pipeline_check(t: results.TestResult) -> Check:
         return Check(what, t.pipeline is None, t.pipeline, None, note="data parallelism: none")
     r = parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
     p = t.pipeline or {}
-    cut = [parallelism.Stage(**{**c, "names": tuple(c["names"])}) for c in p.get("cut", [])]
+    cut = [parallelism.Stage.of(c) for c in p.get("cut", [])]
     want = {"stages": r.stages, "replicas": r.replicas, "microbatches": r.microbatches, "schedule": r.schedule,
             "microbatch": r.microbatch, "bubble_theory": parallelism.bubble(r.stages, r.microbatches),
             "bytes_between_stages": parallelism.step_bytes(cut, r)}

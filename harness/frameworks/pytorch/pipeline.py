@@ -72,7 +72,8 @@ class Groups:
     """COLLECTIVE over the job's default group: the process groups of a job of S stages x
     R replicas (every rank makes every group, in one order, as torch.distributed needs):
     `pipeline`, this rank's pipeline (its replica's S stages, stage order = group rank
-    order); `replicas`, its stage's R replicas (None when R = 1)."""
+    order); `replicas_group`, its stage's R replicas (None when R = 1); `stage`, `replica`,
+    `stages`, `replicas` its place and the counts."""
 
     def __init__(self, r: parallelism.Resolved):
         rank = dist.get_rank()
@@ -137,7 +138,9 @@ class Split:
 
     def __init__(self, module, data, r: parallelism.Resolved):
         self.module, self.mode = module, r
-        self.stages = parallelism.stages(blocks(module, data), r.stages)
+        chain = blocks(module, data)
+        self.stages = parallelism.stages(chain, r.stages)
+        self.trainable = sum(b.trainable for b in chain)    # the model's gradients, what data parallelism averages
         self.groups = Groups(r)
 
     @property

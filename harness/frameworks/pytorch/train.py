@@ -157,15 +157,15 @@ def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.R
     if evaluate is None:
         synced()
     return train.TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
-                             loop.clock, loop.trained, split and _stage_record(split, s, model, comm.rank == 0))
+                             loop.clock, loop.trained, split and _stage_record(split, s, comm.rank == 0))
 
 
-def _stage_record(split, s, model, root: bool) -> dict:
+def _stage_record(split, s, root: bool) -> dict:
     """TrainResult.stage of a split model's rank (the job root's with the cut)."""
     out = {"stage": split.groups.stage, "replica": split.groups.replica, "busy": s.busy.seconds, "seconds": s.seconds}
     if root:
         out["cut"] = [dataclasses.asdict(x) for x in split.stages]
-        out["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        out["trainable"] = split.trainable
     return out
 
 
