@@ -135,6 +135,10 @@ def _make_step(workload, module, model, recipe: Recipe, size: int, schedule, tor
     fp16 = recipe.precision == "fp16"
     if fp16:  # FP16's narrow range underflows small gradients: scale the loss (dynamically)
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
+    # The slots (and the iteration count) made now, not by apply_gradients inside the first
+    # trace: a tf.function that creates variables is traced a second time without them
+    # (tracing the step twice cost ~15 % of a small test's run here). Zeros either way.
+    opt.build(model.trainable_variables)
     hvd.broadcast_variables(model.variables, root_rank=0)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hpcai500_step")  # steps taken: in the graph
 
