@@ -1,8 +1,10 @@
 """Fault injection, for the reliability tests only.
 
-HPCAI500_FAULT="RANK:WHERE[:kill|hang]" makes world rank RANK raise (or SIGKILL itself,
-or stop making progress forever) at WHERE: a global training step (an integer) of
-every test, or the start of a phase, `eval` or `roofline`. Unset, it costs nothing.
+HPCAI500_FAULT="RANK:WHERE[:kill|hang|slow]" makes world rank RANK raise (or SIGKILL
+itself, or stop making progress forever, or sleep SLOW_STEP s there and before every
+later step: a rank that trains slowly but surely, at no CPU cost) at WHERE: a global
+training step (an integer) of every test, or the start of a phase, `eval` or
+`roofline`. Unset, it costs nothing.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import signal
 import time
 
 PHASES = ("eval", "roofline")
-KINDS = ("raise", "kill", "hang")
+KINDS = ("raise", "kill", "hang", "slow")
+SLOW_STEP = 0.25   # s a `slow` rank sleeps before each step (its watchdog beaten first: alive)
 
 
 def parse(spec: str) -> tuple[int, int | str, str]:
@@ -39,6 +42,9 @@ def _armed(world_rank: int):
 
 
 def _fire(kind: str, where) -> None:
+    if kind == "slow":
+        time.sleep(SLOW_STEP)
+        return
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     while kind == "hang":  # alive but stuck, as a rank in a deadlock is
@@ -54,7 +60,7 @@ def injector(world_rank: int):
     at, kind = armed
 
     def fire(step: int) -> None:
-        if step == at:
+        if step == at or (kind == "slow" and step > at):
             _fire(kind, f"step {step}")
     return fire
 

@@ -737,9 +737,10 @@ def test_prior_detector_by_hand(data):
 
 def test_ewa_end_to_end_under_mpirun(run_dat, tmp_path):
     """Bagging (M = 2, P = 1: two models' detections fused) and data parallelism
-    (M = 1, P = 2: replicas must stay equal) on 2 ranks, a few epochs on tiny synthetic
-    data: the ensemble's mAP must beat the prior detector's on the same data."""
-    p = run_dat(2, l7="ewa", l8="synthetic:96:64", l9=2, l10="2 1", l11="1 2", l14=2, l15=8,
+    (M = 1, P = 2: replicas must stay equal) on 2 ranks, 5 epochs on tiny synthetic
+    data: the ensemble's mAP must beat the prior detector's on the same data (measured:
+    0.162 and 0.150 against 0.000; 0.19 and 0.17 after 8 epochs, for 4 s more alone here)."""
+    p = run_dat(2, l7="ewa", l8="synthetic:96:64", l9=2, l10="2 1", l11="1 2", l14=2, l15=5,
                 l19=0.02, l30=0, l31=0, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "PASSED" in p.stdout and "FAILED" not in p.stdout

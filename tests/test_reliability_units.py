@@ -98,7 +98,7 @@ def test_unset_arms_nothing(monkeypatch):
 
 
 @pytest.mark.parametrize("spec,armed", [
-    ("1:5", (5, "raise")), ("1:5:kill", (5, "kill")), ("1:5:hang", (5, "hang")),
+    ("1:5", (5, "raise")), ("1:5:kill", (5, "kill")), ("1:5:hang", (5, "hang")), ("1:5:slow", (5, "slow")),
     ("1:eval", ("eval", "raise")), ("1:roofline:kill", ("roofline", "kill")), ("1:0", (0, "raise"))])
 def test_spec_arms_its_rank_only(monkeypatch, spec, armed):
     monkeypatch.setenv("HPCAI500_FAULT", spec)
@@ -110,7 +110,7 @@ def test_spec_arms_its_rank_only(monkeypatch, spec, armed):
                                   "1:5:hang:x"])
 def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
     monkeypatch.setenv("HPCAI500_FAULT", spec)
-    with pytest.raises(ValueError, match=r"^HPCAI500_FAULT='.*': expected RANK:STEP\|eval\|roofline\[:kill\|hang\]$"):
+    with pytest.raises(ValueError, match=r"^HPCAI500_FAULT='.*': expected RANK:STEP\|eval\|roofline\[:kill\|hang\|slow\]$"):
         fault._armed(0)          # refused on every rank, the unarmed ones too
     with pytest.raises(ValueError):
         fault.injector(1)
@@ -119,7 +119,7 @@ def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
 def test_parse_gives_rank_where_and_kind():
     assert fault.parse("3:12") == (3, 12, "raise")
     assert fault.parse("0:eval:hang") == (0, "eval", "hang")
-    with pytest.raises(ValueError, match=r"^RANK:STEP\|eval\|roofline\[:kill\|hang\]$"):
+    with pytest.raises(ValueError, match=r"^RANK:STEP\|eval\|roofline\[:kill\|hang\|slow\]$"):
         fault.parse("0:eval:hang:again")
 
 
@@ -131,6 +131,19 @@ def test_injector_fires_at_its_step_only(monkeypatch):
     with pytest.raises(RuntimeError, match="fault injected by HPCAI500_FAULT at step 3"):
         fire(3)
     assert fault.injector(0) is None                      # other ranks: no callable at all
+
+
+def test_a_slow_rank_sleeps_before_its_step_and_every_later_one(monkeypatch):
+    naps = []
+    monkeypatch.setattr(fault.time, "sleep", naps.append)
+    monkeypatch.setenv("HPCAI500_FAULT", "0:2:slow")
+    fire = fault.injector(0)
+    for step in range(5):
+        fire(step)                                        # never raises
+    assert naps == [fault.SLOW_STEP] * 3                  # steps 2, 3 and 4
+    monkeypatch.setenv("HPCAI500_FAULT", "0:eval:slow")
+    fault.point(0, "eval")                                # a phase: once
+    assert naps == [fault.SLOW_STEP] * 4
 
 
 def test_a_phase_fault_has_no_step_injector_and_a_step_fault_no_phase(monkeypatch):
