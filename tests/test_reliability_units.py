@@ -110,7 +110,8 @@ def test_spec_arms_its_rank_only(monkeypatch, spec, armed):
                                   "1:5:hang:x"])
 def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
     monkeypatch.setenv("HPCAI500_FAULT", spec)
-    with pytest.raises(ValueError, match=r"^HPCAI500_FAULT='.*': expected RANK:STEP\|eval\|roofline\[:kill\|hang\|slow\]$"):
+    usage = r"RANK:STEP\|eval\|roofline\[:kill\|hang\|slow\]"
+    with pytest.raises(ValueError, match=rf"^HPCAI500_FAULT='.*': expected {usage}$"):
         fault._armed(0)          # refused on every rank, the unarmed ones too
     with pytest.raises(ValueError):
         fault.injector(1)
