@@ -269,7 +269,7 @@ def _reading(ts: tuple, data: TestResult | None) -> str:
         return f"Highest FLOPS: {best.mode} (no data-parallel test to read it against)."
     mine, grads = _step_megabytes(best), _step_megabytes(data)
     if best is data:
-        idle = ", ".join(f"{t.mode} {100 * mean_idle(t.pipeline):.0f} %" for t in ts if mean_idle(t.pipeline) is not None)
+        idle = ", ".join(f"{t.mode} {100 * v:.0f} %" for t in ts if (v := mean_idle(t.pipeline)) is not None)
         return (f"Highest FLOPS: data. Why: averaging its gradients ({grads:.3g} MB a step) cost less than the split"
                 f" modes lost to their stages' idle time ({idle}).")
     idle = mean_idle(best.pipeline)

@@ -194,8 +194,8 @@ def test_warm_up_is_undone_bit_for_bit(train_checks):
 
 def test_the_step_is_traced_once(train_checks):
     """The optimizer's slots exist before the step is traced: a tf.function that creates
-    variables on its first trace is traced again (measured: twice a test before, ~15 % of
-    a small test's run), with the graph step and with the XLA step alike."""
+    variables on its first trace is traced again (measured before the fix: [2, 2, 2, 1],
+    the graph step twice, ~15 % of a small test's run; the XLA step once)."""
     assert [train_checks[k]["traced"] for k in ("warm0", "warm1", "warm2", "xla")] == [1, 1, 1, 1]
 
 
