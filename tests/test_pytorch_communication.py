@@ -1,6 +1,7 @@
 """harness/frameworks/pytorch/communication.py: line 21's int8 exchange as a DDP hook.
 The arithmetic by hand; the hook on a one-rank Gloo group in this process (a real DDP
 backward through it); two ranks under mpirun: tests/test_pytorch_run.py."""
+import gc
 import math
 
 import pytest
@@ -54,6 +55,10 @@ def test_the_hook_replaces_each_gradient_by_its_int8_round_trip(tmp_path):
         nn.functional.cross_entropy(ddp(x), y).backward()
         hooked = [p.grad.clone() for p in model.parameters()]
     finally:
+        # as the harness's Job.close: DDP (its Reducer holds the group) freed before the group
+        # is destroyed; freed after, its Gloo threads' join hung a fresh-clone suite once
+        ddp = None
+        gc.collect()
         dist.destroy_process_group()
     for g, h in zip(plain, hooked):
         scale = g.abs().max() / 127
