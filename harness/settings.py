@@ -205,12 +205,23 @@ def describe(values: dict[str, str]) -> list[str]:
 LIBRARY_PREFIXES = ("NCCL_", "GLOO_", "HOROVOD_", "TF_", "XLA_", "TORCH", "PYTORCH_", "CUDA_", "CUBLAS", "CUDNN_",
                     "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "UCX_", "FI_", "MALLOC_",
                     "LD_PRELOAD")
+# Terraform's variables share TensorFlow's TF_ prefix (its CLI configuration, input
+# variables, tokens, plugin cache, logs): none of these prefixes occurs anywhere in the
+# files of TensorFlow 2.18, Keras or Horovod (grepped, libtensorflow_cc.so.2 included), so
+# leaving them out cannot hide a TensorFlow setting, and a report no longer lists a
+# Terraform file among the settings that can change a figure (machines here set
+# TF_CLI_CONFIG_FILE).
+NOT_LIBRARY_PREFIXES = ("TF_CLI_", "TF_VAR_", "TF_TOKEN_", "TF_REGISTRY_", "TF_PLUGIN_", "TF_LOG_PATH",
+                        "TF_LOG_CORE", "TF_LOG_PROVIDER", "TF_IN_AUTOMATION", "TF_INPUT", "TF_WORKSPACE",
+                        "TF_IGNORE", "TF_STATE_PERSIST")
 
 
 def library(environ=None) -> dict[str, str]:
-    """The libraries' variables of LIBRARY_PREFIXES that are set: {name: value}, sorted. Pure."""
+    """The libraries' variables of LIBRARY_PREFIXES that are set, Terraform's apart
+    (NOT_LIBRARY_PREFIXES): {name: value}, sorted. Pure."""
     environ = os.environ if environ is None else environ
-    return {n: environ[n] for n in sorted(environ) if n.startswith(LIBRARY_PREFIXES)}
+    return {n: environ[n] for n in sorted(environ)
+            if n.startswith(LIBRARY_PREFIXES) and not n.startswith(NOT_LIBRARY_PREFIXES)}
 
 
 def describe_library(environment: dict) -> list[str]:

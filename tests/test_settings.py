@@ -59,12 +59,14 @@ def test_report_lines_and_test_only_settings():
 
 def test_the_libraries_variables_are_recorded_but_the_launchers_are_not():
     environ = {"NCCL_DEBUG": "INFO", "OMPI_MCA_num_procs": "4", "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0",
-               "TORCHINDUCTOR_CACHE_DIR": "/c", "OMP_NUM_THREADS": "4", "HPCAI500_SEED": "1", "PATH": "/bin"}
-    values = settings.library(environ)
-    assert values == {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "TORCHINDUCTOR_CACHE_DIR": "/c"}
+               "TORCHINDUCTOR_CACHE_DIR": "/c", "OMP_NUM_THREADS": "4", "HPCAI500_SEED": "1", "PATH": "/bin",
+               "TF_CLI_CONFIG_FILE": "/root/.terraformrc", "TF_VAR_region": "eu", "TF_XLA_FLAGS": "--x"}
+    values = settings.library(environ)     # Terraform's TF_CLI_*, TF_VAR_* are not TensorFlow's
+    assert values == {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "TF_XLA_FLAGS": "--x",
+                      "TORCHINDUCTOR_CACHE_DIR": "/c"}
     assert list(values) == sorted(values)
     env = {"library_settings": values, "library_settings_differ_on_ranks": []}
-    assert settings.describe_library(env)[0] == "LIB ENV : NCCL_DEBUG=INFO" and len(settings.describe_library(env)) == 3
+    assert settings.describe_library(env)[0] == "LIB ENV : NCCL_DEBUG=INFO" and len(settings.describe_library(env)) == 4
     assert settings.describe_library({"library_settings": {}, "library_settings_differ_on_ranks": [3, 5]}) == [
         "LIB ENV : none set (NCCL_*, HOROVOD_*, TF_*, TORCH*, OMP_*, MKL_*, ...: settings.LIBRARY_PREFIXES)",
         "LIB ENV : differs from rank 0's on world rank(s) 3, 5 (results.json: environment.library_settings_by_rank)"]
