@@ -302,7 +302,9 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
            if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"),
         "Other load: per machine, its busy cores during the timed span minus the cores the run's ranks kept busy"
         " (the Telemetry line's 'other processes'; a test warns above"
-        f" {telemetry.OTHER_LOAD_LIMIT:g} a rank); CPU counters read every second and at the span's edges",
+        f" {telemetry.OTHER_LOAD_LIMIT:g} a rank); CPU counters read every second and at the span's edges;"
+        " a little below 0 on a quiet machine (the kernel counts a process's CPU time exactly, the machine's"
+        " in clock ticks), not clamped",
         "VFLOPS per watt: valid FLOPs of the timed training (VFLOPS x Time) / the energy the GPU boards used"
         " from the start barrier to the end of training, the evaluations along the way (line 31) included"
         " (NVML's counter, else its sampled power); CPUs, memory and network are not counted",
