@@ -143,3 +143,18 @@ def test_channels_last_for_2d_models_only():
     assert not conv2d[0].weight.is_contiguous()
     conv3d = nn.Sequential(nn.Conv3d(2, 4, 3), nn.Flatten(), nn.Linear(4, 1))
     assert train.channels_last(conv3d) is conv3d and conv3d[0].weight.is_contiguous()
+
+
+def test_a_cpu_batch_of_one_channel_leaves_each_gradient_laid_out_as_its_weight(digits_data):
+    """DDP's contract: a gradient has its parameter's strides. On a CPU a batch takes the
+    canonical NCHW strides, one channel included: movedim's (64, 1, 8, 1) count as
+    channels-last too, and the convolution's backward made the first kernel's gradient
+    channels-last, (9, 1, 3, 1) for its (9, 9, 3, 1) (DDP warned, and copied each step)."""
+    import numpy as np
+    from harness.frameworks.pytorch import models
+    batch = models.channels_first(np.random.default_rng(0).random((4, 8, 8, 1), np.float32), "cpu")
+    assert batch.shape == (4, 1, 8, 8) and batch.stride() == (64, 64, 8, 1)
+    assert models.channels_first(np.zeros((4, 8, 8, 3), np.float32), "cpu").stride() == (192, 64, 8, 1)
+    model = torch_digits.build_model(digits_data)
+    model(batch).sum().backward()
+    assert [p.grad.stride() for p in model.parameters()] == [p.stride() for p in model.parameters()]

@@ -52,7 +52,12 @@ def channels_first(x: np.ndarray, device):
     t = torch.from_numpy(np.ascontiguousarray(x)).to(device).movedim(-1, 1)
     if torch.device(device).type == "cuda" and t.dim() == 4:
         return t.contiguous(memory_format=torch.channels_last)
-    return t.contiguous()
+    # view: the canonical strides, no copy. With one channel (digits) movedim's strides,
+    # (HW, 1, W, 1), already count as contiguous, and as channels-last too: a CPU
+    # convolution's backward then made the first kernel's gradient channels-last, unlike
+    # DDP's bucket view of it (PyTorch's "Grad strides do not match bucket view strides"
+    # warning on every rank, and a strided copy each step).
+    return t.contiguous().view(t.shape)
 
 
 def keras_init(model):
