@@ -224,7 +224,7 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
         conventions=report.conventions(cfg, devices, notes, placement, ceilings,
                                        [line for name in cfg.frameworks
                                         for line in frameworks.get(name).conventions(cfg, environment)]),
-        skipped=[{"index": s.test.index, "reason": s.reason} for s in plan.skipped])
+        skipped=[{"index": s.test.index, "reason": s.reason, "cause": s.cause} for s in plan.skipped])
     params = dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)
     return report.Output(cfg, record, params, dat.TV_LEGEND, plan.previous)
 

@@ -39,6 +39,7 @@ class Planned:
 class Skipped:
     test: dat.Test
     reason: str
+    cause: str = "ranks"    # "ranks": the layout is larger than the run; "mode": a split mode (line 37) on P = 1
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_ran
     planned, skipped = [], []
     for t in tests:
         if t.mode != "data" and t.P == 1:   # as a layout too large: a sweep of Ps and modes runs what applies
-            skipped.append(Skipped(t, f"P = 1 holds the whole model on one rank: line 37's {t.mode} needs P >= 2"))
+            skipped.append(Skipped(t, f"P = 1 holds the whole model on one rank: line 37's {t.mode} needs P >= 2",
+                                   "mode"))
             continue
         try:
             M, warnings = topology.resolve(world_size, t.M, t.P)

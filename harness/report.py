@@ -160,14 +160,20 @@ def skipped_line(index: int, reason: str) -> str:
     return f"Test {index} skipped: {reason}"
 
 
-def footer(tests: list[results.TestResult], skipped: int, summary: list[str], interrupted: bool = False) -> str:
-    """The counts, then `summary` (summary_lines: scaling and the paper's experiments)."""
+def footer(tests: list[results.TestResult], skipped: list[dict], summary: list[str],
+           interrupted: bool = False) -> str:
+    """The counts, then `summary` (summary_lines: scaling and the paper's experiments).
+    `skipped`: results.Record.skipped; each counted under its cause (a record of schema
+    2.7 or before has none: then every skip was a layout larger than the run)."""
     passed = sum(t.consistency["passed"] for t in tests)
     closed = sum(t.division == "closed" for t in tests)
+    by_mode = sum(s.get("cause") == "mode" for s in skipped)
     lines = ["", f"Finished {len(tests):6d} tests with the following results:",
              f"         {passed:6d} tests completed and passed consistency checks,",
              f"         {len(tests) - passed:6d} tests completed and failed consistency checks,",
-             f"         {skipped:6d} tests skipped because they need more ranks than the run has.",
+             f"         {len(skipped) - by_mode:6d} tests skipped because they need more ranks than the run has.",
+             *([f"         {by_mode:6d} tests skipped because their parallel mode (line 37) needs P >= 2."]
+               if by_mode else []),
              f"         {closed:6d} tests closed (ranking results), {len(tests) - closed} open (see their Division"
              " lines).", THIN,
              *summary, "End of Tests." if not interrupted else "Tests interrupted.", RULE]
@@ -296,10 +302,7 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
         f" base model; PASSED at <= {metrics.REPLICA_TOLERANCE:.0e}",
         f"Devices (rank 0): {devices['device']}; threads per rank: {devices['threads']} intra-op and"
-        f" {devices['inter_op']} inter-op for the step (cores / ranks sharing them); input (read, decode, augment:"
-        " the workload's feed) runs on tf.data's threads where the feed is a tf.data pipeline"
-        + (" on the same cores, none set aside: on a CPU-only node it shares them with the step"
-           if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"),
+        f" {devices['inter_op']} inter-op for the step (cores / ranks sharing them); " + input_line(cfg, devices),
         "Other load: per machine, its busy cores during the timed span minus the cores the run's ranks kept busy"
         " (the Telemetry line's 'other processes'; a test warns above"
         f" {telemetry.OTHER_LOAD_LIMIT:g} a rank); CPU counters read every second and at the span's edges;"
@@ -364,6 +367,17 @@ def option_lines(cfg, nccl: bool) -> list[str]:
         lines.append(f"Optimizer {cfg.optimizer}: see harness/frameworks/tensorflow/optimizers.py (LARS/LAMB"
                      " exclude rank <= 1 variables, i.e. biases and batch-norm, from trust ratio and weight decay)")
     return lines
+
+
+def input_line(cfg, devices: dict) -> str:
+    """Where the feed runs, in each framework of the run, and on which cores."""
+    where = {"tensorflow": "in TensorFlow on tf.data's threads where the feed is a tf.data pipeline",
+             "pytorch": "in PyTorch on the rank's own threads, no DataLoader workers (ic: Pillow decodes in as many"
+                        " threads as the step has, that many batches ahead; the other workloads' batches are made"
+                        " between steps)"}
+    return ("input (read, decode, augment: the workload's feed) runs " + "; ".join(where[f] for f in cfg.frameworks)
+            + (", on the same cores, none set aside: on a CPU-only node it shares them with the step"
+               if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"))
 
 
 def torch_lines(cfg) -> list[str]:
@@ -505,7 +519,7 @@ class Output:
                 self._emit(f"\nInterrupted: {interrupted}" +
                            (f" during test {test}; its result is lost, the finished tests' stand.\n"
                             if test else ".\n"))
-            self._emit(footer(rec.tests, len(rec.skipped), summary_lines(rec.tests, rec.repeats), bool(interrupted)))
+            self._emit(footer(rec.tests, rec.skipped, summary_lines(rec.tests, rec.repeats), bool(interrupted)))
             self._save()     # the figures first: on a signal, the launcher may kill us any moment
             self._charts()
             self._save()

@@ -21,7 +21,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.7"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.8"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -29,6 +29,7 @@ SCHEMA = "2.7"   # 2.2: TestResult.higher_is_better; the control plane's timings
                  # 2.5: TestResult.other_load (cores other processes kept busy, per machine)
                  # 2.6: TestResult.framework (lines 34-35)
                  # 2.7: TestResult.mode (lines 36-37)
+                 # 2.8: Record.skipped[].cause ("ranks" or "mode"; absent: "ranks", as before)
 
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
@@ -143,7 +144,7 @@ class Record:
     roofline: dict                    # precision -> micro-kernel figures
     schema: str = SCHEMA
     status: str = "running"           # running | complete | interrupted
-    skipped: list = field(default_factory=list)   # tests that need more ranks: index, reason
+    skipped: list = field(default_factory=list)   # tests not run: index, reason, cause (plan.Skipped)
     tests: list = field(default_factory=list)     # TestResult, in finishing order
     repeats: list = field(default_factory=list)   # metrics.Repeats: each repeated test's summary, when its last run ends
     charts: list = field(default_factory=list)

@@ -519,7 +519,7 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
                      (f" during test {test}; its result is lost, the finished tests' stand.\n" if test else ".\n"),
                      False))
     if status in ("complete", "interrupted"):
-        segs.append(("footer", report.footer(tests, len(res.skipped),
+        segs.append(("footer", report.footer(tests, res.skipped,
                                              report.summary_lines(tests, res.repeats),
                                              status == "interrupted"), False))
     return segs

@@ -182,6 +182,20 @@ def test_fold_gives_a_repeated_test_its_summary_figures():
     assert folded[0].repetition == 0 and runs[0].flops == 1e12      # the first run's record, itself unchanged
 
 
+def test_the_footer_counts_each_skip_under_its_cause():
+    """A split mode on P = 1 is not a layout larger than the run: the footer counts it
+    apart; a record of schema 2.7 or before (no cause) reads as its report then said."""
+    from harness import report
+    skipped = [{"index": 2, "reason": "P = 1 ...", "cause": "mode"}, {"index": 3, "reason": "P = 1", "cause": "mode"},
+               {"index": 5, "reason": "M x P ...", "cause": "ranks"}, {"index": 6, "reason": "M x P ..."}]
+    lines = report.footer([], skipped, []).splitlines()
+    assert lines[4:6] == ["              2 tests skipped because they need more ranks than the run has.",
+                          "              2 tests skipped because their parallel mode (line 37) needs P >= 2."]
+    old = report.footer([], skipped[2:], []).splitlines()
+    assert old[4] == "              2 tests skipped because they need more ranks than the run has."
+    assert "parallel mode" not in old[5]
+
+
 def test_a_huge_ratio_keeps_its_column():
     """A DP layout far below the target (quality 0.11 of 0.5 at n = 5 scores ~5e-4 of its
     FLOPS) makes VFLOPS ratios of ~5e4: they print in e-notation and the rows align."""

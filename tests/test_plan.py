@@ -16,7 +16,7 @@ def test_layouts_skip_what_does_not_fit_the_world_as_hpl_does():
     planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])
     assert [p.test.index for p in planned] == [1, 2]
     assert [s.test.index for s in skipped] == [3]
-    assert skipped[0].reason == "M x P = 4 x 1 = 4 exceeds the world size 2"
+    assert (skipped[0].reason, skipped[0].cause) == ("M x P = 4 x 1 = 4 exceeds the world size 2", "ranks")
     assert planned[0].warnings == ("M x P = 1 < world size 2: 1 rank(s) idle in this test",)
     assert planned[1].layout.jobs == ((0,), (1,))
 
@@ -168,8 +168,8 @@ def test_a_parallel_mode_needs_pytorch_a_chain_and_a_layout_it_takes(monkeypatch
     ones = dat.parse_text(dat_text(l9=2, l10="1 1", l11="1 2", l35="pytorch", l36=2, l37="data pipeline:4"), "x.dat")
     planned, skipped = plan.layouts(ones, dat.expand(ones), 4, [0, 0, 0, 0])
     assert [(p.test.P, p.test.mode) for p in planned] == [(1, "data"), (2, "data"), (2, "pipeline:4")]
-    assert [(s.test.index, s.reason) for s in skipped] == [
-        (2, "P = 1 holds the whole model on one rank: line 37's pipeline:4 needs P >= 2")]
+    assert [(s.test.index, s.reason, s.cause) for s in skipped] == [
+        (2, "P = 1 holds the whole model on one rank: line 37's pipeline:4 needs P >= 2", "mode")]
     assert "expected a mode this layout takes (lines 11 and 14): pipeline:4 with P = 2, B = 3: a pipeline of 2 stages" \
         " trains B x 2 = 6 samples a step, which 4 micro-batches" in plan.mode_problem(
             cfg, [dataclasses.replace(t, batch=3) for t in tests])

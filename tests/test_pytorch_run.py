@@ -60,7 +60,10 @@ def test_the_shipped_sweep_trains_in_pytorch_without_tensorflow(tmp_path, ranks)
     assert list(res["roofline"]) == ["pytorch/fp32"] and res["roofline"]["pytorch/fp32"]["framework"] == "pytorch"
     assert all(t["utilisation"]["gemm"] > 0 for t in res["tests"])
     assert "- PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs" in p.stdout
+    (devices,) = [ln for ln in p.stdout.splitlines() if ln.startswith("- Devices (rank 0)")]
+    assert "runs in PyTorch on the rank's own threads, no DataLoader workers" in devices and "tf.data" not in devices
     assert "FRAMEWRK: pytorch" in p.stdout
+    assert "Grad strides do not match" not in p.stderr      # DDP's layout contract kept (models.channels_first)
 
 
 def _four_modes(res, stdout) -> None:
@@ -69,6 +72,9 @@ def _four_modes(res, stdout) -> None:
     schedule's span, in [0, 1)) beside the theory (S - 1) / (m + S - 1); the same samples
     trained in every mode; the report's Parallel modes block."""
     assert len(res["skipped"]) == 9                          # P = 1 with model, pipeline, mixed:2
+    assert {s["cause"] for s in res["skipped"]} == {"mode"}
+    assert "     0 tests skipped because they need more ranks" in stdout, stdout[-3000:]
+    assert "     9 tests skipped because their parallel mode (line 37) needs P >= 2." in stdout
     data, model, pipe, mixed = res["tests"][-4:]
     assert data["pipeline"] is None and data["exchange"] == ["DDP all-reduce, Gloo"]
     for t, stages, m in ((model, 4, 1), (pipe, 4, 16), (mixed, 2, 8)):
