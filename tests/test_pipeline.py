@@ -129,6 +129,23 @@ def test_a_chain_is_profiled_block_by_block_on_the_meta_device():
         pipeline.chain(types.SimpleNamespace(chain=None), nn.Linear(2, 2))
 
 
+def test_a_stage_hands_its_neighbours_dense_tensors_both_ways():
+    """A channels-last stage (every 2-D model on a GPU, digits on CPUs): what it sends on,
+    its output, and what it sends back, its input's gradient, are contiguous (pipelining
+    receives into a buffer laid out as the gradient is, and Gloo's irecv refused a strided
+    one: digits' 4-stage model mode failed so). The raw gradient is channels-last."""
+    from torch import nn
+
+    from harness.frameworks.pytorch import pipeline, train
+    conv = train.channels_last(nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU()))
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)     # as a stage receives it: contiguous
+    (raw,) = torch.autograd.grad(conv(x).sum(), x)      # pipelining takes the gradient so
+    assert not raw.is_contiguous()
+    out = pipeline.Part(*conv)(x)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert out.is_contiguous() and grad.is_contiguous() and torch.equal(grad, raw)
+
+
 @pytest.mark.parametrize("workload,data,settings", [
     ("digits", {"x_train": __import__("numpy").zeros((1, 8, 8, 1), "float32"), "num_classes": 10}, {}),
     ("ic", {"num_classes": 10, "side": 32}, {"HPCAI500_IC_WIDTH": 8, "HPCAI500_IC_STAGES": (1, 1, 1, 1)}),

@@ -119,12 +119,28 @@ class Busy:
         return timed
 
 
+class _DenseGradient(torch.autograd.Function):
+    """The identity, whose backward hands the gradient on contiguous."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
 class Part(nn.Sequential):
-    """A stage's blocks in turn; its outputs dense (contiguous): a point-to-point send
-    and the receiving stage's buffer need one, and a convolution may hand back a strided
-    tensor (channels-last on a GPU, or from one input channel on a CPU)."""
+    """A stage's blocks in turn; what crosses to a neighbour stage dense (contiguous): a
+    point-to-point send and its receive buffer need one, and a channels-last model's
+    convolutions (models.channels_last_on: every 2-D model on a GPU, digits on CPUs) hand
+    back strided tensors, forward (its outputs) and backward (its inputs' gradients, which
+    go back to the previous stage: pipelining lays the receive buffer out as the gradient
+    is, and Gloo's irecv refused a channels-last one)."""
 
     def forward(self, *args):
+        args = tuple(_DenseGradient.apply(a) if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args)
         out = args[0] if len(args) == 1 else args
         for block in self:
             out = block(out)
