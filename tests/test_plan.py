@@ -163,7 +163,7 @@ def test_a_parallel_mode_needs_pytorch_a_chain_and_a_layout_it_takes(monkeypatch
     assert plan.mode_problem(cfg, ewa).endswith("expected data: " + frameworks.UNSPLIT["ewa"])
     assert plan.mode_problem(cfg, [dataclasses.replace(t, workload="ic") for t in tests]) == (
         "x.dat:37: found pipeline:4 (test 2: ic, pytorch, P = 2, B = 32), expected data: ic's PyTorch model is not"
-        " yet cut into stages (issue 35, under way: digits)")
+        " yet cut into stages (cut so far: digits)")
     # P = 1 with a split mode: skipped, as a layout that does not fit (a sweep of Ps and modes runs what applies)
     ones = dat.parse_text(dat_text(l9=2, l10="1 1", l11="1 2", l35="pytorch", l36=2, l37="data pipeline:4"), "x.dat")
     planned, skipped = plan.layouts(ones, dat.expand(ones), 4, [0, 0, 0, 0])

@@ -64,8 +64,8 @@ def split_problem(framework: str, workload: str) -> str | None:
     if workload in UNSPLIT:
         return UNSPLIT[workload]
     if workload not in pytorch_models.SPLIT:
-        return (f"{workload}'s PyTorch model is not yet cut into stages (issue 35, under way:"
-                f" {', '.join(pytorch_models.SPLIT) or 'none yet'})")
+        return (f"{workload}'s PyTorch model is not yet cut into stages (cut so far:"
+                f" {', '.join(pytorch_models.SPLIT) or 'none'})")
     return None
 
 
