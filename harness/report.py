@@ -380,15 +380,25 @@ def input_line(cfg, devices: dict) -> str:
                if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"))
 
 
-def torch_lines(cfg) -> list[str]:
-    """What the Table 2 choices of this input mean in PyTorch, stated in the report."""
+# The layout clause of the PyTorch line, by the results schema that wrote it (--verify
+# reads a run against its own): 2.8 states the CPUs' layout (models.channels_last_on).
+TORCH_LAYOUT = {(2, 0): "on a GPU the models and their 4-D inputs are channels-last in memory (cuDNN's fast layout for"
+                        " convolutions, as NVIDIA's PyTorch references train)",
+                (2, 8): "on a GPU the 2-D models and their 4-D inputs are channels-last in memory (cuDNN's fast layout"
+                        " for convolutions, as NVIDIA's PyTorch references train); on CPUs channels-first, but digits"
+                        " channels-last (oneDNN trains its small convolutions faster so: bench/layout.py)"}
+
+
+def torch_lines(cfg, schema: tuple[int, int] = results.minor(results.SCHEMA)) -> list[str]:
+    """What the Table 2 choices of this input mean in PyTorch, stated in the report (as
+    results schema `schema` stated them)."""
+    layout = TORCH_LAYOUT[max(v for v in TORCH_LAYOUT if v <= schema)]
     lines = ["PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs, NCCL on GPUs), wired"
              " from MPI (the job root's TCPStore, its address broadcast over the job's communicator; no torchrun);"
              " DistributedDataParallel averages the gradients in buckets during the backward pass; the optimizers"
              " are torch.optim's with Keras' defaults (Adam's and AdaGrad's epsilon 1e-7, AdaGrad's initial"
              " accumulator 0.1; SGD's momentum applied as PyTorch does, v = m v + g); weight decay on kernels only"
-             " (never biases or batch norm); on a GPU the models and their 4-D inputs are channels-last in memory"
-             " (cuDNN's fast layout for convolutions, as NVIDIA's PyTorch references train)"]
+             f" (never biases or batch norm); {layout}"]
     if set(cfg.precisions) - {"fp32"}:
         lines.append("Mixed precision in PyTorch (fp16, bf16): torch.autocast, FP32 master weights, the loss in FP32,"
                      " fp16 with a dynamic gradient scaler (torch.amp.GradScaler); FLOPs counted as for fp32")

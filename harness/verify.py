@@ -133,7 +133,8 @@ def verify(run: Run) -> list[Check]:
     checks += more
     checks += _guarded("settings", lambda: (settings_checks(res.settings), None))[0]
     checks += _guarded("roofline", lambda: (roofline_checks(res.roofline), None))[0]
-    checks += _guarded("conventions", lambda: (conventions_checks(res.conventions, cfg, res.roofline), None))[0]
+    checks += _guarded("conventions", lambda: (conventions_checks(res.conventions, cfg, res.roofline, res.schema),
+                                               None))[0]
     derived = []
     for t in res.tests:
         c, d = _guarded(_name(t), lambda t=t: test_checks(t, cfg, res))
@@ -217,12 +218,13 @@ def roofline_checks(roofline: dict) -> list[Check]:
     return out
 
 
-def conventions_checks(conv: list, cfg, roofline: dict) -> list[Check]:
+def conventions_checks(conv: list, cfg, roofline: dict, schema: str = results.SCHEMA) -> list[Check]:
     """The conventions block states the FLOP rules, the options of this input and the
     roofline figures that the run recorded (the device and FLOP-note lines are facts of
-    the run that results.json holds only there)."""
+    the run that results.json holds only there), as results schema `schema` stated them."""
     want = [flops.CONVENTION, *[ln for c in roofline.values() for ln in report.roofline_lines(c)],
-            *report.run_lines(cfg), *(report.torch_lines(cfg) if "pytorch" in cfg.frameworks else [])]
+            *report.run_lines(cfg),
+            *(report.torch_lines(cfg, results.minor(schema)) if "pytorch" in cfg.frameworks else [])]
     missing = [ln for ln in want if ln not in conv]
     options = [report.option_lines(cfg, nccl) for nccl in (False, True)]
     if "tensorflow" in cfg.frameworks and not any(_contains(conv, o) for o in options):

@@ -135,26 +135,38 @@ def test_weight_decay_reaches_the_kernels_only():
 
 
 def test_channels_last_for_2d_models_only():
-    """On a GPU (train.build): a 2-D model's kernels go channels-last (NHWC in memory), a
-    model with 3-D kernels is left as built (Module.to would refuse a 5-D channels_last)."""
-    from harness.frameworks.pytorch import train
+    """On a GPU, and on a CPU for a module with CPU_CHANNELS_LAST (train.build): a 2-D
+    model's kernels go channels-last (NHWC in memory), a model with 3-D kernels is left as
+    built (Module.to would refuse a 5-D channels_last)."""
+    from harness.frameworks.pytorch import models, train
     conv2d = train.channels_last(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
     assert conv2d[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert not conv2d[0].weight.is_contiguous()
     conv3d = nn.Sequential(nn.Conv3d(2, 4, 3), nn.Flatten(), nn.Linear(4, 1))
     assert train.channels_last(conv3d) is conv3d and conv3d[0].weight.is_contiguous()
+    assert [models.channels_last_on(d, c) for d, c in (("cpu", False), ("cpu", True), ("cuda", False))] == [
+        False, True, True]
+    assert [models.get(w).CPU_CHANNELS_LAST for w in models.BUILT] == [True, False, False, False, False]
+    from harness import report
+    assert "on CPUs channels-first, but digits channels-last" in report.TORCH_LAYOUT[(2, 8)]   # the report says so
 
 
-def test_a_cpu_batch_of_one_channel_leaves_each_gradient_laid_out_as_its_weight(digits_data):
-    """DDP's contract: a gradient has its parameter's strides. On a CPU a batch takes the
-    canonical NCHW strides, one channel included: movedim's (64, 1, 8, 1) count as
-    channels-last too, and the convolution's backward made the first kernel's gradient
-    channels-last, (9, 1, 3, 1) for its (9, 9, 3, 1) (DDP warned, and copied each step)."""
+def test_a_batch_has_its_models_layout_and_each_gradient_its_weights(digits_data):
+    """DDP's contract: a gradient has its parameter's strides. digits is channels-last on
+    CPUs (CPU_CHANNELS_LAST), model and batch. A channels-first model gets the canonical
+    NCHW strides, one channel included: movedim's (64, 1, 8, 1) read as channels-last too,
+    the convolutions ran so and made the first kernel's gradient (9, 1, 3, 1) for its
+    (9, 9, 3, 1): DDP warned on every rank of every PyTorch digits run."""
     import numpy as np
-    from harness.frameworks.pytorch import models
-    batch = models.channels_first(np.random.default_rng(0).random((4, 8, 8, 1), np.float32), "cpu")
-    assert batch.shape == (4, 1, 8, 8) and batch.stride() == (64, 64, 8, 1)
+    from harness import workloads
+    from harness.frameworks.pytorch import models, train
+    x = np.random.default_rng(0).random((4, 8, 8, 1), np.float32)
+    assert models.channels_first(x, "cpu").stride() == (64, 64, 8, 1)
     assert models.channels_first(np.zeros((4, 8, 8, 3), np.float32), "cpu").stride() == (192, 64, 8, 1)
-    model = torch_digits.build_model(digits_data)
-    model(batch).sum().backward()
-    assert [p.grad.stride() for p in model.parameters()] == [p.stride() for p in model.parameters()]
+    assert models.channels_first(np.zeros((4, 8, 8, 3), np.float32), "cpu", True).stride() == (192, 1, 24, 3)
+    last = train.build(workloads.get("digits"), digits_data, 1, 0, torch.device("cpu"))
+    first = torch_digits.build_model(digits_data)
+    for model, batch in ((last, torch_digits.inputs(x, "cpu")), (first, models.channels_first(x, "cpu"))):
+        model(batch).sum().backward()
+        assert [p.grad.stride() for p in model.parameters()] == [p.stride() for p in model.parameters()]
+    assert last[0].weight.stride() == (9, 1, 3, 1) and first[0].weight.stride() == (9, 9, 3, 1)

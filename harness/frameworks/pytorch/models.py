@@ -38,25 +38,35 @@ class Model(Protocol):
     # blocks in order, whose composition is its forward pass, for line 37's split modes
     # (harness/frameworks/pytorch/pipeline.py).
     chain: object
+    # Optional (DEFAULTS: False): the model and its 4-D batches channels-last on CPUs too,
+    # as on GPUs (is_channels_last), where bench/layout.py measured oneDNN faster so.
+    CPU_CHANNELS_LAST: bool
 
 
-DEFAULTS = {"batches": None, "L2": 0.0, "chain": None}
+DEFAULTS = {"batches": None, "L2": 0.0, "chain": None, "CPU_CHANNELS_LAST": False}
 
 
-def channels_first(x: np.ndarray, device):
+def channels_last_on(device, cpu_channels_last: bool) -> bool:
+    """Whether a 2-D model and its 4-D batches are channels-last in memory on `device`: on
+    a GPU always (cuDNN's fast layout for convolutions), on a CPU where the model's module
+    says so (its CPU_CHANNELS_LAST: oneDNN's speed there depends on the model)."""
+    import torch
+    return torch.device(device).type == "cuda" or cpu_channels_last
+
+
+def channels_first(x: np.ndarray, device, cpu_channels_last: bool = False):
     """A feed batch (N, ..., C: channels last, as the workloads' readers give them) as a
-    tensor on `device` of shape (N, C, ...), as PyTorch's layers take it: in memory channels
-    first on a CPU, channels last (as read, no copy) for a 4-D batch on a GPU, where the
-    model is channels-last too (train.build)."""
+    tensor on `device` of shape (N, C, ...), as PyTorch's layers take it: a 4-D batch
+    channels-last in memory (as read, no copy) where its model is (channels_last_on), else
+    channels first."""
     import torch
     t = torch.from_numpy(np.ascontiguousarray(x)).to(device).movedim(-1, 1)
-    if torch.device(device).type == "cuda" and t.dim() == 4:
+    if t.dim() == 4 and channels_last_on(device, cpu_channels_last):
         return t.contiguous(memory_format=torch.channels_last)
-    # view: the canonical strides, no copy. With one channel (digits) movedim's strides,
-    # (HW, 1, W, 1), already count as contiguous, and as channels-last too: a CPU
-    # convolution's backward then made the first kernel's gradient channels-last, unlike
-    # DDP's bucket view of it (PyTorch's "Grad strides do not match bucket view strides"
-    # warning on every rank, and a strided copy each step).
+    # view: the canonical strides. With one channel movedim's strides, (HW, 1, W, 1), already
+    # count as contiguous and as channels-last too: a channels-first model's convolutions
+    # then ran channels-last, and the first kernel's gradient came out so, against DDP's
+    # bucket view of the kernel (its "Grad strides do not match" warning, every rank).
     return t.contiguous().view(t.shape)
 
 

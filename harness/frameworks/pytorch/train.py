@@ -53,8 +53,9 @@ def build(workload, data, seed: int, job: int, dev: torch.device) -> torch.nn.Mo
     """The job's model, initialised from (seed, job) as TensorFlow's is; DDP then makes the
     job's ranks equal by broadcasting the root's weights."""
     torch.manual_seed((seed * 1_000_003 + job) % 2**31)
-    model = models.get(workload.NAME).build_model(data).to(dev)
-    return channels_last(model) if dev.type == "cuda" else model
+    module = models.get(workload.NAME)
+    model = module.build_model(data).to(dev)
+    return channels_last(model) if models.channels_last_on(dev, module.CPU_CHANNELS_LAST) else model
 
 
 def channels_last(model: torch.nn.Module) -> torch.nn.Module:
