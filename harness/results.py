@@ -29,7 +29,8 @@ SCHEMA = "2.8"   # 2.2: TestResult.higher_is_better; the control plane's timings
                  # 2.5: TestResult.other_load (cores other processes kept busy, per machine)
                  # 2.6: TestResult.framework (lines 34-35)
                  # 2.7: TestResult.mode (lines 36-37)
-                 # 2.8: Record.skipped[].cause ("ranks" or "mode"; absent: "ranks", as before)
+                 # 2.8: Record.skipped[].cause ("ranks" or "mode"; absent: "ranks", as before);
+                 #   the PyTorch conventions line states the CPUs' layout (report.TORCH_LAYOUT)
 
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major

@@ -36,8 +36,9 @@ def sample(data) -> torch.Tensor:
     return torch.zeros(1, channels, height, width)
 
 
-# Channels-last on CPUs too: oneDNN trains this model's small convolutions 1.09-1.19x
-# faster so than channels-first (bench/layout.py; DeepLabv3+ 0.86x, ResNet-50 1.00-1.02x).
+# Channels-last on CPUs too: oneDNN trains this model's small convolutions 1.1-1.2x faster
+# so than channels-first (bench/layout.py; ResNet-50 1.00-1.02x, DeepLabv3+ 0.79-0.86x on
+# 2 threads: they stay channels-first on CPUs).
 CPU_CHANNELS_LAST = True
 
 

@@ -39,7 +39,7 @@ class Model(Protocol):
     # (harness/frameworks/pytorch/pipeline.py).
     chain: object
     # Optional (DEFAULTS: False): the model and its 4-D batches channels-last on CPUs too,
-    # as on GPUs (is_channels_last), where bench/layout.py measured oneDNN faster so.
+    # as on GPUs (channels_last_on), where bench/layout.py measured oneDNN faster so.
     CPU_CHANNELS_LAST: bool
 
 
