@@ -9,8 +9,9 @@ one-rank Gloo group and DistributedDataParallel, as a P = 1 job trains. Each cas
 layouts train the same model module (the harness's own) on the same in-memory batches
 (the feed is not measured here), each batch made by models.channels_first:
 `channels-first`, the model as built and the batch's canonical NCHW strides;
-`channels-last`, the model through train.channels_last and the batch NHWC in memory. Rounds alternate the layouts' order; a round is one
-timed pass over the batches of each. Per case: the median ms a step of each layout over
+`channels-last`, the model through train.channels_last and the batch NHWC in memory.
+Rounds alternate the layouts' order; a round is one timed pass over the batches of each
+(after one untimed pass: oneDNN's first-call work). Per case: the median ms a step of each layout over
 the rounds and channels-last's speed over channels-first's (> 1: faster). Cases: digits
 (embedded, B 32), ic64 (ResNet-50 v1.5 at 64 px, B 16), deepcam (DeepLabv3+ at 64 x 96,
 16 channels, B 2); cosmoflow's 3-D model has no channels-last layout.
