@@ -22,8 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -106,15 +104,10 @@ def main() -> None:
     print(f"machine: {common.machine().rsplit(', ', 1)[0]}, 1 process at a time")
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
-        common.wait_quiet()
-        b0, c0, t0 = common.machine_busy_seconds(), common._children_seconds(), time.time()
-        p = subprocess.run([sys.executable, __file__, "--child", str(threads), "--runs", str(args.runs),
-                            "--cases", args.cases], capture_output=True, text=True, env=common.ENV)
-        if p.returncode:
-            sys.exit(f"bench/layout.py: the {threads}-thread process failed:\n{p.stderr[-3000:]}")
-        seconds = time.time() - t0     # other load: the machine's busy cores less the process's own
-        other = (common.machine_busy_seconds() - b0 - (common._children_seconds() - c0)) / seconds
-        got = json.loads(p.stdout.strip().splitlines()[-1])
+        # no launcher: one plain process; common.mpirun waits for quiet and gauges the other load
+        out, other = common.mpirun("bench/layout.py", "--child", str(threads), "--runs", str(args.runs),
+                                   "--cases", args.cases, launcher=[])
+        got = json.loads(out.strip().splitlines()[-1])
         for case in cases:
             first, last = (statistics.median(got[case][layout]) for layout in LAYOUTS)
             ratios = sorted(f / s for f, s in zip(got[case]["channels-first"], got[case]["channels-last"]))

@@ -218,7 +218,7 @@ def roofline_checks(roofline: dict) -> list[Check]:
     return out
 
 
-def conventions_checks(conv: list, cfg, roofline: dict, schema: str = results.SCHEMA) -> list[Check]:
+def conventions_checks(conv: list, cfg, roofline: dict, schema: str) -> list[Check]:
     """The conventions block states the FLOP rules, the options of this input and the
     roofline figures that the run recorded (the device and FLOP-note lines are facts of
     the run that results.json holds only there), as results schema `schema` stated them."""
