@@ -20,6 +20,7 @@ NP = 2                                      # ranks: this machine has 2 cores
 WORK = os.path.join(tempfile.gettempdir(), "hpcai500-bench")  # results + cached synthetic data
 ENV = dict(os.environ, PATH=os.path.join(ROOT, ".venv", "bin") + os.pathsep + os.environ.get("PATH", ""),
            OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           PMIX_MCA_gds="hash",              # as the Makefile sets (a rare failed start in PMIx 5.0.8)
            TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
 COUNTS = {7: 6, 10: 9, 11: 9, 14: 13, 17: 16}  # sweep line -> the line holding its count
 

@@ -30,7 +30,8 @@ step() {   # step NAME SECONDS CMD...: run with a time limit, its output to the 
     say "   $name: exit $rc after $((SECONDS - t0)) s"
     return $rc
 }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
+# PMIX_MCA_gds=hash: as the Makefile sets (PMIx 5.0.8's shared-memory job store sometimes fails a start)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2 PMIX_MCA_gds=hash
 
 step "node" 120 "$PY" - <<'EOF'
 import importlib.util, platform

@@ -36,11 +36,12 @@ def dat_text(**lines) -> str:
 
 
 def mpi_env(quick: bool = True, env: dict | None = None) -> dict:
-    """The environment of a run: the venv's mpirun first, root allowed, TensorFlow quiet,
-    plus `env` (extra variables)."""
+    """The environment of a run: the venv's mpirun first, root allowed, PMIx's hash job
+    store (as the Makefile sets: PMIx 5.0.8's shared-memory one sometimes fails a start),
+    TensorFlow quiet, plus `env` (extra variables)."""
     return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
-                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1",
-                HPCAI500_ROOFLINE_QUICK="1" if quick else "0", **(env or {}))
+                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PMIX_MCA_gds="hash", TF_CPP_MIN_LOG_LEVEL="2",
+                TF_USE_LEGACY_KERAS="1", HPCAI500_ROOFLINE_QUICK="1" if quick else "0", **(env or {}))
 
 
 def mpirun_cmd(np_: int | None, args, program=HPCAI500) -> list[str]:

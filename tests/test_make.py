@@ -1,4 +1,6 @@
-"""The Makefile's venv recipe for one framework or both (make -n: printed, not run)."""
+"""The Makefile: its venv recipe for one framework or both (make -n: printed, not run), and
+the environment its mpiruns get."""
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,3 +32,13 @@ def test_the_venvs_frameworks_are_the_default(tmp_path):
     (tmp_path / "v").mkdir()
     (tmp_path / "v" / "frameworks").write_text("pytorch\n")
     assert "horovod" not in _recipe(tmp_path).stdout
+
+
+def test_make_launches_with_pmixs_hash_job_store():
+    """Every mpirun that `make` starts (run, check, test, bench) gets PMIX_MCA_gds=hash: PMIx
+    5.0.8's shared-memory job store sometimes fails a rank's start (README, "Running on a
+    real system"). A recipe's shell shows what the Makefile exports."""
+    env = {k: v for k, v in os.environ.items() if k != "PMIX_MCA_gds"}
+    p = subprocess.run(["make", "-s", "--eval", 'pmixcheck: ; @echo "$$PMIX_MCA_gds"', "pmixcheck"], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
+    assert (p.returncode, p.stdout) == (0, "hash\n"), p.stderr

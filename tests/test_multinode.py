@@ -340,7 +340,7 @@ def test_deepcam_one_model_across_two_nodes_passes_consistency(cluster, tmp_path
 
 
 TORUS_SCRIPT = r'''
-import json, sys
+import json, os, sys
 sys.path.insert(0, ROOT)      # the nodes' ranks get a login's environment: the path travels in the text
 import numpy as np
 from mpi4py import MPI
@@ -370,7 +370,8 @@ tori = {"nodes": on, "across": tfc.Torus(c.Grid(grid.columns, "nodes"), on.colum
         "row": tfc.Torus(c.Grid(((0, 1, 2, 3),), "square"), hvd.global_process_set, hvd.global_process_set, ()),
         "column": tfc.Torus(c.Grid(((0,), (1,), (2,), (3,)), "square"), hvd.global_process_set,
                           hvd.global_process_set, ())}
-out = {"hosts": hosts, "grid": [grid.rows, grid.rule]}
+out = {"hosts": hosts, "grid": [grid.rows, grid.rule],
+       "gds": world.gather(os.environ.get("PMIX_GDS_MODULE"))}    # the job stores the node's daemon offers
 mine = [tf.constant(a) for a in grads(world.rank)]
 ring = [t.numpy() for t in hvd.grouped_allreduce(mine, op=hvd.Average)]
 for name, torus in tori.items():
@@ -399,6 +400,15 @@ def torus_checks(cluster, tmp_path_factory):
 def test_the_torus_grid_of_two_nodes_puts_a_row_on_each_node(torus_checks):
     assert torus_checks["hosts"] == ["n1", "n1", "n2", "n2"]
     assert torus_checks["grid"] == [[[0, 1], [2, 3]], "nodes"]
+
+
+def test_every_nodes_daemon_offers_its_ranks_the_hash_job_store_alone(torus_checks):
+    """PMIX_MCA_gds=hash in mpirun's environment (tests/conftest.py's mpi_env, as the
+    Makefile's) reaches the daemons that ssh starts with a login's environment: no rank
+    may pick the shared-memory store (gds/shmem2) whose start fails now and then in PMIx
+    5.0.8 (a CI run lost a rank of n2 so: PMIX_ERR_OUT_OF_RESOURCE in pmix_client.c).
+    Without the setting every rank is offered "shmem2,hash"."""
+    assert torus_checks["gds"] == ["hash"] * 4
 
 
 @pytest.mark.parametrize("grid", ["nodes", "across", "row", "column"])

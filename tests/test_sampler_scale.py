@@ -2,13 +2,12 @@
 job receives exactly its `sampler.resample`. Real mpirun on 12 ranks, one job each
 (the jobs' roots are ranks 1..11); no TensorFlow, a plain script."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import BIN, ROOT
+from tests.conftest import BIN, ROOT, mpi_env
 
 SCRIPT = r"""
 import json, sys, tracemalloc
@@ -33,8 +32,7 @@ if world.rank == 0:
 def _distribute(tmp_path, np_: int, n: int, M: int) -> list[dict]:
     script = tmp_path / "distribute.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = mpi_env()
     p = subprocess.run([str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), sys.executable, str(script),
                         str(ROOT), str(n), str(M)], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]

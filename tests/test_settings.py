@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from harness import settings
-from tests.conftest import BIN, ROOT, dat_text, mpirun, results
+from tests.conftest import BIN, ROOT, dat_text, mpi_env, mpirun, results
 
 
 def test_read_takes_the_set_settings_and_refuses_unknown_names():
@@ -87,9 +87,8 @@ def _mpmd(tmp_path, env0: dict, env1: dict, lines: dict):
     """Two ranks whose environments differ: rank 0 gets env0, rank 1 env1."""
     path = tmp_path / "in.dat"
     path.write_text(dat_text(l5=str(tmp_path / "runs"), **lines))
-    base = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
-                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
-    for k in [k for k in base if k.startswith("HPCAI500_")]:
+    base = mpi_env()
+    for k in [k for k in base if k.startswith("HPCAI500_")]:     # mpi_env's quick roofline too, as before
         del base[k]
     app = [sys.executable, str(ROOT / "hpcai500.py"), str(path)]
     cmd = [str(BIN / "mpirun"), "--oversubscribe",
