@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from harness.errors import RunError, first_failure, native_stderr_captured, say
+from harness.errors import RunError, crash, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
 from harness import (dat, fault, frameworks, heartbeat, report, results, run, settings, signals, telemetry, topology,
                      verify, workloads)
@@ -119,8 +119,7 @@ def main(argv=None) -> int:
         world.Barrier()  # a rank exiting early makes mpirun kill rank 0 before it has spoken
         return 1
     except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
-        say(f"rank {world.rank} failed during {watchdog.phase}: {type(e).__name__}: {e}")
-        sys.stderr.flush()
+        print(crash(world.rank, watchdog.phase, e), file=sys.stderr, flush=True)
         world.Abort(1)
         return 1
     finally:

@@ -6,13 +6,15 @@ collective. `agree` runs a step on every rank and turns any rank's failure into 
 same `RunError` on all of them; rank 0 prints it once as `FILE:LINE: found ...,
 expected ...` (or the step's own message) and every rank exits with status 1.
 The communicator is passed in: any object with `allgather` and `size` serves, so the
-logic is tested without MPI.
+logic is tested without MPI. A failure no rank can foresee (a bug) is not agreed:
+the rank prints `crash`'s traceback and the driver aborts the job.
 """
 from __future__ import annotations
 
 import os
 import sys
 import tempfile
+import traceback
 from contextlib import contextmanager
 
 
@@ -23,6 +25,17 @@ class RunError(Exception):
 def say(msg: str) -> None:
     """A line for the user on stderr (stdout stays the pasteable report)."""
     print(f"hpcai500: {msg}", file=sys.stderr, flush=True)
+
+
+def crash(rank: int, phase: str, exc: BaseException) -> str:
+    """What a rank prints when it fails in a way the harness does not foresee (a bug, or a
+    library's failure): the traceback, each line marked with the rank (under mpirun the
+    ranks' stderr interleaves), then `hpcai500: rank R failed during PHASE: Type: message`
+    last, where a reader of the output's tail looks. Without the traceback a bug report
+    could name the exception but not where it was raised. Pure."""
+    lines = "".join(traceback.format_exception(exc)).rstrip("\n").splitlines()
+    return "\n".join([f"rank {rank}: {line}" for line in lines]
+                     + [f"hpcai500: rank {rank} failed during {phase}: {type(exc).__name__}: {exc}"])
 
 
 def agree(comm, fn, what: str):

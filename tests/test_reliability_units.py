@@ -243,3 +243,21 @@ def test_say_writes_one_prefixed_line_on_stderr(capsys):
     errors.say("error: x")
     out, err = capsys.readouterr()
     assert out == "" and err == "hpcai500: error: x\n"
+
+
+def _fails_deep():
+    raise ValueError("bad shape (3, 4)")
+
+
+def test_a_crash_prints_the_rank_marked_traceback_then_the_summary_line():
+    """Where the exception was raised (this file, _fails_deep) and how it got there, every
+    line marked with the rank; the one-line summary last."""
+    try:
+        _fails_deep()
+    except ValueError as e:
+        lines = errors.crash(3, "training, test 2", e).splitlines()
+    assert lines[0] == "rank 3: Traceback (most recent call last):"
+    assert all(line.startswith("rank 3: ") for line in lines[:-1])
+    assert any("test_reliability_units.py" in line and "in _fails_deep" in line for line in lines)
+    assert lines[-2] == "rank 3: ValueError: bad shape (3, 4)"
+    assert lines[-1] == "hpcai500: rank 3 failed during training, test 2: ValueError: bad shape (3, 4)"

@@ -150,6 +150,9 @@ def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, fault, expect, fra
     p = run_dat(2, timeout=120, env={"HPCAI500_FAULT": fault}, l9=1, l10=1, l11=2, l15=1,
                 l30=int(fault.endswith("roofline")), l35=framework)
     assert p.returncode != 0
+    if expect:   # a raise: where it was raised, in the failing rank's traceback
+        assert 'rank 1:   File "' in p.stderr and "harness/fault.py" in p.stderr, p.stderr[-2000:]
+        assert "rank 1: RuntimeError: fault injected by HPCAI500_FAULT" in p.stderr, p.stderr[-2000:]
     if fault.endswith("roofline"):   # before the run folder exists: nothing written
         assert expect in p.stderr, p.stderr[-2000:]
         assert not (tmp_path / "runs").exists() or not any(
