@@ -2,12 +2,10 @@
 job receives exactly its `sampler.resample`. Real mpirun on 12 ranks, one job each
 (the jobs' roots are ranks 1..11); no TensorFlow, a plain script."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import BIN, ROOT, mpi_env
+from tests.conftest import ROOT, mpirun
 
 SCRIPT = r"""
 import json, sys, tracemalloc
@@ -32,9 +30,7 @@ if world.rank == 0:
 def _distribute(tmp_path, np_: int, n: int, M: int) -> list[dict]:
     script = tmp_path / "distribute.py"
     script.write_text(SCRIPT)
-    env = mpi_env()
-    p = subprocess.run([str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), sys.executable, str(script),
-                        str(ROOT), str(n), str(M)], env=env, capture_output=True, text=True, timeout=120)
+    p = mpirun(np_, [ROOT, n, M], tmp_path, timeout=120, program=(str(script),))
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
