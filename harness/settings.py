@@ -216,12 +216,13 @@ NOT_LIBRARY_PREFIXES = ("TF_CLI_", "TF_VAR_", "TF_TOKEN_", "TF_REGISTRY_", "TF_P
                         "TF_IGNORE", "TF_STATE_PERSIST")
 
 
-def library(environ=None) -> dict[str, str]:
+def library(environ=None, unread: tuple[str, ...] = ()) -> dict[str, str]:
     """The libraries' variables of LIBRARY_PREFIXES that are set, Terraform's apart
-    (NOT_LIBRARY_PREFIXES): {name: value}, sorted. Pure."""
+    (NOT_LIBRARY_PREFIXES) and those of the prefixes `unread` (the variables of a framework
+    the run does not import: frameworks.unread_variables): {name: value}, sorted. Pure."""
     environ = os.environ if environ is None else environ
     return {n: environ[n] for n in sorted(environ)
-            if n.startswith(LIBRARY_PREFIXES) and not n.startswith(NOT_LIBRARY_PREFIXES)}
+            if n.startswith(LIBRARY_PREFIXES) and not n.startswith(NOT_LIBRARY_PREFIXES + unread)}
 
 
 def describe_library(environment: dict) -> list[str]:

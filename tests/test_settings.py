@@ -73,6 +73,21 @@ def test_the_libraries_variables_are_recorded_but_the_launchers_are_not():
     assert settings.describe_library({"hosts": ["n1"]}) == []     # a run recorded before: no lines
 
 
+def test_a_framework_the_run_does_not_import_leaves_its_variables_out():
+    """hpcai500.py and `make` set TF_USE_LEGACY_KERAS and TF_CPP_MIN_LOG_LEVEL for every run:
+    a PyTorch-only run imports no TensorFlow, so they cannot change its figures."""
+    from harness import frameworks
+    environ = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": "--x", "HOROVOD_CYCLE_TIME": "1",
+               "TORCH_NCCL_BLOCKING_WAIT": "1", "PYTORCH_CUDA_ALLOC_CONF": "a", "NCCL_DEBUG": "INFO",
+               "OMP_NUM_THREADS": "4"}
+    assert settings.library(environ, frameworks.unread_variables(("pytorch",))) == {
+        "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "PYTORCH_CUDA_ALLOC_CONF": "a", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    assert settings.library(environ, frameworks.unread_variables(("tensorflow",))) == {
+        "HOROVOD_CYCLE_TIME": "1", "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TF_USE_LEGACY_KERAS": "1", "XLA_FLAGS": "--x"}
+    assert settings.library(environ, frameworks.unread_variables(("tensorflow", "pytorch"))) == environ
+
+
 def test_every_setting_the_code_names_is_in_the_table():
     """No module reads an HPCAI500_* variable the table does not know."""
     import re
@@ -114,7 +129,9 @@ def test_every_rank_runs_with_rank_0s_settings(tmp_path):
     assert res["settings"] == quick
     assert "ENV     : HPCAI500_ROOFLINE_QUICK=1 (micro-kernels at test sizes (1); test-only)" in p.stdout
     env = res["environment"]
-    assert env["library_settings"]["NCCL_DEBUG"] == "WARN" and env["library_settings"]["TF_USE_LEGACY_KERAS"] == "1"
+    assert env["library_settings"]["NCCL_DEBUG"] == "WARN"
+    # hpcai500.py sets TensorFlow's TF_USE_LEGACY_KERAS on every rank; a PyTorch-only run reads none of TF_*
+    assert not [k for k in env["library_settings"] if k.startswith("TF_")] and "LIB ENV : TF_" not in p.stdout
     assert env["library_settings_differ_on_ranks"] == [1] and env["library_settings_by_rank"]["1"]["NCCL_DEBUG"] == "INFO"
     assert "LIB ENV : NCCL_DEBUG=WARN" in p.stdout
     assert "LIB ENV : differs from rank 0's on world rank(s) 1" in p.stdout

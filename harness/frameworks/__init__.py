@@ -39,6 +39,18 @@ REQUIRES = {"tensorflow": (("tensorflow", "tensorflow (requirements.txt)"),
                            ("horovod", "horovod (requirements.txt, built by make venv)")),
             "pytorch": (("torch", "torch (requirements-pytorch.txt)"),)}
 
+# The environment variables only a framework's own libraries read (settings.LIBRARY_PREFIXES
+# holds them with the shared ones: NCCL_, OMP_, ...): a run without that framework imports
+# none of them, so they cannot change its figures and its record leaves them out
+# (hpcai500.py and `make` set TF_USE_LEGACY_KERAS and TF_CPP_MIN_LOG_LEVEL for every run).
+OWN_VARIABLES = {"tensorflow": ("TF_", "XLA_", "HOROVOD_"), "pytorch": ("TORCH", "PYTORCH_")}
+
+
+def unread_variables(names) -> tuple[str, ...]:
+    """The prefixes of OWN_VARIABLES of the frameworks not in `names` (line 35's)."""
+    return tuple(p for name, prefixes in OWN_VARIABLES.items() if name not in names for p in prefixes)
+
+
 # The Table 2 choices a framework cannot carry (yet): framework -> {(Config field, value): why}.
 # harness/plan.py refuses them on their line, with the reason.
 UNSUPPORTED = {"pytorch": {
