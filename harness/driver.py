@@ -83,7 +83,8 @@ def parse_args(argv):
                    help="continue the interrupted invocation whose folder is RUN (runs/<id>): its finished"
                         " tests are kept and skipped; the input file must be the one it ran")
     p.add_argument("--summarize", nargs="+", metavar="RUN",
-                   help="reprint the result tables of earlier runs (runs/<id> folders) side by side")
+                   help="reprint the result tables of earlier runs (runs/<id> folders; a results directory: every"
+                        " run in it) side by side")
     p.add_argument("--verify", metavar="RUN",
                    help="re-derive every figure of the run RUN (runs/<id>) from results.json and its MLLOG files"
                         " and print one PASSED/FAILED line per check; exit status 0 only if all pass")
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
         try:
             print(report.summarize(args.summarize), end="")
         except (OSError, ValueError, KeyError) as e:
-            say(f"error: {e}")
+            say(f"error: --summarize: {e}")
             return 1
         return 0
     from mpi4py import MPI
@@ -134,9 +135,9 @@ def _run(args, world, watchdog) -> int:
         if world.rank != 0:
             time.sleep(1.0)  # let rank 0 write before mpirun, seeing us gone, kills it
         elif output is None:
-            say(f"{_signame(signum)} received during {watchdog.phase}; no test had finished, nothing written")
+            say(f"{signals.reason(signum)} during {watchdog.phase}; no test had finished, nothing written")
         else:
-            output.finish(interrupted=f"{_signame(signum)} received")
+            output.finish(interrupted=signals.reason(signum))
     signals.on_signal(stop)
 
     watchdog.beat("input")
@@ -173,6 +174,10 @@ def _run(args, world, watchdog) -> int:
         # stamped before results.json first says `running`: a reader never finds that status without a heartbeat
         heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
         output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {})
+        # said at the start: a Ctrl-C of mpirun can end its forwarding of our output before the
+        # report's end reaches the terminal, while report.txt still gets it whole
+        print(f"hpcai500: results in {run_dir}/ (report.txt, results.json: rewritten after each test)",
+              file=sys.stderr, flush=True)
     _sweep(ctx, plan, output, watchdog)
     watchdog.beat("the summary and charts")
     if output:
@@ -253,11 +258,6 @@ def _ceilings(framework: str, prec: str, per_rank: list[dict]) -> dict:
             "conv_flops": med([r["conv"]["flops"] for r in per_rank]),
             "bandwidth": med([r["stream"]["bandwidth"] for r in per_rank]),
             "peak": per_rank[0]["peak"]}
-
-
-def _signame(signum: int) -> str:
-    import signal
-    return signal.Signals(signum).name
 
 
 def _make_run_dir(world, results_dir: str) -> str:

@@ -22,6 +22,18 @@ import sys
 import threading
 
 SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
+# What a signal that reached the ranks says of where it came from: the interruption's
+# reason (results.json, the report's Interrupted line). mpirun turns a Ctrl-C into SIGTERM
+# for its ranks, so SIGTERM does not mean the user sent SIGTERM; srun passes SIGINT on.
+CAUSES = {signal.SIGTERM: "from the launcher or the batch system: a time limit, scancel, or mpirun passing on a"
+                          " Ctrl-C or its own SIGTERM",
+          signal.SIGINT: "a Ctrl-C, passed on by srun, or the rank's own",
+          signal.SIGUSR1: "a clean stop: kill -USR1 of mpirun, or the batch system's warning (#SBATCH --signal)"}
+
+
+def reason(signum: int) -> str:
+    """The interruption's reason for a signal the ranks received: its name and CAUSES'."""
+    return f"{signal.Signals(signum).name} received ({CAUSES[signum]})"
 _handler = None
 
 

@@ -11,12 +11,14 @@ so whatever mpirun exits. A rank that stops making progress is the watchdog's on
 as across a cut link here.
 """
 import json
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
+from harness import signals
 from tests.conftest import ROOT, cluster_module, cluster_mpirun, dat_text, results, simulated_cluster
 
 TWO_BY_TWO = "n1:2,n2:2"
@@ -124,7 +126,6 @@ def test_four_nodes_share_a_synthetic_cache_and_resume_an_interrupted_run(cluste
     same nodes, reading the cache. Trained by PyTorch: cache and resume are the harness's
     (TensorFlow crosses the nodes in two_node_sweep and the torus checks), and its ranks
     start in a fraction of TensorFlow's time (this test: 34 s alone with TensorFlow, 21 s)."""
-    import signal
     (tmp_path / "f.dat").write_text(dat_text(l5=tmp_path / "runs", l8="synthetic:600", l9=1, l10=1, l11=4,
                                              l13=2, l14="32 4", l15=4, l30=0, l31=0, l35="pytorch"))
     args = ["--watchdog", 120, tmp_path / "f.dat"]
@@ -139,7 +140,7 @@ def test_four_nodes_share_a_synthetic_cache_and_resume_an_interrupted_run(cluste
     assert p.wait(timeout=120) != 0
     before = results(tmp_path / "runs")
     assert [t["index"] for t in before["tests"]] == [1], err.read_text()[-3000:]
-    assert before["interrupted"] == {"reason": "SIGUSR1 received", "test": 2}
+    assert before["interrupted"] == {"reason": signals.reason(signal.SIGUSR1), "test": 2}
     assert before["environment"]["hosts"] == ["n1", "n2", "n3", "n4"]
     assert before["tests"][0]["jobs"] == [[0, 1, 2, 3]]
     cache = tmp_path / "runs" / ".data"
@@ -233,14 +234,14 @@ def test_a_node_that_dies_ends_the_job_within_a_minute(tmp_path):
     # 0 and n1's ranks were gone at once (status stays `running`). Either way test 1 stands,
     # and only `complete` says the run finished (README).
     recorded = results(tmp_path / "runs")["status"] == "interrupted"
-    _finished_test_intact(tmp_path, "SIGTERM received" if recorded else None)
+    _finished_test_intact(tmp_path, signals.reason(signal.SIGTERM) if recorded else None)
     deadline = time.monotonic() + 30
     while (state := _status(tmp_path / "runs"))[0] == 2 and time.monotonic() < deadline:   # still stamping, or fresh
         time.sleep(0.5)
     print(f"node death: mpirun exit {p.returncode}; --status {state}")
     assert state[0] == (3 if recorded else 5), state
-    assert (": interrupted: SIGTERM received during test 2; 1 of 2 test run(s) finished" if recorded else
-            ": dead: not running: last heartbeat at ") in state[1], state
+    assert (f": interrupted: {signals.reason(signal.SIGTERM)} during test 2; 1 of 2 test run(s) finished"
+            if recorded else ": dead: not running: last heartbeat at ") in state[1], state
 
 
 def _status(path):
@@ -302,7 +303,6 @@ def test_a_killed_caller_leaves_no_node_link_or_process_behind(tmp_path):
     """The process that made a cluster (tie=True, as the tests do) is SIGKILLed: its
     nodes and switch die with it, and with their namespaces every mount, link and process."""
     import os
-    import signal
     simulated_cluster("probe", 1, 246).down()     # skips here where namespaces cannot be made
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import cluster; "
             "c = cluster.Cluster('orphan', net=246).up(2, tie=True); print(c.tag, c.switch, "
