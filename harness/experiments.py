@@ -215,11 +215,12 @@ def mode_groups(tests: list[TestResult]) -> list[tuple]:
             if len({t.mode for t in ts}) > 1]
 
 
-def mode_lines(tests: list[TestResult]) -> list[str]:
+def mode_lines(tests: list[TestResult], version: tuple[int, int] = (2, 9)) -> list[str]:
     """One block per layout run in several modes: each mode's FLOPS (and its ratio to data
     parallelism's), VFLOPS, time to quality, what it sent a step (gradients averaged, or
     activations between stages and the stages' gradients) and its stages' mean idle share
-    beside the theory; then which mode had the highest FLOPS and the reading why."""
+    beside the theory; then the reading (`reading`; results schema `version` before 2.9:
+    as it was written then, `_reading_2_8`)."""
     out = []
     for (wl, fw, b, prec, m, p), ts in mode_groups(tests):
         data = next((t for t in ts if t.mode == "data"), None)
@@ -233,7 +234,8 @@ def mode_lines(tests: list[TestResult]) -> list[str]:
             out.append(f"  {t.index:>4} {t.mode:<18} {tflops(t.flops):>11}"
                        f" {ratio(t.flops, data.flops) if data else 'n/a':>8} {vtflops(t.vflops):>10}"
                        f" {seconds(t.time_to_quality):>11} {_step_megabytes(t):>9.3g} {idle:>6} {theory:>6}")
-        out += [*MODE_LEGEND, *textwrap.wrap(_reading(ts, data), 98, initial_indent="  ", subsequent_indent="  ")]
+        text = reading(ts, data) if version >= (2, 9) else _reading_2_8(ts, data)
+        out += [*MODE_LEGEND, *textwrap.wrap(text, 98, initial_indent="  ", subsequent_indent="  ")]
     return out
 
 
@@ -261,9 +263,91 @@ def mean_idle(pipeline: dict | None) -> float | None:
     return sum(idle) / len(idle) if idle else None
 
 
-def _reading(ts: tuple, data: TestResult | None) -> str:
-    """Which mode had the highest FLOPS, and Fig. 7's reading of why: what it moved a step
-    against data parallelism's gradients, and how long its stages idled."""
+def reading(ts: tuple, data: TestResult | None) -> str:
+    """The block's reading, every clause one of its printed figures: which mode had the
+    highest FLOPS (and the highest VFLOPS, where another mode had it: quality decides
+    VFLOPS); why, from the two figures the block gives (the bytes a step against data
+    parallelism's gradients; the stages' idle share, time a split mode's ranks did not
+    compute, beside the bubble's theory); where they do not explain the winner, that
+    they do not; and where the modes' recipes differ (batch norm over another number of
+    samples), that their qualities compare recipes too."""
+    best = max(ts, key=lambda t: t.flops)
+    top_v = max(ts, key=lambda t: t.vflops)
+    out = [f"Highest FLOPS: {best.mode} (test {best.index})"
+           + (f", x{best.flops / data.flops:.2f} of data (test {data.index})." if data and best is not data else ".")]
+    if top_v is not best:
+        out.append(f"Highest VFLOPS: {top_v.mode} (test {top_v.index}), {vtflops(top_v.vflops)} against"
+                   f" {vtflops(best.vflops)}: its quality {top_v.quality:.4f} against {best.quality:.4f}.")
+    if data is None:
+        out.append("No data-parallel test to read the others against.")
+    else:
+        out.append(_why_data(ts, data) if best is data else _why_split(best, data))
+    recipes = _normalised_over(ts)
+    if recipes:
+        out.append(f"Not the same computation: batch norm normalises over {recipes} samples, so the modes' qualities"
+                   " compare their recipes as well as how the work is spread.")
+    return " ".join(out)
+
+
+UNMEASURED = "the speed of each stage's kernels on its batch against the whole model's on B"
+
+
+def _idle(t: TestResult) -> str | None:
+    """A split mode's measured idle share beside the theory, in words (None: not measured)."""
+    idle = mean_idle(t.pipeline)
+    return None if idle is None else (f"idled {100 * idle:.0f} % of the schedule (theory"
+                                      f" {100 * t.pipeline['bubble_theory']:.0f} %)")
+
+
+def _why_split(best: TestResult, data: TestResult) -> str:
+    """Why a split mode beat data parallelism, as far as the block's figures say: only
+    sending less than the gradients is a reason; idle time is a cost, said as one."""
+    mine, grads = _step_megabytes(best), _step_megabytes(data)
+    idle = _idle(best)
+    if mine < grads:
+        return (f"Why: it sent {mine:.3g} MB a step where data parallelism averaged {grads:.3g} MB of gradients"
+                + (f", though its stages {idle}." if idle else "."))
+    return (f"Not from these figures: it sent more ({mine:.3g} MB a step against {grads:.3g} MB of gradients)"
+            + (f" and its stages {idle}" if idle else "") + f"; the lead comes from what the block does not"
+            f" measure ({UNMEASURED}).")
+
+
+def _why_data(ts: tuple, data: TestResult) -> str:
+    """Why data parallelism beat every split mode, as far as the block's figures say: each
+    split mode's bytes a step where more than the gradients, and its stages' idle time."""
+    grads, costs, unexplained = _step_megabytes(data), [], []
+    for t in (t for t in ts if t is not data):
+        mine, idle = _step_megabytes(t), _idle(t)
+        cost = [f"sent {mine:.3g} MB" if mine >= grads else "", f"its stages {idle}" if idle else ""]
+        cost = " and ".join(c for c in cost if c)
+        if cost:
+            costs.append(f"{t.mode} {cost}")
+        else:
+            unexplained.append(t.mode)
+    why = f"Why: against data parallelism's {grads:.3g} MB of gradients a step, {'; '.join(costs)}." if costs else ""
+    if unexplained:
+        why += (f" {', '.join(unexplained)} sent less and measured no idle time, yet trained slower: not from these"
+                f" figures ({UNMEASURED}).")
+    return why.strip()
+
+
+def _normalised_over(ts: tuple) -> str | None:
+    """Where the modes' recipes differ: the samples batch norm normalises over in each
+    (data: a rank's B; a split mode: its micro-batch), as 'data 32, model 128, ...', or
+    None when the model has no normalisation or every mode normalises over as many."""
+    if not any(t.flops_by_operator.get("normalization") for t in ts):
+        return None
+    over = {t.mode: t.B if t.pipeline is None else t.pipeline["microbatch"] for t in ts}
+    if len(set(over.values())) < 2:
+        return None
+    return ", ".join(f"{n} in {mode}" for mode, n in over.items())
+
+
+def _reading_2_8(ts: tuple, data: TestResult | None) -> str:
+    """The reading as results schema 2.8 wrote it, so that --verify re-renders such a
+    report as written: which mode had the highest FLOPS, what it moved a step against data
+    parallelism's gradients, how long its stages idled. (Its 'kept computing' did not
+    follow from the idle share it printed beside it: schema 2.9's `reading` replaced it.)"""
     best = max(ts, key=lambda t: t.flops)
     if data is None:
         return f"Highest FLOPS: {best.mode} (no data-parallel test to read it against)."

@@ -188,15 +188,21 @@ def _pid_namespace() -> int:
         return 0
 
 
-def newest_run(path: str) -> str:
-    """`path` when it is a run folder (or not a folder: the reader names what is wrong);
-    in a results directory (line 5), its newest run folder: the names begin with the
-    start's date and time, so the last by name (a batch script knows line 5, not the name)."""
+def run_folders(path: str) -> list[str]:
+    """[path] when it is a run folder (or not a folder, or a folder holding no run: the
+    reader names what is wrong); a results directory's (line 5) run folders, oldest first:
+    the names begin with the start's date and time."""
     if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "results.json")):
-        return path
+        return [path]
     runs = sorted(d for d in os.listdir(path)
                   if not d.startswith(".") and os.path.isfile(os.path.join(path, d, "results.json")))
-    return os.path.join(path, runs[-1]) if runs else path
+    return [os.path.join(path, d) for d in runs] or [path]
+
+
+def newest_run(path: str) -> str:
+    """`path` when it is a run folder; in a results directory, its newest run folder (a
+    batch script knows line 5, not the name)."""
+    return run_folders(path)[-1]
 
 
 def main(path: str, out=None) -> int:

@@ -31,7 +31,18 @@ Tflops  : FLOPS, analytic, forward + backward, all base models (Eq. 6)
 VTflops : Valid FLOPS = FLOPS * (achieved/target)^n, for an error (MAE) * (target/achieved)^n (Eq. 7-8)
 Quality : Ensemble quality on the validation set, at the last evaluation"""
 
-HEADER = f"{'T/V':<15} {'WL':<8} {'M':>4} {'P':>4} {'B':>5} {'Time':>12} {'Tflops':>12} {'VTflops':>11} {'Quality':>9}"
+TV_WIDTH = 15   # the T/V column at least; from results schema 2.9 as wide as the test's code (split modes')
+
+
+def tv_width(t: results.TestResult, schema: str) -> int:
+    """The T/V column of a test's rows: 15, or from schema 2.9 on the code's length where
+    longer (a split mode's code, e.g. PBFC16MRPT2SGP16, pushed the other columns right)."""
+    return max(TV_WIDTH, len(t.tv)) if results.minor(schema) >= (2, 9) else TV_WIDTH
+
+
+def result_header(width: int = TV_WIDTH) -> str:
+    return (f"{'T/V':<{width}} {'WL':<8} {'M':>4} {'P':>4} {'B':>5} {'Time':>12} {'Tflops':>12} {'VTflops':>11}"
+            f" {'Quality':>9}")
 
 
 def header(version: str, tv_legend: str, params: list[str], conventions: list[str]) -> str:
@@ -42,8 +53,24 @@ def header(version: str, tv_legend: str, params: list[str], conventions: list[st
     return "\n".join(lines) + "\n"
 
 
-def row(t: results.TestResult) -> str:
-    """One test's result block, like HPL's result line and residual check."""
+def test_line(t: results.TestResult, repetitions: int, invocations: int) -> str:
+    """A test block's first line (results schema 2.9 on): the test's number, by which the
+    skipped lines, the Repeats line and the Parallel modes block name it, and what the
+    result row does not say: the framework (line 35), the mode where not data (line 37),
+    the repetition, and the earlier invocation that timed it in a resumed run."""
+    parts = [t.framework + ("" if t.mode == "data" else f", {t.mode}")]
+    if repetitions > 1:
+        parts.append(f"repetition {t.repetition + 1} of {repetitions}")
+    if t.invocation < invocations - 1:
+        parts.append(f"timed by invocation {t.invocation + 1} of {invocations} (before --resume), as recorded then")
+    return f"Test {t.index} : " + " ; ".join(parts)
+
+
+def row(t: results.TestResult, repetitions: int = 1, invocations: int = 1, schema: str = results.SCHEMA) -> str:
+    """One test's result block, like HPL's result line and residual check, as results
+    schema `schema` wrote it. `repetitions`: line 27's; `invocations`: the run's
+    invocations (1 + its resumes)."""
+    w = tv_width(t, schema)
     q = t.quality
     base = t.base_quality
     mean_base = sum(base) / len(base)
@@ -53,8 +80,9 @@ def row(t: results.TestResult) -> str:
     gain = f"ensemble {100 * gain:+.1f} pts" if higher else f"ensemble {gain:+.4f} better (lower is better)"
     verdict = "PASSED" if t.consistency["passed"] else "FAILED"
     lines = [
-        HEADER, THIN,
-        f"{t.tv:<15} {t.workload:<8} {t.M:>4} {t.P:>4} {t.B:>5} "
+        *([test_line(t, repetitions, invocations)] if results.minor(schema) >= (2, 9) else []),
+        result_header(w), THIN,
+        f"{t.tv:<{w}} {t.workload:<8} {t.M:>4} {t.P:>4} {t.B:>5} "
         f"{t.train_seconds:>12.2f} {t.flops / 1e12:>12.4e} {t.vflops / 1e12:>11.3e} {q:>9.4f}",
         f"Base models : {t.quality_name} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ; {gain}",
         f"Quality     : target {t.target_quality:.4f}, n {t.penalty_n:g}, penalty {t.penalty:.4f} ;"
@@ -101,10 +129,10 @@ def _every(k: int) -> str:
     return "every epoch" if k == 1 else f"every {k} epochs"
 
 
-def repeats_block(t: results.TestResult, s: metrics.Repeats) -> str:
+def repeats_block(t: results.TestResult, s: metrics.Repeats, schema: str = results.SCHEMA) -> str:
     """The summary of a test's repetitions, after its last one."""
     how = (f"olympic: fastest and slowest by {s.ordered_by} dropped" if s.kept < s.runs else "all runs")
-    lines = [f"{t.tv:<15} {t.workload:<8} {t.M:>4} {t.P:>4} {t.B:>5} {'(summary)':>12}"
+    lines = [f"{t.tv:<{tv_width(t, schema)}} {t.workload:<8} {t.M:>4} {t.P:>4} {t.B:>5} {'(summary)':>12}"
              f" {s.flops / 1e12:>12.4e} {s.vflops / 1e12:>11.3e} {s.quality:>9.4f}",
              f"Repeats     : test {s.index}, {s.runs} runs (seeds differ), {how} ({s.kept} runs) ;"
              f" CV of FLOPS {100 * s.cv_flops:.1f} %, of quality {100 * s.cv_quality:.1f} %",
@@ -180,11 +208,13 @@ def footer(tests: list[results.TestResult], skipped: list[dict], summary: list[s
     return "\n".join(lines) + "\n"
 
 
-def scaling_lines(tests: list[results.TestResult], weak_scaling, mark_short: bool = True) -> list[str]:
+def scaling_lines(tests: list[results.TestResult], weak_scaling, mark_short: bool = True,
+                  name_framework: bool = True) -> list[str]:
     """Bagging weak scaling: one line per (workload, framework, B, precision, P, mode) group whose tests
     span several M (so that data parallelism, a change of P, is never mixed in); marked
     when a test of the group trained for less than metrics.SHORT_SPAN (mark_short=False:
-    as reports of results schema 2.2 and before wrote it)."""
+    as reports of results schema 2.2 and before wrote it). The framework is named on every
+    line (name_framework=False: all but TensorFlow, as schema 2.8 and before wrote them)."""
     groups: dict[tuple, list[results.TestResult]] = {}
     for t in tests:
         groups.setdefault((t.workload, t.framework, t.B, t.precision, t.P, t.mode), []).append(t)
@@ -193,7 +223,8 @@ def scaling_lines(tests: list[results.TestResult], weak_scaling, mark_short: boo
         s = weak_scaling([(t.M * t.P, t.flops) for t in ts])
         if s:
             short = mark_short and any(t.train_seconds < metrics.SHORT_SPAN for t in ts)
-            out.append(f"Scaling ({wl}{'' if fw == 'tensorflow' else ', ' + fw}, B {b}, {prec}, P {p}"
+            named = name_framework or fw != "tensorflow"
+            out.append(f"Scaling ({wl}{', ' + fw if named else ''}, B {b}, {prec}, P {p}"
                        f"{'' if mode == 'data' else ', ' + mode}): Sys_scale {s.scale_from} -> {s.scale_to} :"
                        f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}"
                        + (f" (timed spans under {metrics.SHORT_SPAN:g} s: indicative)" if short else ""))
@@ -217,27 +248,35 @@ def fold(tests: list[results.TestResult], summaries: list[metrics.Repeats]) -> l
     return out
 
 
-def summary_lines(tests: list[results.TestResult], summaries: list[metrics.Repeats]) -> list[str]:
+def summary_lines(tests: list[results.TestResult], summaries: list[metrics.Repeats],
+                  schema: str = results.SCHEMA) -> list[str]:
     """The lines after the footer's counts: bagging weak scaling, then the paper's two
     experiments (harness/experiments.py: bagging against data parallelism, quality
-    against speed at a fixed scale), on the tests folded over repetitions."""
-    folded = fold(tests, summaries)
-    return (scaling_lines(tests, metrics.weak_scaling) + experiments.comparison_lines(folded)
-            + experiments.tradeoff_lines(folded) + experiments.mode_lines(folded))
+    against speed at a fixed scale) and the parallel modes, on the tests folded over
+    repetitions; as results schema `schema` wrote them."""
+    folded, version = fold(tests, summaries), results.minor(schema)
+    return (scaling_lines(tests, metrics.weak_scaling, version >= (2, 3), version >= (2, 9))
+            + experiments.comparison_lines(folded) + experiments.tradeoff_lines(folded)
+            + experiments.mode_lines(folded, version))
 
 
-def summarize(run_dirs: list[str]) -> str:
-    """The result rows of earlier runs side by side, one table, read from results.json."""
-    head = (f"{'run':<24} {'T/V':<10} {'WL':<7} {'M':>4} {'P':>4} {'B':>5} {'Time':>9} {'TTS':>9} {'TTQ':>9}"
+def summarize(paths: list[str]) -> str:
+    """The result rows of earlier runs side by side, one table, read from results.json.
+    `paths`: run folders, or results directories (line 5: every run in them, oldest
+    first, as --status takes one: heartbeat.run_folders). The T/V and WL columns are as
+    wide as the longest entry (a split mode's T/V code is 16 characters)."""
+    runs = [(d, results.load_run(d)) for p in paths for d in heartbeat.run_folders(p)]
+    tests = [t for _, res in runs for t in res.tests]
+    tv, wl = max([10, *(len(t.tv) for t in tests)]), max([7, *(len(t.workload) for t in tests)])
+    head = (f"{'run':<24} {'T/V':<{tv}} {'WL':<{wl}} {'M':>4} {'P':>4} {'B':>5} {'Time':>9} {'TTS':>9} {'TTQ':>9}"
             f" {'Tflops':>11} {'VTflops':>10} {'Quality':>8} Check")
     lines = [RULE, head, "TTS = time to solution: staging + training + evaluations",
              "TTQ = time to quality: training and evaluations until the target (- = not reached)", THIN]
-    for d in run_dirs:
-        res = results.load_run(d)
+    for d, res in runs:
         name = os.path.basename(os.path.normpath(d))
         for t in res.tests:
             check = "PASSED" if t.consistency["passed"] else "FAILED"
-            lines.append(f"{name:<24} {t.tv:<10} {t.workload:<7} {t.M:>4} {t.P:>4} {t.B:>5} "
+            lines.append(f"{name:<24} {t.tv:<{tv}} {t.workload:<{wl}} {t.M:>4} {t.P:>4} {t.B:>5} "
                          f"{t.train_seconds:>9.2f} {t.time_to_solution:>9.2f} {_ttq(t):>9}"
                          f" {t.flops / 1e12:>11.4e} {t.vflops / 1e12:>10.3e} "
                          f"{t.quality:>8.4f} {check}")
@@ -492,7 +531,7 @@ class Output:
             record.repeats.extend(previous.repeats)
             record.resumed = previous.resumed + [time.strftime("%Y-%m-%dT%H:%M:%S")]
             for r in record.tests:
-                self._emit(row(r))
+                self._emit(row(r, cfg.repetitions, len(record.resumed) + 1))
         self._save()
 
     def begin(self, index: int, rep: int) -> None:
@@ -504,9 +543,10 @@ class Output:
         the next test's, or the finish's)."""
         t0 = time.perf_counter()
         with self.lock:
+            result = replace(result, invocation=len(self.record.resumed))
             self.record.tests.append(result)
             self._write_mllogs(result.index, result.repetition, mllogs)
-            self._emit(row(result))
+            self._emit(row(result, self.cfg.repetitions, len(self.record.resumed) + 1))
             if result.repetition == self.cfg.repetitions - 1 and result.repetition > 0:
                 self._summarise_repeats(result.index)
             self._save()

@@ -21,7 +21,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.8"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.9"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -31,6 +31,10 @@ SCHEMA = "2.8"   # 2.2: TestResult.higher_is_better; the control plane's timings
                  # 2.7: TestResult.mode (lines 36-37)
                  # 2.8: Record.skipped[].cause ("ranks" or "mode"; absent: "ranks", as before);
                  #   the PyTorch conventions line states the CPUs' layout (report.TORCH_LAYOUT)
+                 # 2.9: TestResult.invocation; the report's test blocks begin with a `Test N :` line
+                 #   (framework, mode, repetition, earlier invocation), its T/V columns fit the code,
+                 #   every Scaling line names its framework, the Parallel modes block reads its
+                 #   figures anew (report.row, report.summary_lines, experiments.mode_lines)
 
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
@@ -130,6 +134,8 @@ class TestResult:
     pipeline: dict | None = None      # a split mode's stages (parallelism.summary): the cut, each stage's measured
     #                                 idle share against the schedule's theory, bytes between stages a step
     #                                 against data parallelism's gradient bytes; None for data (and a 2.6 file)
+    invocation: int = 0               # which invocation of the run timed it: 0 the first, k after the k-th
+    #                                 --resume (Record.resumed); a 2.8 file: 0 (not recorded)
 
 
 @dataclass

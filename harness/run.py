@@ -341,7 +341,7 @@ class Evaluation:
                                "base_quality": [b for _, b in sorted(x for x in bases if x is not None)]})
             stop = self.ctx.cfg.stop_at_target and metrics.reaches(q, self.target, self.higher)
             t = self.t
-            print(f"hpcai500: test {t.index}/{self.ctx.n_tests} M={t.M} P={t.P} B={t.batch} : evaluation after"
+            print(f"hpcai500: {progress_head(t, self.ctx.n_tests)} : evaluation after"
                   f" epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
                   f"{', reached: stopping' if stop else ''}", file=sys.stderr, flush=True)
         return world.bcast(stop, root=0)
@@ -469,8 +469,15 @@ class _Hooks:
             self.log.epoch_stop(epoch)
         if self.progress:
             t = self.t
-            print(f"hpcai500: test {t.index}/{self.total} M={t.M} P={t.P} B={t.batch} : epoch {epoch}/{epochs}"
+            print(f"hpcai500: {progress_head(t, self.total)} : epoch {epoch}/{epochs}"
                   f"  job 0 loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+
+def progress_head(t, total: int) -> str:
+    """Which test a progress line is about: its number, framework, mode (where not data)
+    and layout; a sweep of several frameworks or modes repeats the same layouts."""
+    mode = "" if t.mode == "data" else f" {t.mode}"
+    return f"test {t.index}/{total} {t.framework}{mode} M={t.M} P={t.P} B={t.batch}"
 
 
 def _on_step(watchdog, fire):

@@ -141,8 +141,7 @@ def verify(run: Run) -> list[Check]:
         checks += c
         derived.append(d)
     checks += _guarded("repetition summaries", lambda: (repeats_checks(res, cfg), None))[0]
-    checks += _guarded("scaling", lambda: (scaling_checks(res.tests, derived, run.report,
-                                                          results.minor(res.schema) >= (2, 3)), None))[0]
+    checks += _guarded("scaling", lambda: (scaling_checks(res.tests, derived, run.report, res.schema), None))[0]
     checks += _guarded("report.txt", lambda: (report_checks(res, cfg, run.report), None))[0]
     for t in res.tests:
         checks += _guarded(f"MLLOG of {_name(t)}", lambda t=t: (mllog_checks([t], run.mllogs), None))[0]
@@ -478,13 +477,14 @@ def repeats_checks(res: results.Record, cfg) -> list[Check]:
     return out
 
 
-def scaling_checks(tests: list, derived: list, report_text: str | None, mark_short: bool = True) -> list[Check]:
+def scaling_checks(tests: list, derived: list, report_text: str | None, schema: str = results.SCHEMA) -> list[Check]:
     """The report's Scaling lines, recomputed (report.scaling_lines, metrics.weak_scaling)
-    from the re-derived FLOPS of every test; `mark_short` as the run's schema wrote them."""
+    from the re-derived FLOPS of every test, as results schema `schema` wrote them."""
     if report_text is None:
         return []
+    version = results.minor(schema)
     mine = report.scaling_lines([replace(t, flops=d["flops"]) if d else t for t, d in zip(tests, derived)],
-                                metrics.weak_scaling, mark_short)
+                                metrics.weak_scaling, version >= (2, 3), version >= (2, 9))
     theirs = [ln for ln in report_text.splitlines() if ln.startswith("Scaling (")]
     out = [Check(f"scaling: {m.split(':')[0]}", m in theirs, _find(theirs, m), m) for m in mine]
     out += [Check("scaling: a Scaling line of report.txt", False, ln, None, note="no group of tests gives it")
@@ -508,11 +508,11 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
              for s in res.skipped]
     summaries = {s.index: s for s in res.repeats}
     for t in tests:
-        segs.append((f"{_name(t)} block", report.row(t), False))
+        segs.append((f"{_name(t)} block", report.row(t, cfg.repetitions, len(res.resumed) + 1, res.schema), False))
         s = summaries.get(t.index)
         if s and t.repetition == cfg.repetitions - 1 and t.repetition > 0:
             first = next(r for r in tests if r.index == t.index)
-            segs.append((f"test {t.index} repetition summary", report.repeats_block(first, s),
+            segs.append((f"test {t.index} repetition summary", report.repeats_block(first, s, res.schema),
                          bool(res.resumed)))
     status, stop = res.status, res.interrupted or {}
     if status == "interrupted":
@@ -522,7 +522,7 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
                      False))
     if status in ("complete", "interrupted"):
         segs.append(("footer", report.footer(tests, res.skipped,
-                                             report.summary_lines(tests, res.repeats),
+                                             report.summary_lines(tests, res.repeats, res.schema),
                                              status == "interrupted"), False))
     return segs
 

@@ -51,17 +51,40 @@ def test_summarize_prints_runs_side_by_side(tmp_path):
     assert rows[3] == f"{'run-b':<24} interrupted: no reason recorded; 0 test run(s) finished"
     assert rows[0].split()[7:9] == ["2.00", "1.25"] and rows[1].split()[7:9] == ["2.00", "-"]   # TTS, TTQ
     p = subprocess.run(cmd[:3] + [str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "nowhere: not a folder" in p.stderr
+    assert p.returncode == 1 and "error: --summarize: " in p.stderr and "nowhere: not a folder" in p.stderr
+    # a results directory, as --status takes one: every run in it, oldest (by name) first
+    p = subprocess.run(cmd[:3] + [str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert [ln for ln in p.stdout.splitlines() if ln.startswith("run-")] == rows
+
+
+def test_summarize_columns_fit_a_split_modes_code(tmp_path):
+    """A split mode's T/V code (16 characters: PyTorch, mixed:2 on GPipe with 16 micro-batches)
+    and cosmoflow (9) widen their columns instead of pushing the row's figures right."""
+    from harness import report
+    tests = [replace(_test(1, 1, 1, 1e10), tv="PBFC16MRPT2SGP16", workload="cosmoflow"), _test(2, 2, 1, 2e10)]
+    (tmp_path / "run-a").mkdir()
+    record = results.Record("x", str(tmp_path / "run-a"), {}, {}, {}, {}, [], {}, status="complete", tests=tests)
+    (tmp_path / "run-a" / "results.json").write_text(json.dumps(record.json()))
+    lines = report.summarize([str(tmp_path / "run-a")]).splitlines()
+    head, rows = lines[1], [ln for ln in lines if ln.startswith("run-a ") and ln.endswith("ED")]
+    assert head.split()[:3] == ["run", "T/V", "WL"]
+    assert {ln.index("PASSED" if "PASSED" in ln else "FAILED") for ln in rows} == {head.index("Check")}
+    assert rows[0].split()[1:3] == ["PBFC16MRPT2SGP16", "cosmoflow"]
 
 
 def test_scaling_line_keeps_bagging_apart_from_data_parallelism():
     from harness import metrics, report
     tests = [_test(1, 1, 1, 1e10), _test(2, 2, 1, 2e10), _test(3, 1, 2, 1.2e10)]
-    line = "Scaling (digits, B 32, fp32, P 1): Sys_scale 1 -> 2 : FLOPS x2.00, efficiency 1.00"
+    line = "Scaling (digits, tensorflow, B 32, fp32, P 1): Sys_scale 1 -> 2 : FLOPS x2.00, efficiency 1.00"
     # their timed spans (1.5 s) are under metrics.SHORT_SPAN (2 s): the line says so
     assert report.scaling_lines(tests, metrics.weak_scaling) == [line + " (timed spans under 2 s: indicative)"]
-    assert report.scaling_lines(tests, metrics.weak_scaling, mark_short=False) == [line]   # schema 2.2's reports
     assert report.scaling_lines([replace(t, train_seconds=2.0) for t in tests], metrics.weak_scaling) == [line]
+    # as schemas 2.2 (no mark) and 2.8 (TensorFlow not named) wrote them, for --verify of such runs
+    old = line.replace("tensorflow, ", "")
+    assert report.scaling_lines(tests, metrics.weak_scaling, mark_short=False, name_framework=False) == [old]
+    torch = [replace(t, framework="pytorch") for t in tests]
+    assert report.scaling_lines(torch, metrics.weak_scaling, False, False) == [line.replace("tensorflow", "pytorch")]
 
 
 def test_a_short_timed_span_warns_and_a_long_one_does_not():
@@ -106,3 +129,22 @@ def test_quality_curve_of_a_few_models_keeps_a_line_each(tmp_path, monkeypatch):
     assert plots.quality_curve(test, str(tmp_path / "q.png")) == 1 + plots.BAND_ABOVE
     (ax,) = figs[0].axes
     assert len(ax.lines) == plots.BAND_ABOVE + 2 and not ax.collections   # a line a model, ensemble, target
+
+
+def test_a_test_block_names_its_test_framework_mode_and_invocation():
+    """A test block's first line (results schema 2.9): `Test N` as the Parallel modes block
+    and the footer name it, the framework and the mode the result row does not show, the
+    repetition, and the invocation of a resumed run that timed it; the T/V column as wide
+    as a split mode's code. A 2.8 record re-renders as it was written (--verify)."""
+    from harness import report
+    t = replace(_test(3, 1, 4, 1e10), framework="pytorch", mode="mixed:2:16:gpipe", tv="PBFC16MRPT2SGP16",
+                consistency={"passed": True, "max_diff": 0.0},
+                repetition=1, invocation=0)
+    lines = report.row(t, repetitions=3, invocations=2).splitlines()
+    assert lines[0] == ("Test 3 : pytorch, mixed:2:16:gpipe ; repetition 2 of 3 ; timed by invocation 1 of 2"
+                        " (before --resume), as recorded then")
+    assert lines[1].split()[:2] == ["T/V", "WL"] and lines[3].split()[:2] == ["PBFC16MRPT2SGP16", "digits"]
+    assert lines[1].index("Quality") + len("Quality") == len(lines[3])       # the row's columns under the header's
+    assert report.row(replace(t, mode="data", invocation=1), 1, 2).splitlines()[0] == "Test 3 : pytorch"
+    old = report.row(t, 3, 2, schema="2.8").splitlines()
+    assert old[0].startswith("T/V ") and old[2].startswith("PBFC16MRPT2SGP16 digits")   # 2.8's 15-wide column

@@ -94,6 +94,10 @@ def _four_modes(res, stdout) -> None:
     assert "Pipeline    : 4 stages x 1 replica(s), 16 micro-batches of 8 on 1F1B ; idle stage 0" in stdout
     assert "- Parallel modes in PyTorch (line 37)" in stdout
     assert "Parallel modes (digits, pytorch, B 32, fp32, M 1 x P 4):" in stdout and "Highest FLOPS: " in stdout
+    # the block's test numbers are the test blocks' (their first lines: framework and mode)
+    n = data["index"]
+    for k, mode in enumerate(("", ", model", ", pipeline", ", mixed:2")):
+        assert f"\nTest {n + k} : pytorch{mode}\nT/V " in stdout
 
 
 @pytest.mark.parametrize("pmap", [0, 1])
@@ -138,6 +142,10 @@ def test_both_frameworks_side_by_side_in_one_sweep(tmp_path):
         assert t["flops_by_operator"] == res["tests"][0]["flops_by_operator"]   # one architecture, one count
         assert t["weights"] == res["tests"][0]["weights"] == 151_434
     assert p.stdout.count("...... PASSED") == 2
+    # which framework trained a test: its block's first line and its progress lines say so (issue 45)
+    assert [ln for ln in p.stdout.splitlines() if ln.startswith("Test ")] == ["Test 1 : tensorflow", "Test 2 : pytorch"]
+    assert "hpcai500: test 1/2 tensorflow M=1 P=1 B=32 : epoch 1/4" in p.stderr, p.stderr[-2000:]
+    assert "hpcai500: test 2/2 pytorch M=1 P=1 B=32 : evaluation after epoch 4" in p.stderr
     (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()

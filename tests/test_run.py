@@ -46,7 +46,7 @@ def test_shipped_file_end_to_end(tmp_path):
         assert len(short) == (t["train_seconds"] < 2.0), (t["train_seconds"], t["warnings"])
         assert all(f"Warning     : {w}" in p.stdout for w in short)
     assert [t["M"] for t in res["tests"]] == [1, 2, 4]
-    scaling = next(ln for ln in p.stdout.splitlines() if ln.startswith("Scaling (digits, B 32, fp32, P 1)"))
+    scaling = next(ln for ln in p.stdout.splitlines() if ln.startswith("Scaling (digits, tensorflow, B 32, fp32, P 1)"))
     assert "Sys_scale 1 -> 4" in scaling
     assert scaling.endswith("(timed spans under 2 s: indicative)") == any(t["train_seconds"] < 2 for t in res["tests"])
     assert res["charts"] == ["scaling.png", "quality-test001.png", "quality-test002.png", "quality-test003.png",
@@ -167,16 +167,21 @@ def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, fault, expect, fra
     assert t["status"] in ("running", "interrupted") and t["tests"] == []
 
 
-@pytest.mark.parametrize("launcher,sig", [("mpirun", "SIGUSR1"),
-                                          pytest.param("singleton", "SIGTERM", marks=pytest.mark.slow)])
-def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path, launcher, sig):
-    """A batch system's time limit: the finished test stands, the current one is recorded.
-    Test 2 (B 16, 8 epochs: a few seconds) is still training when the signal, sent as soon
-    as test 1's consistency line is read, arrives."""
+@pytest.mark.parametrize("launcher,sig,received,framework", [
+    ("mpirun", "SIGUSR1", "SIGUSR1", "tensorflow"),
+    ("mpirun", "SIGINT", "SIGTERM", "pytorch"),        # Ctrl-C: mpirun passes it on as SIGTERM
+    pytest.param("singleton", "SIGTERM", "SIGTERM", "tensorflow", marks=pytest.mark.slow)])
+def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path, launcher, sig, received, framework):
+    """A batch system's time limit, or a Ctrl-C of mpirun: the finished test stands, the
+    current one is recorded, with the signal that reached the ranks and where such a one
+    comes from. Test 2 (B 16, 8 epochs: a few seconds) is still training when the signal,
+    sent as soon as test 1's consistency line is read, arrives. The run folder is named on
+    stderr at the start: after a Ctrl-C mpirun forwards no more of the ranks' output."""
     import signal
     import subprocess
+    from harness import signals
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l13=2, l14="32 16", l15=8,
-                                             l30=0))
+                                             l30=0, l35=framework))
     env = mpi_env()
     # Open MPI forwards SIGUSR1 to the ranks (it kills them on SIGTERM); singleton: no mpirun
     cmd = mpirun_cmd(2 if launcher == "mpirun" else None, [tmp_path / "t.dat"])
@@ -189,10 +194,13 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     assert p.returncode != 0
     res = results(tmp_path / "runs")
     assert res["status"] == "interrupted" and len(res["tests"]) == 1
-    assert res["interrupted"] == {"reason": f"{sig} received", "test": 2}
+    reason = signals.reason(getattr(signal, received))
+    assert res["interrupted"] == {"reason": reason, "test": 2}
+    assert reason.startswith(f"{received} received (") and (sig != "SIGINT" or "Ctrl-C" in reason)
     run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    assert f"hpcai500: results in {run}/ (report.txt" in err
     report = (run / "report.txt").read_text()
-    assert f"Interrupted: {sig} received during test 2" in report and report.rstrip().endswith("=" * 80)
+    assert f"Interrupted: {reason} during test 2" in report and report.rstrip().endswith("=" * 80)
     assert "Tests interrupted." in report
 
 
