@@ -65,7 +65,7 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "evaluate every K epochs (0 = only at the end)",
     "stop at target (0=no, 1=at the first evaluation that reaches it)",
     f"compiler ({_ONE_OF['compiler']})", "# of frameworks", f"frameworks ({_ONE_OF['framework']})",
-    "# of parallel modes", "parallel modes (data, model, pipeline[:MICROBATCHES], mixed:STAGES[:MICROBATCHES])")
+    "# of parallel modes", f"parallel modes ({parallelism.FORM})")
 # What to add to a file that predates lines 31-37: the shipped file's lines (value, then LINES' text).
 NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}", f"{'none':<13} {LINES[33]}",
              f"{'1':<13} {LINES[34]}", f"{'tensorflow':<13} {LINES[35]}", f"{'1':<13} {LINES[36]}",
@@ -208,8 +208,9 @@ class _Reader:
             where = f" as value {i + 1} of {count} (line {count_line} says {count})" \
                 if count > 1 else ""
             if i >= len(toks):
-                found = f"only {_n(i, 'value')} {' '.join(toks)!r}" if toks else "an empty line"
-                raise self.err(n, _Bare(found), what + where)
+                if not toks:
+                    raise self.err(n, _Bare("an empty line"), what + where)
+                raise self.err(n, " ".join(toks), f"{what}{where}: the line holds only {_n(i, 'value')}")
             v = conv(toks[i])
             if v is None:
                 raise self.err(n, toks[i], what + where)

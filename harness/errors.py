@@ -3,8 +3,9 @@
 A failure that one rank sees alone (a file it cannot read, a directory it cannot
 write) must end the run on every rank, or the others wait forever in their next
 collective. `agree` runs a step on every rank and turns any rank's failure into the
-same `RunError` on all of them; rank 0 prints it once as `FILE:LINE: found ...,
-expected ...` (or the step's own message) and every rank exits with status 1.
+same `RunError` on all of them; rank 0 prints it once as `FILE:LINE: found 'X',
+expected Y` (or the step's own message), the failing rank after it where ranks
+differ, and every rank exits with status 1.
 The communicator is passed in: any object with `allgather` and `size` serves, so the
 logic is tested without MPI. A failure no rank can foresee (a bug) is not agreed:
 the rank prints `crash`'s traceback and the driver aborts the job.
@@ -52,12 +53,16 @@ def agree(comm, fn, what: str):
 def first_failure(comm, err: str | None, error: type[Exception] = RunError) -> None:
     """Exchange each rank's error (None for none); raise the lowest rank's on all, as
     `error` (RunError: printed once and exit 1; RuntimeError inside a test, where only
-    some ranks take part and the driver must abort the rest)."""
+    some ranks take part and the driver must abort the rest). The rank is named after the
+    message, and only where the ranks differ: a message every rank gave alike is no rank's
+    own (the input's, or every node's), and a message about the input begins with its
+    `FILE:LINE: found ...`, where a rank before it would hide the line a user looks for."""
     errors = comm.allgather(err)
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         r, e = failed[0]
-        raise error(e if comm.size == 1 else f"rank {r}: {e}")
+        alike = all(other == e for other in errors)
+        raise error(e if alike else f"{e} (rank {r}; {len(failed)} of {comm.size} ranks failed)")
 
 
 @contextmanager

@@ -41,8 +41,9 @@ KINDS = {"data": "data parallelism: each rank a replica of the whole model, grad
          "mixed": "mixed: STAGES pipeline stages x P / STAGES data-parallel replicas of each"}
 SCHEDULES = {"1f1b": ("1F1B", "one forward, one backward: at most S micro-batches in flight"),
              "gpipe": ("GPipe", "every micro-batch forward, then every one backward")}   # key: (name, how)
-FORM = ("data, model, pipeline[:MICROBATCHES][:1f1b|gpipe] or mixed:STAGES[:MICROBATCHES][:1f1b|gpipe]"
-        " (MICROBATCHES, STAGES integers >= 1)")
+# Line 37's grammar, as the input file's free text (harness/dat.LINES) and the parser's message say it.
+FORM = ("data, model, pipeline[:MICROBATCHES][:1f1b|gpipe] or mixed:STAGES[:MICROBATCHES][:1f1b|gpipe];"
+        " MICROBATCHES >= 1, STAGES >= 2")
 MICROBATCHES_PER_STAGE = 4     # the default m = 4 S: GPipe's rule of thumb, bubble (S - 1) / (5 S - 1) < 20 %
 
 
@@ -151,33 +152,50 @@ def parse(token: str) -> Mode:
     want = 1 if kind == "pipeline" else 2
     if kind == "mixed" and not numbers:
         raise ValueError("mixed without its STAGES")
+    if kind == "mixed" and numbers[0] < 2:   # one stage is data parallelism: FORM says so, the parser holds to it
+        raise ValueError(f"mixed:{numbers[0]}: STAGES must be at least 2")
     if len(numbers) > want:
         raise ValueError(f"{len(numbers)} numbers, {kind} takes at most {want}")
     stages = numbers.pop(0) if kind == "mixed" else 0
     return Mode(kind, stages, numbers[0] if numbers else 0, schedule, token.lower())
 
 
+class Unfit(ValueError):
+    """A mode a job of P ranks of batch B cannot take: what it would take instead (`expected`),
+    `why`, and whether B plays a part (`batch`): the caller names line 14 only then."""
+
+    def __init__(self, where: str, expected: str, why: str, batch: bool = False):
+        self.expected, self.why, self.batch = expected, why, batch
+        super().__init__(f"{where}: {why}; expected {expected}")
+
+
 def resolve(mode: Mode, P: int, batch: int) -> Resolved:
-    """The mode for a job of P ranks of batch B each; ValueError saying why it cannot be
-    (the caller names the lines): a split model needs P >= 2 ranks, mixed's STAGES must
-    divide P with at least 2 replicas, the micro-batches must cut B x S evenly."""
+    """The mode for a job of P ranks of batch B each; Unfit saying why it cannot be and what
+    would do (the caller names the lines): a split model needs P >= 2 ranks, mixed's STAGES
+    must divide P with at least 2 replicas, the micro-batches must cut B x S evenly."""
     if mode.kind == "data":
         return Resolved("data", 1, P, 1, mode.schedule, batch, batch)
+    where = f"{mode.text} with P = {P}"
     if P < 2:
-        raise ValueError(f"P = 1 with {mode.text}: one rank holds the whole model; a split model needs P >= 2")
+        raise Unfit(where, "data, or P >= 2", "one rank holds the whole model; a split model needs a rank a stage")
     stages = P if mode.kind in ("model", "pipeline") else mode.stages
     if mode.kind == "mixed" and not (2 <= stages < P and P % stages == 0):
-        raise ValueError(f"{mode.text} with P = {P}: STAGES must be at least 2 and divide P with at least two"
-                         f" replicas of each stage (STAGES = P is pipeline)")
+        fits = [str(s) for s in range(2, P) if P % s == 0]
+        raise Unfit(where, f"mixed:STAGES with STAGES {' or '.join(fits)}" if fits else "pipeline or model",
+                    "STAGES must be at least 2 and divide P with at least two replicas of each stage"
+                    " (STAGES = P is pipeline)")
     m = 1 if mode.kind == "model" else mode.microbatches or MICROBATCHES_PER_STAGE * stages
     schedule = "gpipe" if mode.kind == "model" else mode.schedule    # one micro-batch: forward, then backward
     if schedule == "1f1b" and m < stages:
-        raise ValueError(f"{mode.text} with P = {P}: 1F1B keeps every stage busy only with at least as many"
-                         f" micro-batches as stages ({m} < {stages}); give {stages} or more, or name gpipe")
+        raise Unfit(where, f"MICROBATCHES >= {stages}, or gpipe", "1F1B keeps every stage busy only with at least"
+                    f" as many micro-batches as stages ({m} < {stages})")
     pipeline_batch = batch * stages
     if pipeline_batch % m:
-        raise ValueError(f"{mode.text} with P = {P}, B = {batch}: a pipeline of {stages} stages trains B x {stages}"
-                         f" = {pipeline_batch} samples a step, which {m} micro-batches do not cut evenly")
+        least = stages if schedule == "1f1b" else 1
+        fits = [str(k) for k in range(least, pipeline_batch + 1) if pipeline_batch % k == 0]
+        raise Unfit(f"{where}, B = {batch}", f"MICROBATCHES one of {', '.join(fits)}",   # B x S itself always fits
+                    f"a pipeline of {stages} stages trains B x {stages} = {pipeline_batch} samples a step, which {m}"
+                    " micro-batches do not cut evenly", batch=True)
     return Resolved(mode.kind, stages, P // stages, m, schedule, pipeline_batch, pipeline_batch // m)
 
 

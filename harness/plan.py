@@ -7,10 +7,19 @@ the results directory, the data (loaded here; a run trains from what this step
 loaded) and each test's batch against its data. World rank 0 reads the file and the
 others receive the Config, so no rank runs with its own reading of it.
 
-Tests whose layout needs more ranks than the run has are skipped, as HPL skips a
-process grid larger than its world: the shipped file's sweep then fits any machine,
-and the report counts them; so are the tests of a split mode (line 37) with P = 1, so
-that one sweep can cross Ps and modes. A run in which no test fits is an error.
+One rule for the tests the sweep's cross product makes: a test that cannot run for a
+reason of its own values (its layout larger than the run, as HPL skips a process grid
+larger than its world; a split mode (line 37) with P = 1, with a framework or workload
+that cannot cut a model, with fp16 or line 33's compiler, or with a P or B the mode
+cannot take; a framework that lacks the workload or a choice of lines 22 or 33; Adasum
+with a P not a power of 2; line 24's aggregation with a workload that lacks it; P x B
+beyond the training set) is skipped, with its reason, by --check and the report. A user
+who sweeps `tensorflow pytorch` x `data pipeline` or Ps `1 2` x `data pipeline` cannot
+leave out the combinations that do not run, so they must not stop the ones that do. An
+input is refused only when no test can run (each reason once, with its tests), or for
+what no combination escapes: two single-valued lines that exclude each other (int8 with
+Adasum or the torus), a framework not installed on a node, the staging or results
+directory, the data.
 
 MPI at the edges only (`make`); the checks themselves are plain functions.
 """
@@ -37,9 +46,10 @@ class Planned:
 
 @dataclass(frozen=True)
 class Skipped:
+    """A test of the sweep that cannot run, and why."""
     test: dat.Test
-    reason: str
-    cause: str = "ranks"    # "ranks": the layout is larger than the run; "mode": a split mode (line 37) on P = 1
+    reason: str     # `FILE:LINE: found 'X' with ..., expected Y: why`, as a refusal of that test alone would say
+    cause: str      # a key of results.SKIP_CAUSES: what the report's footer counts it under
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,7 @@ class Plan:
     cfg: dat.Config
     settings: dict                           # HPCAI500_* settings in force (rank 0's, on all)
     tests: tuple[Planned, ...]               # the tests that fit, in sweep order
-    skipped: tuple[Skipped, ...]             # the tests that need more ranks
+    skipped: tuple[Skipped, ...]             # the tests that cannot run, in sweep order
     runs: tuple[tuple[Planned, int], ...]    # (test, repetition) still to run
     nodes: topology.Nodes
     datas: dict                              # workload name -> its data, as the tests read it
@@ -93,102 +103,159 @@ def read(world, path: str, resume: str | None) -> Input:
 def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     """Every other check a run makes before training, agreed by all ranks (RunError)."""
     cfg = given.cfg
+    check_allreduce(cfg)
     planned, skipped = layouts(cfg, given.tests, world.size, nodes.node_of_rank)
-    check_aggregations(cfg)
-    check_allreduce(cfg, planned)
-    problem = mode_problem(cfg, [p.test for p in planned])
-    if problem:
-        raise RunError(problem)
     first_failure(world, framework_problem(cfg))   # each rank of its own node: installs differ between nodes
     if cfg.staging != "none":
         watchdog.beat("staging directory check")
-        agree(world, lambda: staging.probe(cfg.staging), f"{cfg.path}:28")
-    first_failure(world, results_dir_problem(cfg) if world.rank == 0 else None)
+        agree(world, lambda: staging.probe(cfg.staging),
+              f"{cfg.path}:28: found {cfg.staging!r}, expected a node-local directory every rank can write")
+    problem = world.bcast(results_dir_problem(cfg) if world.rank == 0 else None, root=0)   # rank 0 writes there
+    if problem:
+        raise RunError(problem)
     watchdog.beat("data loading")
     datas = load(world, cfg)
-    check_batches(cfg, planned, datas)
+    planned, skipped = batches(cfg, planned, skipped, datas)
     planned = tuple(judged(cfg, p, datas[p.test.workload], given.settings) for p in planned)
     runs = tuple((p, rep) for p in planned for rep in range(cfg.repetitions) if (p.test.index, rep) not in given.done)
     return Plan(cfg, given.settings, planned, skipped, runs, nodes, datas, given.previous)
 
 
 def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_rank) -> tuple[tuple, tuple]:
-    """(planned, skipped): each test's layout on this world, or why it does not fit."""
+    """(planned, skipped): each test's layout on this world, or why it cannot run (combination_problem,
+    then a layout larger than the world); RunError when none can (runnable)."""
     planned, skipped = [], []
     for t in tests:
-        if t.mode != "data" and t.P == 1:   # as a layout too large: a sweep of Ps and modes runs what applies
-            skipped.append(Skipped(t, f"P = 1 holds the whole model on one rank: line 37's {t.mode} needs P >= 2",
-                                   "mode"))
+        found = combination_problem(cfg, t)
+        if found:
+            skipped.append(Skipped(t, found[1], found[0]))
             continue
         try:
             M, warnings = topology.resolve(world_size, t.M, t.P)
         except topology.TopologyError as e:
-            skipped.append(Skipped(t, str(e)))
+            skipped.append(Skipped(t, f"{cfg.path}:10-11: found '{t.M} x {t.P}', expected M x P <= {world_size}: {e}",
+                                   "ranks"))
             continue
         planned.append(Planned(t, topology.map_jobs(node_of_rank, M, t.P, cfg.pmap), tuple(warnings)))
-    if not planned:
-        raise RunError(f"{cfg.path}:10-11: found no layout that fits {world_size} rank(s) "
-                       f"({'; '.join(s.reason for s in skipped)}), expected M x P <= {world_size}")
+    runnable(planned, skipped)
     return tuple(planned), tuple(skipped)
 
 
-def check_aggregations(cfg: dat.Config) -> None:
-    for name in cfg.workloads:
-        supported = workloads.get(name).AGGREGATIONS
-        if cfg.aggregation not in supported:
-            raise RunError(f"{cfg.path}:24: found {cfg.aggregation!r}, expected an aggregation that workload"
-                           f" {name} defines ({', '.join(supported)})")
+def runnable(planned, skipped) -> None:
+    """Refuse a sweep none of whose tests can run, with each distinct reason once and the
+    tests it stops (a sweep of thousands of tests stays a line a reason); every reason
+    begins with its own FILE:LINE, which sets the reasons apart."""
+    if planned:
+        return
+    stopped: dict[str, list[int]] = {}
+    for s in skipped:
+        stopped.setdefault(s.reason, []).append(s.test.index)
+    raise RunError("; ".join(f"{reason} ({'test' if len(ix) == 1 else 'tests'} {topology.ranges(ix)})"
+                             for reason, ix in stopped.items()))
 
 
-def framework_problem(cfg: dat.Config) -> str | None:
-    """Why a framework of line 35 cannot train this input on this rank's node, or None:
-    its packages not installed here (frameworks.missing: found without importing them, so
-    that a refused input costs no framework's start-up), a workload whose model it lacks,
-    a Table 2 choice it cannot carry (frameworks.UNSUPPORTED), line 33's compiler without
-    the C++ compiler it builds with (frameworks.compiler_missing)."""
-    for name in cfg.frameworks:
-        gone = frameworks.missing(name)
-        if gone:
-            return (f"{cfg.path}:35: found {name}, expected a framework installed on this node:"
-                    f" {', '.join(gone)} cannot be imported here (README.md, Frameworks)")
-        for w in cfg.workloads:
-            if not frameworks.builds(name, w):
-                return (f"{cfg.path}:7: found workload {w} with framework {name} (line 35), expected a workload"
-                        f" whose model is built in {name} ({frameworks.built_workloads(name)})")
-        for (field, value), why in frameworks.UNSUPPORTED.get(name, {}).items():
-            if getattr(cfg, field) == value:
-                return (f"{cfg.path}:{dat.LINE_OF[field]}: found {value} with framework {name} (line 35),"
-                        f" expected another choice: {why}")
-        needs = frameworks.compiler_missing(name, cfg.compiler)
-        if needs:
-            return (f"{cfg.path}:33: found {cfg.compiler} with framework {name}, expected a node that can compile:"
-                    f" {needs} is not on PATH here")
+def combination_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
+    """(cause, message): why test t cannot run on any world, or None. The first of its
+    framework's, its parallel mode's, Adasum's and its aggregation's problems."""
+    for check in (framework_choice_problem, mode_problem, adasum_problem, aggregation_problem):
+        found = check(cfg, t)
+        if found:
+            return found
     return None
 
 
-def mode_problem(cfg: dat.Config, tests) -> str | None:
-    """Why line 37's parallel modes cannot run these tests, or None: a mode other than data
-    needs a framework with pipeline machinery and a model that is a chain of blocks in it
-    (frameworks.split_problem), no compiler on line 33 (not built with stages), and a
-    layout it can take (parallelism.resolve: P >= 2, mixed's STAGES dividing P, the
-    micro-batches cutting B x S evenly)."""
-    for t in tests:
-        if t.mode == "data":
-            continue
-        where = f"{cfg.path}:37: found {t.mode} (test {t.index}: {t.workload}, {t.framework}, P = {t.P}, B = {t.batch})"
-        why = frameworks.split_problem(t.framework, t.workload)
-        if why:
-            return f"{where}, expected data: {why}"
-        if t.precision == "fp16":
-            return (f"{where} with fp16 (line 17), expected data, or fp32 or bf16 on line 17: fp16's dynamic loss"
-                    " scaling is not yet carried through a pipeline's schedule")
-        if cfg.compiler != "none":
-            return (f"{where} with compiler {cfg.compiler} (line 33), expected data, or none on line 33: the"
-                    " compiler is not yet applied to a model cut into stages")
-        try:
-            parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
-        except ValueError as e:
-            return f"{where}, expected a mode this layout takes (lines 11 and 14): {e}"
+def _one_of(names) -> str:
+    """The accepted choices of a line, as a message's `expected` says them."""
+    names = list(names)
+    return names[0] if len(names) == 1 else "one of " + ", ".join(names)
+
+
+def framework_choice_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
+    """("framework", message) when t's framework lacks its workload's model
+    (frameworks.builds) or cannot carry a Table 2 choice of the input
+    (frameworks.UNSUPPORTED), or None."""
+    fw = t.framework
+    if not frameworks.builds(fw, t.workload):
+        built = [w for w in dat.KNOWN["workload"] if frameworks.builds(fw, w)]
+        return "framework", (f"{cfg.path}:7: found {t.workload!r} with framework {fw} (line 35), expected"
+                             f" {_one_of(built)}: the workloads whose model is built in {fw}")
+    refused = frameworks.UNSUPPORTED.get(fw, {})
+    for (field, value), why in refused.items():
+        if getattr(cfg, field) == value:
+            accepted = [v for v in dat.KNOWN[field] if (field, v) not in refused]
+            return "framework", (f"{cfg.path}:{dat.LINE_OF[field]}: found {value!r} with framework {fw} (line 35),"
+                                 f" expected {_one_of(accepted)}: {why}")
+    return None
+
+
+def mode_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
+    """Why t's parallel mode (line 37) cannot run, or None: ("mode", ...) on P = 1, first, as
+    schema 2.8 counted it; else ("split", ...): a mode other than data needs a framework with
+    pipeline machinery and a model that is a chain of blocks in it (frameworks.split_problem),
+    no fp16, no compiler on line 33 (not built with stages), and a P and B it can take
+    (parallelism.resolve: mixed's STAGES dividing P, the micro-batches cutting B x S evenly),
+    each message naming the lines whose values meet in it."""
+    if t.mode == "data":
+        return None
+    found = f"{cfg.path}:37: found {t.mode!r} with"
+    try:
+        parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
+        unfit = None
+    except parallelism.Unfit as e:
+        unfit = e
+    if unfit and t.P == 1:
+        return "mode", f"{found} P = 1 (line 11), expected {unfit.expected}: {unfit.why}"
+    why = frameworks.split_problem(t.framework, t.workload)
+    if why:
+        other = (f"framework {t.framework} (line 35)" if t.framework in frameworks.NO_PIPELINE
+                 else f"workload {t.workload} (line 7)")
+        return "split", f"{found} {other}, expected data: {why}"
+    if t.precision == "fp16":
+        return "split", (f"{found} precision fp16 (line 17), expected data, or fp32 or bf16 on line 17: fp16's dynamic"
+                         " loss scaling is not yet carried through a pipeline's schedule")
+    if cfg.compiler != "none":
+        return "split", (f"{found} compiler {cfg.compiler} (line 33), expected data, or none on line 33: the compiler"
+                         " is not yet applied to a model cut into stages")
+    if unfit:
+        values = f"P = {t.P} (line 11)" + (f" and B = {t.batch} (line 14)" if unfit.batch else "")
+        return "split", f"{found} {values}, expected {unfit.expected}: {unfit.why}"
+    return None
+
+
+def adasum_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
+    """("adasum", ...) when line 22 is Adasum and t's P is not a power of 2: Horovod's
+    Adasum reduces a job's ranks in pairs (it raises NotImplementedError at the first step)."""
+    if cfg.allreduce != "adasum" or not t.P & (t.P - 1):
+        return None
+    others = [a for a in dat.KNOWN["allreduce"] if a != "adasum"]
+    return "adasum", (f"{cfg.path}:22: found 'adasum' with P = {t.P} (line 11), expected {_one_of(others)}, or P a"
+                      " power of 2: Horovod's Adasum reduces a job's ranks in pairs")
+
+
+def aggregation_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
+    """("aggregation", ...) when t's workload does not define line 24's aggregation."""
+    supported = workloads.get(t.workload).AGGREGATIONS
+    if cfg.aggregation in supported:
+        return None
+    return "aggregation", (f"{cfg.path}:24: found {cfg.aggregation!r} with workload {t.workload} (line 7), expected"
+                           f" {_one_of(supported)}: the aggregations {t.workload} defines")
+
+
+def framework_problem(cfg: dat.Config) -> str | None:
+    """Why a framework of line 35 cannot train on this rank's node, or None: its packages
+    not installed here (frameworks.missing: found without importing them, so that a refused
+    input costs no framework's start-up), line 33's compiler without the C++ compiler it
+    builds with (frameworks.compiler_missing). What a framework cannot carry on any node is
+    each test's (framework_choice_problem)."""
+    for name in cfg.frameworks:
+        gone = frameworks.missing(name)
+        if gone:
+            return (f"{cfg.path}:35: found {name!r}, expected a framework installed on every node:"
+                    f" {', '.join(gone)} cannot be imported on this rank's node (README.md, Frameworks)")
+        needs = frameworks.compiler_missing(name, cfg.compiler)
+        if needs:
+            return (f"{cfg.path}:33: found {cfg.compiler!r} with framework {name} (line 35), expected none, or a"
+                    f" node that can compile: {needs} is not on PATH on this rank's node")
     return None
 
 
@@ -206,8 +273,8 @@ def results_dir_problem(cfg: dat.Config) -> str | None:
         files.atomic_write(probe, "")
         os.unlink(probe)
     except OSError as e:
-        return (f"{cfg.path}:5: found results directory {cfg.results_dir!r} ({e.strerror or e}), "
-                "expected a directory that can be made and written")
+        return (f"{cfg.path}:5: found {cfg.results_dir!r}, expected a results directory that can be made and"
+                f" written: {e.strerror or e}")
     return None
 
 
@@ -220,7 +287,9 @@ def load(world, cfg: dat.Config) -> dict:
         node = topology.node_comm(world)
         try:
             datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
-                                                       node.rank, node.Barrier), f"{cfg.path}:8: workload {name}")
+                                                       node.rank, node.Barrier),
+                               f"{cfg.path}:8: found {cfg.dataset.text!r} with workload {name} (line 7), expected a"
+                               f" dataset {name} can read")
         finally:
             node.Free()
     return datas
@@ -240,21 +309,16 @@ def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
     return replace(p, division=verdict, open_reasons=tuple(reasons), model_deviations=deviations)
 
 
-def check_allreduce(cfg: dat.Config, planned) -> None:
-    """Line 22 against lines 11 and 21, before any data is read. Adasum and the torus are
+def check_allreduce(cfg: dat.Config) -> None:
+    """Line 21 against line 22, before any data is read. Adasum and the torus are
     reductions of their own, which int8 communication (an all-gather, then the average)
-    replaces: one or the other. Horovod's Adasum reduces ranks in pairs: a job's P must be
-    a power of 2 (it raises NotImplementedError at the first step otherwise)."""
+    replaces: one or the other. Both lines hold one value, so every test has both: the
+    input is refused whole (Adasum's P, a value of the sweep, is each test's: adasum_problem)."""
     if cfg.allreduce in ("adasum", "torus") and cfg.comm_precision == "int8":
-        raise RunError(f"{cfg.path}:21-22: found int8 communication with {cfg.allreduce}, expected one of them:"
-                       f" int8's exchange all-gathers and averages, {cfg.allreduce} is a reduction of its own")
-    if cfg.allreduce != "adasum":
-        return
-    for p in planned:
-        P = p.test.P
-        if P & (P - 1):
-            raise RunError(f"{cfg.path}:22: found adasum with P={P} (line 11), expected P a power of 2: Horovod's"
-                           " Adasum reduces a job's ranks in pairs")
+        others = [c for c in dat.KNOWN["comm_precision"] if c != "int8"]
+        raise RunError(f"{cfg.path}:21: found 'int8' with all-reduce {cfg.allreduce} (line 22), expected"
+                       f" {_one_of(others)}: int8's exchange all-gathers and averages, {cfg.allreduce} is a"
+                       " reduction of its own")
 
 
 def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hosts) -> str | None:
@@ -279,21 +343,29 @@ def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hos
                 key = (node_of_rank[r], local[r] % gpus_of_rank[r])
                 if key in seen:
                     node = hosts[key[0]]
-                    return (f"{cfg.path}:11: found P = {p.layout.P} (test {p.test.index}, job {j}) with world ranks"
-                            f" {seen[key]} and {r} both on GPU {key[1]} of {node} ({gpus_of_rank[r]} GPU(s) there for"
-                            f" its {node_of_rank.count(key[0])} ranks), expected each rank of a PyTorch job on a GPU"
-                            f" of its own: NCCL refuses two ranks of one communicator on one GPU; start at most"
-                            f" {gpus_of_rank[r]} rank(s) a node on {node}, or P = 1 there")
+                    return (f"{cfg.path}:11: found '{p.layout.P}' (test {p.test.index}'s P) with world ranks"
+                            f" {seen[key]} and {r} of job {j} both on GPU {key[1]} of {node} ({gpus_of_rank[r]} GPU(s)"
+                            f" there for its {node_of_rank.count(key[0])} ranks), expected each rank of a PyTorch job"
+                            f" on a GPU of its own: NCCL refuses two ranks of one communicator on one GPU; start at"
+                            f" most {gpus_of_rank[r]} rank(s) a node on {node}, or P = 1 there")
                 seen[key] = r
     return None
 
 
-def check_batches(cfg: dat.Config, planned, datas: dict) -> None:
+def batches(cfg: dat.Config, planned, skipped, datas: dict) -> tuple[tuple, tuple]:
+    """(planned, skipped) with the tests whose job's step (P x B samples) exceeds their
+    workload's training set moved to skipped ("batch"); RunError when none is left (runnable)."""
+    fits, more = [], []
     for p in planned:
         t, n = p.test, datas[p.test.workload].n_train
         if n < t.P * t.batch:
-            raise RunError(f"{cfg.path}:14: found B={t.batch}, expected at most {n // t.P} with P={t.P}: "
-                           f"{t.workload} has {n} training samples and a job's step takes P x B")
+            more.append(Skipped(t, f"{cfg.path}:14: found '{t.batch}' with P = {t.P} (line 11), expected at most"
+                                   f" {n // t.P}: {t.workload} has {n} training samples and a job's step takes P x B",
+                                "batch"))
+        else:
+            fits.append(p)
+    runnable(fits, [*skipped, *more])
+    return tuple(fits), tuple(sorted([*skipped, *more], key=lambda s: s.test.index))
 
 
 def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> results.Record:

@@ -191,17 +191,17 @@ def skipped_line(index: int, reason: str) -> str:
 def footer(tests: list[results.TestResult], skipped: list[dict], summary: list[str],
            interrupted: bool = False) -> str:
     """The counts, then `summary` (summary_lines: scaling and the paper's experiments).
-    `skipped`: results.Record.skipped; each counted under its cause (a record of schema
-    2.7 or before has none: then every skip was a layout larger than the run)."""
+    `skipped`: results.Record.skipped; each counted under its cause, a line a cause
+    (results.SKIP_CAUSES; "ranks" always, as every report has said it; a record of schema
+    2.7 or before has no cause: then every skip was a layout larger than the run)."""
     passed = sum(t.consistency["passed"] for t in tests)
     closed = sum(t.division == "closed" for t in tests)
-    by_mode = sum(s.get("cause") == "mode" for s in skipped)
+    causes = Counter(s.get("cause", "ranks") for s in skipped)
     lines = ["", f"Finished {len(tests):6d} tests with the following results:",
              f"         {passed:6d} tests completed and passed consistency checks,",
              f"         {len(tests) - passed:6d} tests completed and failed consistency checks,",
-             f"         {len(skipped) - by_mode:6d} tests skipped because they need more ranks than the run has.",
-             *([f"         {by_mode:6d} tests skipped because their parallel mode (line 37) needs P >= 2."]
-               if by_mode else []),
+             *[f"         {causes[cause]:6d} tests skipped because {why}."
+               for cause, why in results.SKIP_CAUSES.items() if cause == "ranks" or causes[cause]],
              f"         {closed:6d} tests closed (ranking results), {len(tests) - closed} open (see their Division"
              " lines).", THIN,
              *summary, "End of Tests." if not interrupted else "Tests interrupted.", RULE]

@@ -35,7 +35,24 @@ SCHEMA = "2.9"   # 2.2: TestResult.higher_is_better; the control plane's timings
                  #   (framework, mode, repetition, earlier invocation), its T/V columns fit the code,
                  #   every Scaling line names its framework, the Parallel modes block reads its
                  #   figures anew (report.row, report.summary_lines, experiments.mode_lines)
+                 #   Record.skipped[].cause may also be "framework", "split", "adasum", "aggregation" or
+                 #   "batch" (SKIP_CAUSES: a test the sweep's cross product forces that cannot run is skipped,
+                 #   no longer refused whole); skipped[].reason is the located `FILE:LINE: found ...` message
 
+
+# Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
+# those tests ("N tests skipped because ..."), in the footer's order. "ranks" and "mode" word
+# it as schema 2.8 reports did, so that --verify renders their footers alike (harness/plan.py
+# decides each test's cause).
+SKIP_CAUSES = {
+    "ranks": "they need more ranks than the run has",
+    "mode": "their parallel mode (line 37) needs P >= 2",
+    "framework": "their framework (line 35) cannot carry them (lines 7, 22, 33)",
+    "split": "their parallel mode (line 37) cannot run with their other values",
+    "adasum": "Adasum (line 22) needs P a power of 2",
+    "aggregation": "their workload lacks line 24's aggregation",
+    "batch": "P x B (lines 11, 14) exceeds their training set",
+}
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
 ERROR_PREFIX = "error: "       # an `interrupted` reason that begins so: the run stopped on an error (a failed run)

@@ -169,7 +169,7 @@ def sharing(nodes: Nodes) -> list[str]:
                          f"{'' if len(members) == 1 else ' (' + nodes.hosts[members[0]] + '...)'}: ranks shared"
                          " cores; a test with idle ranks gives its ranks more than the share the kernels ran with")
     if nodes.widened:
-        lines.append(f"Bindings widened: ranks {_ranges(nodes.widened)} were bound by their nodes' launchers to cores"
+        lines.append(f"Bindings widened: ranks {ranges(nodes.widened)} were bound by their nodes' launchers to cores"
                      " that ranks of another node on the same machine were bound to (MPI's busy polling then makes"
                      " no progress); each now runs on every core of its machine")
     return lines
@@ -250,14 +250,15 @@ def describe(layout: Layout, nodes: Nodes) -> list[str]:
     lines = []
     for j, ranks in enumerate(layout.jobs):
         hosts = sorted({nodes.hosts[nodes.node_of_rank[r]] for r in ranks})
-        lines.append(f"job {j:4d} : ranks {_ranges(ranks)} on {len(hosts)} node(s) {','.join(hosts)}")
+        lines.append(f"job {j:4d} : ranks {ranges(ranks)} on {len(hosts)} node(s) {','.join(hosts)}")
     if layout.idle:
-        lines.append(f"idle     : ranks {_ranges(layout.idle)}")
+        lines.append(f"idle     : ranks {ranges(layout.idle)}")
     return lines
 
 
-def _ranges(ranks) -> str:
-    """[0,1,2,5] -> '0-2,5' so that maps stay readable at thousands of ranks."""
+def ranges(ranks) -> str:
+    """[0,1,2,5] -> '0-2,5' so that maps stay readable at thousands of ranks (and lists of tests at
+    thousands of tests: harness/plan.py)."""
     out, ranks = [], sorted(ranks)
     start = prev = ranks[0]
     for r in ranks[1:] + [None]:

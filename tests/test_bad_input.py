@@ -8,9 +8,12 @@ any more) and command-line misuse.
 
 Cases whose exact message tests/test_dat.py asserts (line 17 'fp64', line 18 'rmsprop',
 line 27 '101') are not repeated here."""
+import re
+
 import pytest
 
-from harness import dat, driver
+from harness import dat, driver, frameworks, plan
+from harness.errors import RunError
 from tests.conftest import ROOT, dat_text, mpirun
 
 LINES = {  # line -> (bad value, what the message must show)
@@ -75,6 +78,98 @@ def test_bad_input_file(tmp_path, make, expect):
     msg = str(info.value)
     assert msg.startswith(f"{path}:") and "\n" not in msg, msg
     assert f"{path}{expect}" in msg, msg
+
+
+# ------------------------------------------------------------------ one format for every refusal of a line
+FORMAT = re.compile(r"^[^:\s]+\.dat:\d+(-\d+)?: found '[^']*'.*, expected .+")
+
+
+def _refusal(edits: dict) -> str:
+    """What the input file `edits` makes of the shipped one is told, in-process: the parser,
+    then the plan's checks of the input on a world of 4 ranks (as plan.make runs them before
+    the data); '' when they pass."""
+    try:
+        cfg = dat.parse_text(_lines(edits), "bad.dat")
+        plan.check_allreduce(cfg)
+        plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])
+    except (dat.DatError, RunError) as e:
+        return str(e)
+    return ""
+
+
+PYTORCH_P2 = {9: 1, 10: 1, 11: 2, 35: "pytorch"}     # one base model of 2 ranks in PyTorch
+REFUSED = {  # id -> (edits, what the message must hold besides the format)
+    **{f"line{n}": ({n: value}, expect) for n, (value, expect) in LINES.items()},    # the parser's, each line
+    "line10-too-few-values": ({10: "1 2"}, "found 'Ms'"),
+    "jax-on-35": ({35: "jax"}, "bad.dat:35: found 'jax', expected a framework (tensorflow, pytorch)"),
+    "mixed-1": ({37: "mixed:1"}, "bad.dat:37: found 'mixed:1', expected a parallel mode (" + dat.parallelism.FORM),
+    "adasum-pytorch": ({22: "adasum", 35: "pytorch"}, "bad.dat:22: found 'adasum' with framework pytorch (line 35),"
+                       " expected ring: " + frameworks.UNSUPPORTED["pytorch"]["allreduce", "adasum"] + " (tests 1-3)"),
+    "xla-pytorch": ({33: "xla", 35: "pytorch"}, "bad.dat:33: found 'xla' with framework pytorch (line 35), expected"
+                    " one of none, inductor: "),
+    "int8-adasum": ({21: "int8", 22: "adasum"}, "bad.dat:21: found 'int8' with all-reduce adasum (line 22), expected"
+                    " one of fp32, fp16: "),
+    "adasum-p3": ({9: 1, 10: 1, 11: 3, 22: "adasum"}, "bad.dat:22: found 'adasum' with P = 3 (line 11), expected one"
+                  " of ring, hierarchical, torus, or P a power of 2: "),
+    "vote-ewa": ({7: "ewa", 8: "synthetic", 24: "vote"}, "bad.dat:24: found 'vote' with workload ewa (line 7),"
+                 " expected mean: the aggregations ewa defines (tests 1-3)"),
+    "layout-too-large": ({9: 1, 10: 3, 11: 2}, "bad.dat:10-11: found '3 x 2', expected M x P <= 4: M x P = 3 x 2 = 6"
+                         " exceeds the world size 4 (test 1)"),
+    # line 37 against the rest of its test: each names the lines whose values meet in it, and only those
+    "pipeline-p1-alone": ({9: 1, 10: 1, 11: 1, 35: "pytorch", 37: "pipeline"},
+                          "bad.dat:37: found 'pipeline' with P = 1 (line 11), expected data, or P >= 2: one rank holds"
+                          " the whole model; a split model needs a rank a stage (test 1)"),
+    "mixed-3-p4": ({**PYTORCH_P2, 11: 4, 37: "mixed:3"}, "bad.dat:37: found 'mixed:3' with P = 4 (line 11), expected"
+                   " mixed:STAGES with STAGES 2: STAGES must be at least 2 and divide P"),
+    "tensorflow-pipeline": ({**PYTORCH_P2, 35: "tensorflow", 37: "pipeline:4"},
+                            "bad.dat:37: found 'pipeline:4' with framework tensorflow (line 35), expected data: "
+                            + frameworks.NO_PIPELINE["tensorflow"]),
+    "ewa-pipeline": ({**PYTORCH_P2, 7: "ewa", 8: "synthetic", 37: "model"},
+                     "bad.dat:37: found 'model' with workload ewa (line 7), expected data: "),
+    "fp16-pipeline": ({**PYTORCH_P2, 17: "fp16", 37: "pipeline"}, "bad.dat:37: found 'pipeline' with precision fp16"
+                      " (line 17), expected data, or fp32 or bf16 on line 17: "),
+    "inductor-pipeline": ({**PYTORCH_P2, 33: "inductor", 37: "pipeline"}, "bad.dat:37: found 'pipeline' with compiler"
+                          " inductor (line 33), expected data, or none on line 33: "),
+    "1f1b-p4": ({**PYTORCH_P2, 11: 4, 37: "pipeline:2"}, "bad.dat:37: found 'pipeline:2' with P = 4 (line 11),"
+                " expected MICROBATCHES >= 4, or gpipe: 1F1B keeps every stage busy"),
+    "microbatches-b": ({**PYTORCH_P2, 37: "pipeline:3"}, "bad.dat:37: found 'pipeline:3' with P = 2 (line 11) and"
+                       " B = 32 (line 14), expected MICROBATCHES one of 2, 4, 8, 16, 32, 64: a pipeline of 2 stages"),
+}
+
+
+@pytest.mark.parametrize("edits,expect", REFUSED.values(), ids=REFUSED.keys())
+def test_every_refusal_of_a_line_is_file_line_found_quoted_expected(edits, expect):
+    """Issue 45: one format, `FILE:LINE: found 'X', expected Y`, the value quoted and Y what
+    the line accepts, from the parser and from the plan alike; no rank before it."""
+    msg = _refusal(edits)
+    assert FORMAT.match(msg) and "\n" not in msg, msg
+    assert expect in msg, msg
+
+
+def test_refusals_that_need_the_node_or_the_data_are_in_the_format_too(monkeypatch, tmp_path):
+    """The checks a run makes once it knows its nodes, their GPUs and installs, and the data."""
+    cfg = dat.parse_text(_lines({9: 2, 10: "2 1", 11: "1 2", 14: 60, 35: "pytorch"}), "bad.dat")
+    planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 1, 1])
+    (tmp_path / "file").write_text("")
+    messages = [plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [1, 1, 1, 1], ("n1", "n2")),
+                plan.results_dir_problem(dat.parse_text(_lines({5: tmp_path / "file" / "runs"}), "bad.dat"))]
+    with pytest.raises(RunError) as info:                  # 50 samples: B = 60 fits neither P
+        plan.batches(cfg, planned, (), {"digits": type("Data", (), {"n_train": 50})})
+    messages.append(str(info.value))
+    monkeypatch.setenv("CXX", "no-such-c++")
+    messages.append(plan.framework_problem(dat.parse_text(_lines({33: "inductor", 35: "pytorch"}), "bad.dat")))
+    monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
+    messages.append(plan.framework_problem(cfg))
+    monkeypatch.setattr(frameworks.pytorch_models, "BUILT", ("digits",))
+    messages.append(plan.framework_choice_problem(cfg, dat.Test(1, "ic", 1, 1, 32, "fp32", "pytorch"))[1])
+    for msg in messages:
+        assert FORMAT.match(msg) and "\n" not in msg, msg
+    assert messages[2] == ("bad.dat:14: found '60' with P = 1 (line 11), expected at most 50: digits has 50 training"
+                           " samples and a job's step takes P x B (test 1); bad.dat:14: found '60' with P = 2 (line"
+                           " 11), expected at most 25: digits has 50 training samples and a job's step takes P x B"
+                           " (test 2)")
+    assert messages[5] == ("bad.dat:7: found 'ic' with framework pytorch (line 35), expected digits: the workloads"
+                           " whose model is built in pytorch")
 
 
 # ------------------------------------------------------------------ the command line

@@ -204,7 +204,7 @@ COUNTS = [  # (changes, line of the error, offending token[, False: drop free te
 def test_count_disagrees_with_values(changes, line, token, free):
     err = fails(edit(changes, free=free), line, token)
     if token is None:
-        assert "found only " in str(err)
+        assert "the line holds only " in str(err)
 
 
 def test_count_message_says_both_numbers():

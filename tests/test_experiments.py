@@ -194,6 +194,14 @@ def test_the_footer_counts_each_skip_under_its_cause():
     old = report.footer([], skipped[2:], []).splitlines()
     assert old[4] == "              2 tests skipped because they need more ranks than the run has."
     assert "parallel mode" not in old[5]
+    # schema 2.9: a test the sweep forces that cannot run is skipped, each cause a line saying why, in one order
+    forced = [{"index": 6, "reason": "...", "cause": "split"}, {"index": 7, "reason": "...", "cause": "framework"},
+              {"index": 8, "reason": "...", "cause": "split"}, {"index": 9, "reason": "...", "cause": "batch"}]
+    assert report.footer([], forced, []).splitlines()[4:8] == [
+        "              0 tests skipped because they need more ranks than the run has.",
+        "              1 tests skipped because their framework (line 35) cannot carry them (lines 7, 22, 33).",
+        "              2 tests skipped because their parallel mode (line 37) cannot run with their other values.",
+        "              1 tests skipped because P x B (lines 11, 14) exceeds their training set."]
 
 
 def test_a_huge_ratio_keeps_its_column():

@@ -25,7 +25,8 @@ def test_parse(token, mode):
                                        ("model:gpipe", "no parameters"), ("pipeline:0", "'0'"),
                                        ("pipeline:8:2", "at most 1"), ("mixed", "without its STAGES"),
                                        ("mixed:gpipe", "without its STAGES"), ("mixed:2:4:6", "at most 2"),
-                                       ("pipeline:-1", "'-1'"), ("pipeline::4", "''")])
+                                       ("pipeline:-1", "'-1'"), ("pipeline::4", "''"),
+                                       ("mixed:1", "STAGES must be at least 2"), ("mixed:1:4:gpipe", "at least 2")])
 def test_parse_refuses(token, why):
     with pytest.raises(ValueError, match=why):
         parse(token)
@@ -61,6 +62,28 @@ def test_resolve():
 def test_resolve_refuses(mode, P, B, why):
     with pytest.raises(ValueError, match=why):
         resolve(parse(mode), P, B)
+
+
+@pytest.mark.parametrize("mode,P,B,expected,batch", [
+    ("model", 1, 32, "data, or P >= 2", False),
+    ("mixed:3", 4, 32, "mixed:STAGES with STAGES 2", False),              # 2 divides 4 into 2 replicas; 3 does not
+    ("mixed:3:24", 8, 32, "mixed:STAGES with STAGES 2 or 4", False),
+    ("mixed:2", 2, 32, "pipeline or model", False),                        # no STAGES leaves two replicas of 2 ranks
+    ("pipeline:2", 4, 32, "MICROBATCHES >= 4, or gpipe", False),
+    ("pipeline:3", 2, 32, "MICROBATCHES one of 2, 4, 8, 16, 32, 64", True),   # divisors of 64, at least S = 2 (1F1B)
+    ("pipeline:4:gpipe", 2, 3, "MICROBATCHES one of 1, 2, 3, 6", True),       # GPipe takes fewer than S
+])
+def test_resolve_says_what_would_fit(mode, P, B, expected, batch):
+    """What the caller tells the user the line accepts, and whether B (line 14) plays a part."""
+    with pytest.raises(parallelism.Unfit) as info:
+        resolve(parse(mode), P, B)
+    assert (info.value.expected, info.value.batch) == (expected, batch)
+
+
+def test_the_grammar_is_what_the_parser_takes():
+    """Line 37's text (the shipped file's and the parser's message) says STAGES >= 2, as parse holds."""
+    assert "STAGES >= 2" in parallelism.FORM and "MICROBATCHES >= 1" in parallelism.FORM
+    assert parse("mixed:2").stages == 2 and parse("pipeline:1").microbatches == 1
 
 
 @pytest.mark.parametrize("mode,P,B,code", [("data", 4, 32, ""), ("model", 2, 32, "MP"), ("pipeline", 2, 32, "PP8"),

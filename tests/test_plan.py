@@ -16,45 +16,51 @@ def test_layouts_skip_what_does_not_fit_the_world_as_hpl_does():
     planned, skipped = plan.layouts(CFG, dat.expand(CFG), 2, [0, 0])
     assert [p.test.index for p in planned] == [1, 2]
     assert [s.test.index for s in skipped] == [3]
-    assert (skipped[0].reason, skipped[0].cause) == ("M x P = 4 x 1 = 4 exceeds the world size 2", "ranks")
+    assert (skipped[0].reason, skipped[0].cause) == (
+        "x.dat:10-11: found '4 x 1', expected M x P <= 2: M x P = 4 x 1 = 4 exceeds the world size 2", "ranks")
     assert planned[0].warnings == ("M x P = 1 < world size 2: 1 rank(s) idle in this test",)
     assert planned[1].layout.jobs == ((0,), (1,))
 
 
 def test_no_layout_that_fits_is_an_error_naming_the_lines():
     cfg = dat.parse_text(dat_text(l9=1, l10=3, l11=2), "x.dat")
-    with pytest.raises(RunError, match=r"x.dat:10-11: found no layout that fits 4 rank\(s\) \(M x P = 3 x 2 = 6 "
-                                       r"exceeds the world size 4\), expected M x P <= 4"):
+    with pytest.raises(RunError, match=r"^x.dat:10-11: found '3 x 2', expected M x P <= 4: M x P = 3 x 2 = 6 exceeds"
+                                       r" the world size 4 \(test 1\)$"):
         plan.layouts(cfg, dat.expand(cfg), 4, [0] * 4)
 
 
 def test_aggregation_must_be_one_the_workload_defines():
-    plan.check_aggregations(dat.parse_text(dat_text(l7="ewa"), "x.dat"))  # mean: fine
-    with pytest.raises(RunError, match=r"x.dat:24: found 'vote', expected an aggregation that workload ewa defines \(mean\)"):
-        plan.check_aggregations(dat.parse_text(dat_text(l7="ewa", l24="vote"), "x.dat"))
+    """Line 24 holds one aggregation for every workload of line 7: a workload that lacks it
+    skips its tests, the others run; with no other workload, nothing runs."""
+    cfg = dat.parse_text(dat_text(l6=2, l7="digits ewa", l8="synthetic", l9=1, l10=1, l11=1, l24="vote"), "x.dat")
+    planned, skipped = plan.layouts(cfg, dat.expand(cfg), 1, [0])
+    assert [p.test.workload for p in planned] == ["digits"]
+    assert [(s.test.index, s.cause, s.reason) for s in skipped] == [
+        (2, "aggregation", "x.dat:24: found 'vote' with workload ewa (line 7), expected mean: the aggregations ewa"
+                           " defines")]
+    assert plan.aggregation_problem(dat.parse_text(dat_text(l7="ewa"), "x.dat"), planned[0].test) is None  # mean
+    with pytest.raises(RunError, match=r"^x.dat:24: found 'vote' with workload ewa \(line 7\), expected mean: the"
+                                       r" aggregations ewa defines \(test 2\)$"):
+        plan.layouts(dataclasses.replace(cfg, workloads=("ewa",)), [skipped[0].test], 1, [0])
 
 
 def test_adasum_needs_a_power_of_two_ranks_per_job_and_int8_goes_alone():
-    for ps, fine in (("1 2 4", True), ("1 3", False)):
-        cfg = dat.parse_text(dat_text(l9=len(ps.split()), l10=" ".join("1" for _ in ps.split()), l11=ps,
-                                      l22="adasum"), "x.dat")
-        planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])
-        if fine:
-            plan.check_allreduce(cfg, planned)
-        else:
-            with pytest.raises(RunError, match=r"x.dat:22: found adasum with P=3 \(line 11\), expected P a power"
-                                               r" of 2: Horovod's Adasum reduces a job's ranks in pairs"):
-                plan.check_allreduce(cfg, planned)
-    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l21="int8", l22="adasum"), "x.dat")
-    with pytest.raises(RunError, match=r"x.dat:21-22: found int8 communication with adasum, expected one of them"):
-        plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
-    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=3), "x.dat")       # ring: any P
-    plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
-    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=3, l22="torus"), "x.dat")       # torus: any P (grid)
-    plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
-    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l21="int8", l22="torus"), "x.dat")
-    with pytest.raises(RunError, match=r"x.dat:21-22: found int8 communication with torus, expected one of them"):
-        plan.check_allreduce(cfg, plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[0])
+    """Adasum with a P of the sweep that is not a power of 2: that test skipped; int8 with
+    Adasum or the torus (two lines of one value each): the input refused."""
+    cfg = dat.parse_text(dat_text(l9=3, l10="1 1 1", l11="1 2 3", l22="adasum"), "x.dat")
+    planned, skipped = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])
+    assert [p.test.P for p in planned] == [1, 2]
+    assert [(s.test.index, s.cause, s.reason) for s in skipped] == [
+        (3, "adasum", "x.dat:22: found 'adasum' with P = 3 (line 11), expected one of ring, hierarchical, torus, or P"
+                      " a power of 2: Horovod's Adasum reduces a job's ranks in pairs")]
+    for reduction in ("adasum", "torus"):
+        with pytest.raises(RunError, match=rf"^x.dat:21: found 'int8' with all-reduce {reduction} \(line 22\),"
+                                           r" expected one of fp32, fp16: int8's exchange all-gathers and averages"):
+            plan.check_allreduce(dat.parse_text(dat_text(l21="int8", l22=reduction), "x.dat"))
+    for line22 in ("ring", "torus", "hierarchical"):                 # any P
+        cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=3, l22=line22), "x.dat")
+        plan.check_allreduce(cfg)
+        assert plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 0, 0])[1] == ()
 
 
 def test_lr_scale_is_p_but_for_adasum():
@@ -69,54 +75,68 @@ class _Data:
 
 
 def test_batch_must_fit_the_training_set_with_p_ranks():
-    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l14=50), "x.dat")
-    planned, _ = plan.layouts(cfg, dat.expand(cfg), 2, [0, 0])
-    plan.check_batches(cfg, planned, {"digits": _Data()})  # 2 x 50 = 100: one step
-    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l14=51), "x.dat")
-    planned, _ = plan.layouts(cfg, dat.expand(cfg), 2, [0, 0])
-    with pytest.raises(RunError, match=r"x.dat:14: found B=51, expected at most 50 with P=2"):
-        plan.check_batches(cfg, planned, {"digits": _Data()})
+    """A job's step takes P x B samples: 2 x 50 = 100 fits 100 samples; 2 x 51 does not, and
+    that test is skipped while the one of P = 1 runs; with nothing left, refused."""
+    cfg = dat.parse_text(dat_text(l9=2, l10="1 1", l11="1 2", l13=2, l14="50 51"), "x.dat")
+    every, _ = plan.layouts(cfg, dat.expand(cfg), 2, [0, 0])
+    planned, skipped = plan.batches(cfg, every, (), {"digits": _Data()})
+    assert [(p.test.P, p.test.batch) for p in planned] == [(1, 50), (1, 51), (2, 50)]
+    assert [(s.test.index, s.cause, s.reason) for s in skipped] == [
+        (4, "batch", "x.dat:14: found '51' with P = 2 (line 11), expected at most 50: digits has 100 training samples"
+                     " and a job's step takes P x B")]
+    with pytest.raises(RunError, match=r"^x.dat:14: found '51' with P = 2 \(line 11\), expected at most 50: .*"
+                                       r" \(test 4\)$"):
+        plan.batches(cfg, every[3:], (), {"digits": _Data()})
 
 
 def test_results_directory_must_be_writable(tmp_path):
     (tmp_path / "file").write_text("")
     cfg = dat.parse_text(dat_text(l5=str(tmp_path / "file" / "runs")), "x.dat")
-    assert plan.results_dir_problem(cfg).startswith(f"x.dat:5: found results directory '{tmp_path}/file/runs'")
+    assert plan.results_dir_problem(cfg) == (f"x.dat:5: found '{tmp_path}/file/runs', expected a results directory"
+                                             f" that can be made and written: {tmp_path}/file is not a directory")
     cfg = dat.parse_text(dat_text(l5=str(tmp_path / "new" / "runs")), "x.dat")
     assert plan.results_dir_problem(cfg) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made, the probe removed
 
 
 def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeypatch):
-    """Line 35: a framework whose packages this node cannot import, that lacks a
-    workload's model, or cannot carry a Table 2 choice, is refused naming the line, the
-    framework and what is missing."""
+    """Line 35: a framework that lacks a workload's model, or cannot carry a Table 2 choice,
+    skips those tests (each test's framework: framework_choice_problem), naming the line, the
+    framework and what that line accepts there; one whose packages this node cannot import,
+    or whose compiler it lacks, is refused (the node's: framework_problem)."""
     from harness import frameworks
     cfg = dat.parse_text(dat_text(l34=2, l35="tensorflow pytorch"), "x.dat")
     assert plan.framework_problem(cfg) is None        # torch and TensorFlow are in the suite's venv
-    ewa = dat.parse_text(dat_text(l7="ewa", l34=2, l35="tensorflow pytorch"), "x.dat")
-    assert plan.framework_problem(ewa) is None        # every workload is built in both
+    ewa = dat.parse_text(dat_text(l7="ewa", l8="synthetic", l34=2, l35="tensorflow pytorch"), "x.dat")
+    tf_ewa, pt_ewa = dat.expand(ewa)[:2]
+    assert plan.framework_choice_problem(ewa, pt_ewa) is None        # every workload is built in both
     monkeypatch.setattr(frameworks.pytorch_models, "BUILT", ("digits", "ic"))   # a framework still being built
-    assert plan.framework_problem(ewa) == ("x.dat:7: found workload ewa with framework pytorch (line 35), expected a"
-                                           " workload whose model is built in pytorch (digits, ic)")
-    assert plan.framework_problem(dataclasses.replace(ewa, frameworks=("tensorflow",))) is None
+    assert plan.framework_choice_problem(ewa, pt_ewa) == ("framework", (
+        "x.dat:7: found 'ewa' with framework pytorch (line 35), expected one of digits, ic: the workloads whose model"
+        " is built in pytorch"))
+    assert plan.framework_choice_problem(ewa, tf_ewa) is None
     monkeypatch.undo()
-    adasum = dat.parse_text(dat_text(l22="adasum", l35="pytorch"), "x.dat")
-    assert plan.framework_problem(adasum) == ("x.dat:22: found adasum with framework pytorch (line 35), expected"
-                                              " another choice: " + frameworks.UNSUPPORTED["pytorch"]["allreduce",
-                                                                                                    "adasum"])
+    adasum = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l22="adasum", l34=2, l35="tensorflow pytorch"), "x.dat")
+    planned, skipped = plan.layouts(adasum, dat.expand(adasum), 2, [0, 0])    # TensorFlow's test runs
+    assert [p.test.framework for p in planned] == ["tensorflow"]
+    assert [(s.test.index, s.cause, s.reason) for s in skipped] == [(2, "framework", (
+        "x.dat:22: found 'adasum' with framework pytorch (line 35), expected ring: "
+        + frameworks.UNSUPPORTED["pytorch"]["allreduce", "adasum"]))]
+    assert plan.framework_choice_problem(dataclasses.replace(adasum, allreduce="ring", compiler="inductor"),
+                                         planned[0].test)[1].startswith(
+        "x.dat:33: found 'inductor' with framework tensorflow (line 35), expected one of none, xla: ")
     compiled = dat.parse_text(dat_text(l33="inductor", l35="pytorch"), "x.dat")
     assert plan.framework_problem(compiled) is None                     # g++ on PATH here
     monkeypatch.setenv("CXX", "no-such-c++")
     assert plan.framework_problem(compiled) == (
-        "x.dat:33: found inductor with framework pytorch, expected a node that can compile: no-such-c++"
-        " (TorchInductor's C++ compiler: $CXX, else g++) is not on PATH here")
+        "x.dat:33: found 'inductor' with framework pytorch (line 35), expected none, or a node that can compile:"
+        " no-such-c++ (TorchInductor's C++ compiler: $CXX, else g++) is not on PATH on this rank's node")
     assert frameworks.compiler_missing("pytorch", "none") is None and frameworks.compiler_missing("tensorflow", "xla") is None
     monkeypatch.delenv("CXX")
     monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
-    assert plan.framework_problem(cfg) == ("x.dat:35: found pytorch, expected a framework installed on this node:"
-                                           " torch (requirements-pytorch.txt) cannot be imported here (README.md,"
-                                           " Frameworks)")
+    assert plan.framework_problem(cfg) == ("x.dat:35: found 'pytorch', expected a framework installed on every node:"
+                                           " torch (requirements-pytorch.txt) cannot be imported on this rank's node"
+                                           " (README.md, Frameworks)")
     assert frameworks.missing("tensorflow") == []
 
 
@@ -130,9 +150,9 @@ def test_a_pytorch_job_needs_a_gpu_a_rank():
     planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 1, 1])
     hosts = ("n1", "n2")
     assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [1, 1, 2, 2], hosts) == (
-        "x.dat:11: found P = 2 (test 2, job 0) with world ranks 0 and 1 both on GPU 0 of n1 (1 GPU(s) there for its 2"
-        " ranks), expected each rank of a PyTorch job on a GPU of its own: NCCL refuses two ranks of one communicator"
-        " on one GPU; start at most 1 rank(s) a node on n1, or P = 1 there")
+        "x.dat:11: found '2' (test 2's P) with world ranks 0 and 1 of job 0 both on GPU 0 of n1 (1 GPU(s) there for"
+        " its 2 ranks), expected each rank of a PyTorch job on a GPU of its own: NCCL refuses two ranks of one"
+        " communicator on one GPU; start at most 1 rank(s) a node on n1, or P = 1 there")
     assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [2, 2, 2, 2], hosts) is None
     assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [0, 0, 0, 0], hosts) is None
     assert plan.shared_gpu_problem(cfg, planned[:1], (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None   # 2 x 1 only
@@ -146,36 +166,65 @@ def test_a_pytorch_job_needs_a_gpu_a_rank():
 
 
 def test_a_parallel_mode_needs_pytorch_a_chain_and_a_layout_it_takes(monkeypatch):
-    """Line 37: model, pipeline and mixed are refused with TensorFlow, with ewa, with a
-    compiler, on a layout they cannot take, and for a model not yet cut into stages;
-    data always passes. Each message names line 37, the test and why."""
+    """Line 37: model, pipeline and mixed cannot run with TensorFlow, with ewa, with fp16,
+    with a compiler, on a P or B they cannot take, or for a model not yet cut into stages;
+    data always can. Each message names line 37, the values of the other lines that meet
+    in it (and no other line), and what line 37 accepts there."""
     from harness import frameworks
     cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l35="pytorch", l36=2, l37="data pipeline:4"), "x.dat")
-    tests = dat.expand(cfg)
+    data, pipe = dat.expand(cfg)
     monkeypatch.setattr(frameworks.pytorch_models, "SPLIT", ("digits",))
-    assert plan.mode_problem(cfg, tests) is None                    # 32 x 2 = 64 samples in 4 micro-batches
-    tf = [dataclasses.replace(t, framework="tensorflow") for t in tests]
-    assert plan.mode_problem(cfg, tf) == (
-        "x.dat:37: found pipeline:4 (test 2: digits, tensorflow, P = 2, B = 32), expected data: "
-        + frameworks.split_problem("tensorflow", "digits"))
+    assert plan.mode_problem(cfg, data) is None and plan.mode_problem(cfg, pipe) is None   # 64 samples in 4
+    at = "x.dat:37: found 'pipeline:4' with"
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, framework="tensorflow")) == ("split", (
+        f"{at} framework tensorflow (line 35), expected data: " + frameworks.split_problem("tensorflow", "digits")))
     assert "name pytorch on line 35" in frameworks.split_problem("tensorflow", "digits")
-    ewa = [dataclasses.replace(t, workload="ewa") for t in tests]
-    assert plan.mode_problem(cfg, ewa).endswith("expected data: " + frameworks.UNSPLIT["ewa"])
-    assert plan.mode_problem(cfg, [dataclasses.replace(t, workload="ic") for t in tests]) == (
-        "x.dat:37: found pipeline:4 (test 2: ic, pytorch, P = 2, B = 32), expected data: ic's PyTorch model is not"
-        " yet cut into stages (cut so far: digits)")
-    # P = 1 with a split mode: skipped, as a layout that does not fit (a sweep of Ps and modes runs what applies)
-    ones = dat.parse_text(dat_text(l9=2, l10="1 1", l11="1 2", l35="pytorch", l36=2, l37="data pipeline:4"), "x.dat")
-    planned, skipped = plan.layouts(ones, dat.expand(ones), 4, [0, 0, 0, 0])
-    assert [(p.test.P, p.test.mode) for p in planned] == [(1, "data"), (2, "data"), (2, "pipeline:4")]
-    assert [(s.test.index, s.reason, s.cause) for s in skipped] == [
-        (2, "P = 1 holds the whole model on one rank: line 37's pipeline:4 needs P >= 2", "mode")]
-    assert "expected a mode this layout takes (lines 11 and 14): pipeline:4 with P = 2, B = 3: a pipeline of 2 stages" \
-        " trains B x 2 = 6 samples a step, which 4 micro-batches" in plan.mode_problem(
-            cfg, [dataclasses.replace(t, batch=3) for t in tests])
-    assert "with compiler inductor (line 33), expected data, or none on line 33" in plan.mode_problem(
-        dataclasses.replace(cfg, compiler="inductor"), tests)
-    assert plan.mode_problem(cfg, [t for t in tests if t.mode == "data"]) is None
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, workload="ewa")) == ("split", (
+        f"{at} workload ewa (line 7), expected data: " + frameworks.UNSPLIT["ewa"]))
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, workload="ic")) == ("split", (
+        f"{at} workload ic (line 7), expected data: ic's PyTorch model is not yet cut into stages (cut so far:"
+        " digits)"))
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, batch=3)) == ("split", (
+        f"{at} P = 2 (line 11) and B = 3 (line 14), expected MICROBATCHES one of 2, 3, 6: a pipeline of 2 stages"
+        " trains B x 2 = 6 samples a step, which 4 micro-batches do not cut evenly"))
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, P=8)) == ("split", (       # B plays no part: no line 14
+        f"{at} P = 8 (line 11), expected MICROBATCHES >= 8, or gpipe: 1F1B keeps every stage busy only with at least"
+        " as many micro-batches as stages (4 < 8)"))
+    assert plan.mode_problem(dataclasses.replace(cfg, compiler="inductor"), pipe) == ("split", (
+        f"{at} compiler inductor (line 33), expected data, or none on line 33: the compiler is not yet applied to a"
+        " model cut into stages"))
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, precision="fp16"))[1].startswith(
+        f"{at} precision fp16 (line 17), expected data, or fp32 or bf16 on line 17: ")
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, P=4, mode="mixed:3")) == ("split", (
+        "x.dat:37: found 'mixed:3' with P = 4 (line 11), expected mixed:STAGES with STAGES 2: STAGES must be at least"
+        " 2 and divide P with at least two replicas of each stage (STAGES = P is pipeline)"))
+    # P = 1 first, whatever else the test holds: schema 2.8's cause of its own
+    assert plan.mode_problem(cfg, dataclasses.replace(pipe, P=1, framework="tensorflow")) == ("mode", (
+        f"{at} P = 1 (line 11), expected data, or P >= 2: one rank holds the whole model; a split model needs a rank"
+        " a stage"))
+
+
+def test_tests_the_sweep_forces_that_cannot_run_are_skipped_the_rest_run():
+    """Issue 45: lines 11, 35 and 37 sweep as a cross product, so Ps `1 2` x `tensorflow
+    pytorch` x `data pipeline:4` holds TensorFlow's pipeline and P = 1's: those three are
+    skipped with their reasons and causes, the other five run; --check lists them."""
+    cfg = dat.parse_text(dat_text(l9=2, l10="1 1", l11="1 2", l34=2, l35="tensorflow pytorch", l36=2,
+                                  l37="data pipeline:4"), "x.dat")
+    planned, skipped = plan.layouts(cfg, dat.expand(cfg), 2, [0, 0])
+    assert [(p.test.index, p.test.P, p.test.framework, p.test.mode) for p in planned] == [
+        (1, 1, "tensorflow", "data"), (3, 1, "pytorch", "data"), (5, 2, "tensorflow", "data"),
+        (7, 2, "pytorch", "data"), (8, 2, "pytorch", "pipeline:4")]
+    one = ("x.dat:37: found 'pipeline:4' with P = 1 (line 11), expected data, or P >= 2: one rank holds the whole"
+           " model; a split model needs a rank a stage")
+    from harness import frameworks
+    assert [(s.test.index, s.cause, s.reason) for s in skipped] == [
+        (2, "mode", one), (4, "mode", one),
+        (6, "split", "x.dat:37: found 'pipeline:4' with framework tensorflow (line 35), expected data: "
+                     + frameworks.NO_PIPELINE["tensorflow"])]
+    text = plan.describe(plan.Plan(cfg, {}, (), skipped, (), topology.Nodes((0, 0), ("h",), 0, 2), {}, None), 2)
+    assert text[-3:] == [f"test 2: skipped, {one}", f"test 4: skipped, {one}", f"test 6: skipped, {skipped[2].reason}"]
+    from harness import results
+    assert {s.cause for s in skipped} <= set(results.SKIP_CAUSES)
 
 
 def test_check_describes_skipped_tests():
@@ -184,20 +233,28 @@ def test_check_describes_skipped_tests():
     p = plan.Plan(CFG, {}, planned, skipped, (), nodes, {}, None)
     text = "\n".join(plan.describe(p, 2))
     assert "x.dat: valid. 2 test(s) on 2 rank(s), 1 node(s):" in text
-    assert "test 3: skipped, M x P = 4 x 1 = 4 exceeds the world size 2" in text
+    assert "test 3: skipped, x.dat:10-11: found '4 x 1', expected M x P <= 2: M x P = 4 x 1 = 4 exceeds the world" \
+        " size 2" in text
 
 
-# Each of these passed --check and failed only once the nodes were allocated, before.
+# Each of these passed --check and failed only once the nodes were allocated, before. Each input's
+# every test cannot run: refused, with one message in the format, and no rank before it.
 @pytest.mark.parametrize("lines,message", [
     ({"l7": "ewa", "l8": "synthetic:10:64", "l24": "vote"},
-     ":24: found 'vote', expected an aggregation that workload ewa defines (mean)"),
-    ({"l7": "ic", "l8": "embedded"}, ":8: workload ic: ic: there is no embedded data set"),
-    ({"l14": 5000}, ":14: found B=5000, expected at most 1438 with P=1"),
-    ({"l28": "STAGE_UNDER_FILE"}, ":28: staging directory"),
-    ({"l35": "pytorch", "l22": "adasum"}, ":22: found adasum with framework pytorch (line 35), expected another"),
-    ({"l11": 2, "l37": "pipeline"}, ":37: found pipeline (test 1: digits, tensorflow, P = 2, B = 32), expected data:"
+     ":24: found 'vote' with workload ewa (line 7), expected mean: the aggregations ewa defines (test 1)"),
+    ({"l7": "ic", "l8": "embedded"}, ":8: found 'embedded' with workload ic (line 7), expected a dataset ic can read:"
+                                     " ic: there is no embedded data set"),
+    ({"l14": 5000}, ":14: found '5000' with P = 1 (line 11), expected at most 1438: digits has"),
+    ({"l28": "STAGE_UNDER_FILE"}, ":28: found '"),
+    ({"l35": "pytorch", "l22": "adasum"}, ":22: found 'adasum' with framework pytorch (line 35), expected ring: "),
+    ({"l11": 2, "l37": "pipeline"}, ":37: found 'pipeline' with framework tensorflow (line 35), expected data:"
                                    " TensorFlow 2 has no pipeline-parallel machinery"),
-], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file", "pytorch-adasum", "tensorflow-pipeline"])
+    ({"l9": 2, "l10": "1 1", "l11": "1 2", "l37": "pipeline"},     # two reasons, one message
+     ":37: found 'pipeline' with P = 1 (line 11), expected data, or P >= 2: one rank holds the whole model; a split"
+     " model needs a rank a stage (test 1); PATH:37: found 'pipeline' with framework tensorflow (line 35), expected"
+     " data: TensorFlow 2 has no pipeline-parallel machinery"),
+], ids=["ewa-vote", "ic-embedded", "batch-5000", "staging-under-a-file", "pytorch-adasum", "tensorflow-pipeline",
+        "nothing-runs"])
 def test_check_refuses_what_a_run_refuses(tmp_path, lines, message):
     (tmp_path / "file").write_text("")
     lines = {k: (str(tmp_path / "file" / "stage") if v == "STAGE_UNDER_FILE" else v) for k, v in lines.items()}
@@ -206,8 +263,28 @@ def test_check_refuses_what_a_run_refuses(tmp_path, lines, message):
     p = mpirun(2, ["--check", str(path)], tmp_path, timeout=120)
     assert p.returncode == 1, p.stderr[-2000:]
     assert p.stderr.count("hpcai500: error:") == 1, p.stderr[-2000:]
-    assert f"in.dat{message}" in p.stderr, p.stderr[-2000:]
+    assert f"hpcai500: error: {path}{message.replace('PATH', str(path))}" in p.stderr, p.stderr[-2000:]
     assert "valid." not in p.stdout and "Traceback" not in p.stderr
+
+
+def test_check_skips_the_tests_the_sweep_forces_and_passes(tmp_path):
+    """Issue 45, under mpirun: Ps `1 2` x `tensorflow pytorch` x `data pipeline:4` on 2 ranks
+    (refused whole before) is valid: 5 tests, and TensorFlow's pipeline and P = 1's skipped,
+    each with its line's message; exit status 0, nothing on stderr said as an error."""
+    path = tmp_path / "in.dat"
+    path.write_text(dat_text(l5=str(tmp_path / "runs"), l9=2, l10="1 1", l11="1 2", l30=0, l34=2,
+                             l35="tensorflow pytorch", l36=2, l37="data pipeline:4"))
+    p = mpirun(2, ["--check", str(path)], tmp_path, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"{path}: valid. 5 test(s) on 2 rank(s), 1 node(s):" in p.stdout, p.stdout[-3000:]
+    one = f"{path}:37: found 'pipeline:4' with P = 1 (line 11), expected data, or P >= 2: one rank holds the whole"
+    skipped = [ln for ln in p.stdout.splitlines() if ": skipped, " in ln]
+    assert [ln.split(",")[0] for ln in skipped] == ["test 2: skipped", "test 4: skipped", "test 6: skipped"], skipped
+    assert skipped[0].startswith(f"test 2: skipped, {one}") and skipped[1].startswith(f"test 4: skipped, {one}")
+    assert skipped[2].startswith(f"test 6: skipped, {path}:37: found 'pipeline:4' with framework tensorflow (line 35),"
+                                 " expected data: TensorFlow 2 has no pipeline-parallel machinery")
+    assert "parallel mode pipeline:4: 2 stages, 4 micro-batches of 16 on 1F1B" in p.stdout     # test 8 runs
+    assert "hpcai500: error" not in p.stderr and "Traceback" not in p.stderr
 
 
 def test_a_run_refuses_with_the_same_message_as_check(tmp_path):

@@ -63,16 +63,20 @@ UNSUPPORTED = {"pytorch": {
     ("compiler", "inductor"): "torch.compile (TorchInductor) is PyTorch's compiler; TensorFlow's is line 33's xla"}}
 
 
-# Why a workload's model cannot be cut into stages (line 37's model, pipeline and mixed modes).
+# Why a framework cannot cut any model into stages (line 37's model, pipeline and mixed modes).
+NO_PIPELINE = {"tensorflow": "TensorFlow 2 has no pipeline-parallel machinery (a home-made one would be a toy);"
+                             " PyTorch's torch.distributed.pipelining carries the model, pipeline and mixed modes:"
+                             " name pytorch on line 35"}
+# Why a workload's model cannot be cut into stages.
 UNSPLIT = {"ewa": "ewa's Faster-RCNN is not a chain of layers: the RPN's proposals and the backbone's features"
                   " meet again in the ROI head, with the proposals' NMS on the host between them"}
 
 
 def split_problem(framework: str, workload: str) -> str | None:
-    """Why `workload`'s model cannot train cut into stages in `framework`, or None."""
-    if framework == "tensorflow":
-        return ("TensorFlow 2 has no pipeline-parallel machinery (a home-made one would be a toy); PyTorch's"
-                " torch.distributed.pipelining carries the model, pipeline and mixed modes: name pytorch on line 35")
+    """Why `workload`'s model cannot train cut into stages in `framework`, or None (the
+    framework's reason first: NO_PIPELINE; then the workload's)."""
+    if framework in NO_PIPELINE:
+        return NO_PIPELINE[framework]
     if workload in UNSPLIT:
         return UNSPLIT[workload]
     if workload not in pytorch_models.SPLIT:
@@ -84,10 +88,6 @@ def split_problem(framework: str, workload: str) -> str | None:
 def builds(framework: str, workload: str) -> bool:
     """Whether `workload`'s model is built in `framework` (TensorFlow: every workload)."""
     return framework == "tensorflow" or workload in pytorch_models.BUILT
-
-
-def built_workloads(framework: str) -> str:
-    return "every workload" if framework == "tensorflow" else ", ".join(pytorch_models.BUILT)
 
 
 def missing(name: str) -> list[str]:
