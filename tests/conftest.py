@@ -110,6 +110,18 @@ def result(**fields):
     return TestResult(**{**base, **fields})
 
 
+def record(status="running", tests=(), interrupted=None, reps=2, skipped=1):
+    """A hand-made results.Record for the pure readers of a whole run (heartbeat's judgment,
+    verify's counts): the shipped sweep (3 tests) with `reps` repetitions, `skipped` tests
+    skipped: (3 - skipped) x reps test runs planned."""
+    from harness import dat, results
+    text = dat_text(l27=reps)
+    cfg = dat.parse_text(text)
+    return results.Record("0.2", "runs/x", {"path": "x.dat", "sha256": results.sha256(text), "text": text},
+                          dat.record(cfg), {}, {}, [], {}, status=status, tests=list(tests),
+                          interrupted=interrupted, skipped=[{"index": 3, "reason": "r"}] * skipped)
+
+
 @pytest.fixture
 def run_dat(tmp_path):
     """Write a dat file in tmp_path (results under tmp_path/runs) and run it.
