@@ -194,6 +194,12 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     report = (run / "report.txt").read_text()
     assert f"Interrupted: {sig} received during test 2" in report and report.rstrip().endswith("=" * 80)
     assert "Tests interrupted." in report
+    # what it finished verifies, but it is no result to submit: --verify's own exit status
+    code, out = _status("--verify", run)
+    last = out.rstrip().splitlines()[-1]
+    assert code == 2 and "...... FAILED" not in out, out[-3000:]
+    assert f"(interrupted: {sig} received during test 2; 1 of 2 test run(s) finished): " in last, last
+    assert last.endswith(" 0 failed ...... INCOMPLETE"), last
 
 
 # What a test proves is the harness's (heartbeat, resume, telemetry, idle ranks), the same
@@ -256,6 +262,8 @@ def test_a_job_killed_at_once_is_told_dead_and_resumes(tmp_path):
         out.rstrip().endswith("that process is gone; status left `running`; 1 of 2 test run(s) finished"), out
     code, out = _status("--summarize", run)
     assert code == 0 and f"{run.name:<24} dead: not running: last heartbeat at " in out, out
+    code, out = _status("--verify", run)        # test 1 verifies; the run is no result to submit
+    assert code == 2 and "...... FAILED" not in out and "Incomplete run: results.json says `running`" in out, out
     _resume(cmd, env, tmp_path, run, res)
     assert _status("--status", run) == (0, f"{run}: complete: every test PASSED; 2 of 2 test run(s) finished\n")
 
