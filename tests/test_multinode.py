@@ -112,7 +112,7 @@ def test_verify_rederives_the_multinode_run_and_its_mllog(two_node_sweep):
 def test_pmap_keeps_a_job_inside_a_node_or_spans_the_nodes(cluster, tmp_path, pmap, expect):
     (tmp_path / "m.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=2, l11=2, l12=pmap, l22="torus",
                                              l30=0))
-    p = cluster_mpirun(cluster, TWO_BY_TWO, ["--check", tmp_path / "m.dat"], tmp_path, timeout=180)
+    p = cluster_mpirun(cluster, TWO_BY_TWO, ["--check", tmp_path / "m.dat"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [line.strip() for line in p.stdout.splitlines()]
     assert all(e in lines for e in expect), p.stdout
@@ -408,7 +408,7 @@ def torus_checks(cluster, tmp_path_factory):
     """The 2D-torus average on 4 ranks, 2 on each of 2 nodes, against Horovod's ring."""
     tmp = tmp_path_factory.mktemp("torus")
     (tmp / "torus.py").write_text(f"ROOT = {str(ROOT)!r}\n" + TORUS_SCRIPT)
-    p = cluster_mpirun(cluster, TWO_BY_TWO, [], tmp, timeout=150, program=(str(tmp / "torus.py"),))
+    p = cluster_mpirun(cluster, TWO_BY_TWO, [], tmp, program=(str(tmp / "torus.py"),))
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(next(line for line in p.stdout.splitlines() if line.startswith("OUT="))[4:])
 

@@ -108,7 +108,7 @@ def _check_mllogs(results_dir, n_files, epochs, tests):
 
 
 def test_check_prints_the_map_without_training(run_dat, tmp_path):
-    p = run_dat(2, ["--check"], l9=3, l10="0 0 1", l11="1 2 1", l30=0, timeout=120)
+    p = run_dat(2, ["--check"], l9=3, l10="0 0 1", l11="1 2 1", l30=0)
     assert p.returncode == 0, p.stderr
     maps = p.stdout.split("\ntest ")[1:]
     assert len(maps) == 3, p.stdout
@@ -126,7 +126,7 @@ def test_no_layout_that_fits_stops_every_rank_with_one_message(run_dat, tmp_path
     misuse (tests/test_bad_input.py); data, aggregation, staging, batch, with --check and
     a run (tests/test_plan.py); an agreed data error on every workload
     (tests/test_workload_cache.py)."""
-    p = run_dat(2, timeout=120, l9=1, l10=3, l11=2, l30=0)
+    p = run_dat(2, l9=1, l10=3, l11=2, l30=0)
     assert p.returncode == 1, (p.returncode, p.stderr[-2000:])
     assert p.stderr.count("hpcai500: error:") == 1, p.stderr[-2000:]  # printed once, by rank 0
     assert "test.dat:10-11: found no layout that fits 2 rank(s) (M x P = 3 x 2 = 6 exceeds the world size 2)" \
@@ -147,7 +147,7 @@ def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, fault, expect, fra
     """No rank may be left blocked in a collective when its partner dies: Horovod's
     all-reduce (a rank raising or killed in training), the harness's evaluation reduction
     (PyTorch's job), the micro-kernels' barrier."""
-    p = run_dat(2, timeout=120, env={"HPCAI500_FAULT": fault}, l9=1, l10=1, l11=2, l15=1,
+    p = run_dat(2, env={"HPCAI500_FAULT": fault}, l9=1, l10=1, l11=2, l15=1,
                 l30=int(fault.endswith("roofline")), l35=framework)
     assert p.returncode != 0
     if expect:   # a raise: where it was raised, in the failing rank's traceback
@@ -338,7 +338,7 @@ WATCHDOG = 30
 def test_watchdog_aborts_a_job_stuck_in_a_collective(run_dat, tmp_path):
     """Rank 1 stops making progress (alive, not dead): rank 0 waits in Horovod's
     all-reduce; the watchdog turns that silent hang into an abort naming the phase."""
-    p = run_dat(2, ["--watchdog", str(WATCHDOG)], timeout=300, env={"HPCAI500_FAULT": "1:5:hang"},
+    p = run_dat(2, ["--watchdog", str(WATCHDOG)], env={"HPCAI500_FAULT": "1:5:hang"},
                 l9=1, l10=1, l11=2, l15=2, l30=0)
     assert p.returncode != 0
     assert "no progress for" in p.stderr and "during training, test 1" in p.stderr, p.stderr[-2000:]
@@ -354,7 +354,7 @@ def test_watchdog_spares_ranks_that_wait_for_other_jobs(run_dat, tmp_path):
     is the harness's, whatever the framework."""
     from harness import fault
     enough = WATCHDOG * 1.25     # past the limit and the watchdog's next look (every limit / 4)
-    p = run_dat(2, ["--watchdog", str(WATCHDOG)], timeout=300, env={"HPCAI500_FAULT": "0:0:slow"}, l9=1, l10=1,
+    p = run_dat(2, ["--watchdog", str(WATCHDOG)], env={"HPCAI500_FAULT": "0:0:slow"}, l9=1, l10=1,
                 l11=1, l14=24, l15=3, l30=0, l31=0, **HARNESS_ONLY)   # the idle rank waits in one go
     assert p.returncode == 0, p.stderr[-2000:]
     assert "no progress" not in p.stderr
