@@ -87,7 +87,8 @@ def parse_args(argv):
                         " run in it) side by side")
     p.add_argument("--verify", metavar="RUN",
                    help="re-derive every figure of the run RUN (runs/<id>) from results.json and its MLLOG files"
-                        " and print one PASSED/FAILED line per check; exit status 0 only if all pass")
+                        " and print one PASSED/FAILED line per check; exit status 0 only if all pass on a complete"
+                        " run, 1 a check failed (or not a run), 2 all passed but the run is incomplete")
     p.add_argument("--status", metavar="RUN",
                    help="one line on the run RUN (runs/<id>; a results directory: its newest run): its state, the test"
                         " runs finished of those planned, why, its last heartbeat; exit status 0 only for a run"

@@ -21,10 +21,13 @@ figure and both values (the recorded one and the re-derived one), then the count
                  configuration, settings and model deviations
     exchange     each job's gradient exchange: lines 21-22 and the torus's grid drawn
                  again from the recorded node map (harness/communication.py)
+    test runs    finished = planned for a complete run (<= for one that stopped early)
 
 Pure functions over a loaded run (`Run`); the file reading (and the MLLOG checker,
-which reads its files) is in `load`, the printing in `main`. Exit status 0 only if
-every check passes.
+which reads its files) is in `load`, the printing in `main`. Exit status (EXIT): 0 only
+if every check passes on a complete run; 1 a check failed (or not a run); 2 every check
+passed, but the run is not complete (running, interrupted, stopped on an error, dead):
+its finished test runs verify, but they are not a whole result to submit.
 """
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ from harness.errors import say
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
 MAX_DIFFS = 5  # report.txt lines shown per block that differs
 MLLOG_TOKEN = ":::MLLOG "
+# the exit status per outcome (README): a failed check wins over an incomplete run, which is
+# still checked as far as it got; 1 is also every command's error (not a run)
+EXIT = {"PASSED": 0, "FAILED": 1, "INCOMPLETE": 2}
 
 
 class NotARun(ValueError):
@@ -140,6 +146,7 @@ def verify(run: Run) -> list[Check]:
         c, d = _guarded(_name(t), lambda t=t: test_checks(t, cfg, res))
         checks += c
         derived.append(d)
+    checks.append(count_check(res))
     checks += _guarded("repetition summaries", lambda: (repeats_checks(res, cfg), None))[0]
     checks += _guarded("scaling", lambda: (scaling_checks(res.tests, derived, run.report, res.schema), None))[0]
     checks += _guarded("report.txt", lambda: (report_checks(res, cfg, run.report), None))[0]
@@ -448,6 +455,20 @@ def division_check(t: results.TestResult, cfg, values: dict, resumed: bool = Fal
                  verdict if ok else [verdict, reasons], note)
 
 
+def count_check(res: results.Record) -> Check:
+    """The test runs finished against those planned (heartbeat.planned_runs: the sweep's
+    tests that fit the world x the repetitions): all of them for a complete run (a test run
+    dropped from results.json and report.txt alike changes no other figure), at most all
+    for one that stopped early."""
+    finished, planned = len(res.tests), heartbeat.planned_runs(res)
+    complete = res.status == "complete"
+    ok = planned is not None and (finished == planned if complete else finished <= planned)
+    return Check(f"test runs finished {'=' if complete else '<='} those planned (the sweep's tests that fit the"
+                 " world x the repetitions)", ok,
+                 note=f"{finished} of {'?' if planned is None else planned}"
+                      + ("" if complete else f", the run `{res.status}`"))
+
+
 def repeats_checks(res: results.Record, cfg) -> list[Check]:
     """Each repetition summary recomputed (metrics.repeats); every test whose repetitions
     all finished has exactly one."""
@@ -625,9 +646,23 @@ def _show(v) -> str:
     return str(v)
 
 
+def outcome(checks: list[Check], status: str) -> str:
+    """EXIT's key for checks of a run whose results.json says `status`: a failed check
+    FAILED; else a run that is not `complete` INCOMPLETE: what it finished verifies, but a
+    submitter must not take it for a whole result."""
+    return "FAILED" if not all(c.ok for c in checks) else "PASSED" if status == "complete" else "INCOMPLETE"
+
+
+def incomplete_line(status: str) -> str | None:
+    """Why the checks do not make a result, for a run whose results.json says `status`
+    (None: complete). The state and the counts are the summary line's (heartbeat.State)."""
+    return None if status == "complete" else (f"Incomplete run: results.json says `{status}`, not `complete`:"
+                                              " the checks cover its finished test runs only; not a result to submit")
+
+
 # -- the command line ------------------------------------------------------------------------
 def main(run_dir: str, out=None) -> int:
-    """Print every check and the counts; 0 if all pass, 1 otherwise (or not a run)."""
+    """Print every check and the counts; the exit status is EXIT's (1 also: not a run)."""
     out = out or sys.stdout
     try:
         run = load(run_dir)
@@ -637,9 +672,12 @@ def main(run_dir: str, out=None) -> int:
         return 1
     for c in checks:
         print(c.line(), file=out)
+    incomplete = incomplete_line(run.res.status)
+    if incomplete:
+        print(incomplete, file=out)
     failed = sum(not c.ok for c in checks)
     state = heartbeat.status(run_dir, run.res)   # a `running` run: live, or dead with its status left so
+    verdict = outcome(checks, run.res.status)
     print(f"Verified {run_dir} ({state.line()}): {len(checks)}"
-          f" checks, {len(checks) - failed} passed, {failed} failed ...... {'PASSED' if not failed else 'FAILED'}",
-          file=out, flush=True)
-    return 0 if not failed else 1
+          f" checks, {len(checks) - failed} passed, {failed} failed ...... {verdict}", file=out, flush=True)
+    return EXIT[verdict]

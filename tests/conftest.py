@@ -22,6 +22,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 HPCAI500 = (str(ROOT / "hpcai500.py"),)
+# s a launch of ranks (a run, --check, a framework's program) may take before the test fails it as hung:
+# one hang bound, not a speed figure. A 2-rank --check or failing run took ~34 s here under a load of 8
+# on 2 cores, where bounds of 60-180 s left it 2-5 x; 300 s is ~10 x. Longer runs name their own.
+HANG = 300
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before any test imports TensorFlow
 
 
@@ -52,7 +56,7 @@ def mpirun_cmd(np_: int | None, args, program=HPCAI500) -> list[str]:
     return cmd if np_ is None else [str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), *cmd]
 
 
-def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = 300, quick: bool = True, *,
+def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = HANG, quick: bool = True, *,
            env: dict | None = None, program=HPCAI500) -> subprocess.CompletedProcess:
     """quick: the roofline micro-kernels at test sizes (the shipped-file test runs them full).
     env: extra environment variables; program: see mpirun_cmd."""
@@ -110,11 +114,23 @@ def result(**fields):
     return TestResult(**{**base, **fields})
 
 
+def record(status="running", tests=(), interrupted=None, reps=2, skipped=1):
+    """A hand-made results.Record for the pure readers of a whole run (heartbeat's judgment,
+    verify's counts): the shipped sweep (3 tests) with `reps` repetitions, `skipped` tests
+    skipped: (3 - skipped) x reps test runs planned."""
+    from harness import dat, results
+    text = dat_text(l27=reps)
+    cfg = dat.parse_text(text)
+    return results.Record("0.2", "runs/x", {"path": "x.dat", "sha256": results.sha256(text), "text": text},
+                          dat.record(cfg), {}, {}, [], {}, status=status, tests=list(tests),
+                          interrupted=interrupted, skipped=[{"index": 3, "reason": "r"}] * skipped)
+
+
 @pytest.fixture
 def run_dat(tmp_path):
     """Write a dat file in tmp_path (results under tmp_path/runs) and run it.
     env: extra environment variables of the run."""
-    def run(np_, extra_args=(), timeout=300, env=None, **lines):
+    def run(np_, extra_args=(), timeout=HANG, env=None, **lines):
         lines.setdefault("l5", str(tmp_path / "runs"))
         path = tmp_path / "test.dat"
         path.write_text(dat_text(**lines))
@@ -180,7 +196,7 @@ def cluster():
     c.down()
 
 
-def cluster_mpirun(c, hosts: str, args, cwd: Path, timeout: int = 300, env: dict | None = None,
+def cluster_mpirun(c, hosts: str, args, cwd: Path, timeout: int = HANG, env: dict | None = None,
                    popen: tuple | None = None, program=HPCAI500):
     """mpirun on this machine, as on a cluster's login node, launching hpcai500.py (or
     `program`) on the simulated nodes `hosts` (`n1:2,n2:2`) through Open MPI's ssh path.

@@ -26,7 +26,7 @@ def test_a_real_run_records_the_control_planes_figures(bagging_run):
     res = results(folder / "runs")
     (t,) = res["tests"]
     assert 0 < t["reduce_seconds"] < t["eval_seconds"]            # the reduction is part of the evaluation
-    assert 0 < t["gather_seconds"] < 60
+    assert 0 < t["gather_seconds"] < 60                            # a hang bound: a gather of 4 records takes ms
     assert 200 * 2**20 < t["rank0_peak_rss_bytes"] < 8 * 2**30   # TensorFlow is loaded on rank 0
     assert len(res["write_seconds"]) == len(res["tests"]) and res["write_seconds"][0] > 0
     s = res["environment"]["startup_seconds"]

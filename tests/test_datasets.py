@@ -297,8 +297,7 @@ def test_labels_outside_the_range_name_the_shard(tmp_path):
 def test_each_published_order_trains_with_no_setting(run_dat, tmp_path, order):
     write_set(tmp_path / "ew", order, years=(1998, 2000, 2001), images=4)
     # trained by PyTorch: the reader is the same for both frameworks (9 s alone with TensorFlow, 5.5 s)
-    p = run_dat(2, l7="ewa", l8=str(tmp_path / "ew"), l9=1, l10=2, l11=1, l14=2, l15=2, l30=0, l35="pytorch",
-                timeout=240)
+    p = run_dat(2, l7="ewa", l8=str(tmp_path / "ew"), l9=1, l10=2, l11=1, l14=2, l15=2, l30=0, l35="pytorch")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "...... PASSED" in p.stdout and "FAILED" not in p.stdout
     line = f"ewa: box rows read as ({', '.join(COLUMNS[order])}) = {order}, detected from 21 box rows of 3 files"

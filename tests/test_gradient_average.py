@@ -121,7 +121,7 @@ def train_checks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train_checks")
     script = tmp / "train_checks.py"
     script.write_text(SCRIPT)
-    p = mpirun(2, [], tmp, timeout=240, env={"ROOT": str(ROOT)}, program=(str(script),))
+    p = mpirun(2, [], tmp, env={"ROOT": str(ROOT)}, program=(str(script),))
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(next(l for l in p.stdout.splitlines() if l.startswith("OUT="))[4:])
 

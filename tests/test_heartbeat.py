@@ -13,19 +13,9 @@ import pytest
 
 from harness import dat, heartbeat, plan, results
 from harness.errors import RunError
-from tests.conftest import ROOT, dat_text, result
+from tests.conftest import ROOT, dat_text, record, result
 
 NOW = 1_800_000_000.0   # s since the epoch, the reader's clock in the pure cases
-
-
-def record(status="running", tests=(), interrupted=None, reps=2, skipped=1):
-    """The shipped sweep (3 tests) with `reps` repetitions, `skipped` tests skipped:
-    (3 - skipped) x reps test runs planned."""
-    text = dat_text(l27=reps)
-    cfg = dat.parse_text(text)
-    return results.Record("0.2", "runs/x", {"path": "x.dat", "sha256": results.sha256(text), "text": text},
-                          dat.record(cfg), {}, {}, [], {}, status=status, tests=list(tests),
-                          interrupted=interrupted, skipped=[{"index": 3, "reason": "r"}] * skipped)
 
 
 def beat(age, interval=5.0, **more):

@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402
 from harness.frameworks.tensorflow import flops, resnet  # noqa: E402
 from harness.frameworks.tensorflow import ic as tf_ic  # noqa: E402
 from harness.workloads import DataError, Dataset, ic, tfrecord  # noqa: E402
-from tests.conftest import results  # noqa: E402
+from tests.conftest import HANG, results  # noqa: E402
 
 # Hand-built data set: solid-colour JPEGs of assorted sizes, raw labels 1-based like
 # the common converter. Solid colours survive JPEG almost exactly, so a decoded pixel
@@ -248,7 +248,7 @@ def test_loading_leaves_tensorflow_unstarted(tmp_path):
             f"digits.load(Dataset.parse('embedded'), ''); ewa.load(Dataset.parse('synthetic:10:64'), {str(tmp_path)!r})\n"
             "tf.config.threading.set_intra_op_parallelism_threads(1)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=HANG)
     assert p.returncode == 0, p.stderr[-2000:]
 
 

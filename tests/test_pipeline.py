@@ -75,7 +75,7 @@ with open(f"{sys.argv[3]}/rank{world.rank}.json", "w") as f:   # a file a rank: 
 
 def test_one_step_of_a_split_model_is_the_unsplit_models_step(tmp_path):
     (tmp_path / "prog.py").write_text(PROGRAM)
-    p = mpirun(4, [tmp_path / "prog.py", ROOT, ",".join(MODES), tmp_path], tmp_path, timeout=240, program=())
+    p = mpirun(4, [tmp_path / "prog.py", ROOT, ",".join(MODES), tmp_path], tmp_path, program=())
     assert p.returncode == 0, p.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]

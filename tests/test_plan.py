@@ -260,7 +260,7 @@ def test_check_refuses_what_a_run_refuses(tmp_path, lines, message):
     lines = {k: (str(tmp_path / "file" / "stage") if v == "STAGE_UNDER_FILE" else v) for k, v in lines.items()}
     path = tmp_path / "in.dat"
     path.write_text(dat_text(l5=str(tmp_path / "runs"), **{"l9": 1, "l10": 1, "l11": 1, "l30": 0, **lines}))
-    p = mpirun(2, ["--check", str(path)], tmp_path, timeout=120)
+    p = mpirun(2, ["--check", str(path)], tmp_path)
     assert p.returncode == 1, p.stderr[-2000:]
     assert p.stderr.count("hpcai500: error:") == 1, p.stderr[-2000:]
     assert f"hpcai500: error: {path}{message.replace('PATH', str(path))}" in p.stderr, p.stderr[-2000:]
@@ -290,8 +290,8 @@ def test_check_skips_the_tests_the_sweep_forces_and_passes(tmp_path):
 def test_a_run_refuses_with_the_same_message_as_check(tmp_path):
     path = tmp_path / "in.dat"
     path.write_text(dat_text(l5=str(tmp_path / "runs"), l9=1, l10=1, l11=1, l14=5000, l30=0))
-    checked = mpirun(2, ["--check", str(path)], tmp_path, timeout=120)
-    ran = mpirun(2, [str(path)], tmp_path, timeout=120)
+    checked = mpirun(2, ["--check", str(path)], tmp_path)
+    ran = mpirun(2, [str(path)], tmp_path)
     assert ran.returncode == checked.returncode == 1
     said = [ln for ln in ran.stderr.splitlines() if "hpcai500: error:" in ln]
     assert said == [ln for ln in checked.stderr.splitlines() if "hpcai500: error:" in ln], (said, checked.stderr)

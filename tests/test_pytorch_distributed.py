@@ -52,7 +52,7 @@ def test_each_job_is_a_process_group_of_its_own_ranks_across_nodes(cluster, tmp_
     """2 simulated nodes x 2 ranks; job 0 = ranks 0 (n1, the root) and 2 (n2), job 1 =
     ranks 1 (n1) and 3 (n2): n2's ranks reach their roots' stores over the network."""
     (tmp_path / "prog.py").write_text(PROGRAM)
-    p = cluster_mpirun(cluster, "n1:2,n2:2", [tmp_path / "prog.py", ROOT], tmp_path, timeout=180, program=())
+    p = cluster_mpirun(cluster, "n1:2,n2:2", [tmp_path / "prog.py", ROOT], tmp_path, program=())
     assert p.returncode == 0, p.stderr[-3000:]
     ranks = sorted((json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == list(range(RANKS))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from harness import errors, fault
+from harness import errors, fault, watchdog
 from harness.errors import RunError, agree, first_failure
 from harness.watchdog import Watchdog
 
@@ -34,13 +34,35 @@ def test_watchdog_fires_with_rank_and_phase_when_nothing_beats(capsys):
     assert "during training, test 2 (watchdog limit 0.2 s); aborting the job" in err
 
 
-def test_watchdog_beats_keep_it_from_firing():
+class Clock:
+    """The watchdog's clock (harness.watchdog.time), moved only by the sleeps the test and
+    Watchdog.wait take: a beat's age is what the code under test made it. On the real
+    clock, a process held off the CPU for one limit (0.2 s: a loaded machine) would look
+    like a rank without progress. The watchdog's thread still looks on the real clock."""
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        time.sleep(seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(watchdog, "time", c)
+    return c
+
+
+def test_watchdog_beats_keep_it_from_firing(clock):
     abort = Aborted()
     dog = Watchdog(0.2, 0, abort).start()                 # looks every 0.05 s
-    end = time.monotonic() + 1.0                          # five limits' worth of beating
-    while time.monotonic() < end:
+    for _ in range(50):                                   # 1 s: five limits' worth of beating
         dog.beat()
-        time.sleep(0.02)
+        clock.sleep(0.02)
     assert not abort.fired.is_set()
     dog.stop()
     dog._thread.join(10)
@@ -73,7 +95,7 @@ class FakeRequest:
         return self.calls >= self.n
 
 
-def test_wait_beats_while_waiting_so_a_long_wait_is_not_a_hang():
+def test_wait_beats_while_waiting_so_a_long_wait_is_not_a_hang(clock):
     abort = Aborted()
     dog = Watchdog(0.2, 1, abort).start()
     req = FakeRequest(40)                                 # 40 x 20 ms = 0.8 s at least: four limits

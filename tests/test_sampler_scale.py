@@ -30,7 +30,7 @@ if world.rank == 0:
 def _distribute(tmp_path, np_: int, n: int, M: int) -> list[dict]:
     script = tmp_path / "distribute.py"
     script.write_text(SCRIPT)
-    p = mpirun(np_, [ROOT, n, M], tmp_path, timeout=120, program=(str(script),))
+    p = mpirun(np_, [ROOT, n, M], tmp_path, program=(str(script),))
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

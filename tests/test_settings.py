@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from harness import settings
-from tests.conftest import BIN, ROOT, dat_text, mpi_env, mpirun, results
+from tests.conftest import BIN, HANG, ROOT, dat_text, mpi_env, mpirun, results
 
 
 def test_read_takes_the_set_settings_and_refuses_unknown_names():
@@ -109,7 +109,7 @@ def _mpmd(tmp_path, env0: dict, env1: dict, lines: dict):
     cmd = [str(BIN / "mpirun"), "--oversubscribe",
            "-np", "1", "env", *[f"{k}={v}" for k, v in env0.items()], *app, ":",
            "-np", "1", "env", *[f"{k}={v}" for k, v in env1.items()], *app]
-    return subprocess.run(cmd, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=180)
+    return subprocess.run(cmd, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=HANG)
 
 
 @pytest.mark.mpi
@@ -145,7 +145,7 @@ def test_an_unknown_setting_stops_every_rank_with_one_message(tmp_path):
     path.write_text(dat_text(l5=str(tmp_path / "runs")))
     os.environ["HPCAI500_IC_WIDHT"] = "8"
     try:
-        p = mpirun(2, ["--check", str(path)], tmp_path, timeout=60)
+        p = mpirun(2, ["--check", str(path)], tmp_path)
     finally:
         del os.environ["HPCAI500_IC_WIDHT"]
     assert p.returncode == 1 and p.stderr.count("hpcai500: error:") == 1, p.stderr[-2000:]

@@ -163,7 +163,7 @@ def test_run_trains_from_the_copy(sweep_runs):
 def test_unwritable_staging_directory_fails_before_training(run_dat, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = run_dat(2, l8=SYNTH, l9="1", l10="1", l11="1", l28=str(blocker / "stage"), l30="0", timeout=120)
+    r = run_dat(2, l8=SYNTH, l9="1", l10="1", l11="1", l28=str(blocker / "stage"), l30="0")
     assert r.returncode != 0
     assert ":28" in r.stderr and "not writable" in r.stderr and str(blocker) in r.stderr
     assert "Traceback" not in r.stderr
@@ -184,7 +184,7 @@ def tiny_disk(tmp_path):
 
 
 def test_full_disk_fails_the_test_cleanly(run_dat, tmp_path, tiny_disk):
-    r = run_dat(2, l8="synthetic:4000:8", l9="1", l10="2", l11="1", l15="1", l28=str(tiny_disk), l30="0", timeout=180)
+    r = run_dat(2, l8="synthetic:4000:8", l9="1", l10="2", l11="1", l15="1", l28=str(tiny_disk), l30="0")
     assert r.returncode != 0
     assert "disk full" in r.stderr and str(tiny_disk) in r.stderr and "Traceback" not in r.stderr
     assert list(tiny_disk.iterdir()) == []        # nothing half-written left behind

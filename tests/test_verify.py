@@ -11,11 +11,12 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from harness import flops, verify
-from tests.conftest import ROOT, mpi_env
+from harness import flops, heartbeat, results, verify
+from tests.conftest import ROOT, mpi_env, record, result
 
 
 # ---- flops.rule: Table 3 on hand-computed records, no TensorFlow ----------------------
@@ -93,6 +94,33 @@ def test_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys):
     assert err.out == "" and len(err.err.strip().splitlines()) == 1 and "not valid JSON" in err.err
     assert verify.main(str(tmp_path / "nowhere")) == 1
     assert "not a folder" in capsys.readouterr().err
+
+
+# ---- a run that did not complete: its own exit status (pure) ------------------------------
+
+def test_a_failed_check_wins_then_an_incomplete_run():
+    ok, bad = verify.Check("a", True), verify.Check("b", False)
+    cases = [([ok], "complete"), ([ok], "running"), ([ok], "interrupted"), ([ok, bad], "interrupted"),
+             ([ok, bad], "complete")]
+    assert [verify.outcome(c, s) for c, s in cases] == ["PASSED", "INCOMPLETE", "INCOMPLETE", "FAILED", "FAILED"]
+    assert verify.EXIT == {"PASSED": 0, "FAILED": 1, "INCOMPLETE": 2}
+    assert verify.incomplete_line("complete") is None
+    assert verify.incomplete_line("running") == ("Incomplete run: results.json says `running`, not `complete`: the"
+                                                 " checks cover its finished test runs only; not a result to submit")
+
+
+def test_test_runs_finished_are_counted_against_those_planned():
+    """The shipped sweep, test 3 skipped, 2 repetitions: 4 test runs planned."""
+    done = [result(index=i, repetition=r) for i in (1, 2) for r in (0, 1)]
+    what = ("test runs finished {} those planned (the sweep's tests that fit the world x the repetitions): {}"
+            " ...... {}")
+    assert verify.count_check(record("complete", done)).line() == what.format("=", "4 of 4", "PASSED")
+    # a test run dropped from a complete run's record (and its report) changes no other figure
+    assert verify.count_check(record("complete", done[:3])).line() == what.format("=", "3 of 4", "FAILED")
+    assert verify.count_check(record("interrupted", done[:1])).line() == \
+        what.format("<=", "1 of 4, the run `interrupted`", "PASSED")
+    assert verify.count_check(record("running", done + done[:1])).line() == \
+        what.format("<=", "5 of 4, the run `running`", "FAILED")
 
 
 # ---- a real run, and edits of it ------------------------------------------------------------
@@ -262,3 +290,47 @@ def test_a_test_record_missing_a_key_is_refused_naming_it(run_copy, capsys):
     _edit_results(run_copy, lambda r: r["tests"][0].update(flops="fast"))
     assert _verify(run_copy) == (1, [])
     assert capsys.readouterr().err.strip() == head + 'flops = "fast", expected float'
+
+
+def _stopped_early(run_dir, status, interrupted=None):
+    """The run's results.json saying `status` (and `interrupted`) where it said complete."""
+    _edit_results(run_dir, lambda r: r.update(status=status, interrupted=interrupted))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("alive", [False, True])
+def test_a_run_still_running_or_dead_verifies_as_incomplete(run_copy, alive):
+    """results.json left `running` and report.txt without its footer, as a run writes them
+    until it ends: its heartbeat's process gone (the real run's own stamp: dead), or this
+    process's fresh stamp (running). Every check passes on what is there, but the run is
+    not a result: exit status 2, a line saying so, the state and counts in the last line."""
+    report = run_copy / "report.txt"
+    text = report.read_text()
+    report.write_text(text[:text.index("\nFinished ")])    # the footer is written at the end only
+    _stopped_early(run_copy, "running")
+    assert (run_copy / heartbeat.NAME).is_file()
+    if alive:
+        (run_copy / heartbeat.NAME).write_text(json.dumps({**heartbeat.identity(), "time": time.time(),
+                                                            "interval": 5.0}))
+    status, out = _verify(run_copy)
+    assert status == 2, "\n".join(_failed(out))
+    assert not _failed(out)
+    assert out[-2] == verify.incomplete_line("running")
+    state = "running: last heartbeat at " if alive else "dead: not running: last heartbeat at "
+    assert out[-1].startswith(f"Verified {run_copy} ({state}") and "1 of 1 test run(s) finished): " in out[-1]
+    assert out[-1].endswith(" 0 failed ...... INCOMPLETE")
+    assert "test runs finished <= those planned (the sweep's tests that fit the world x the repetitions): 1 of 1," \
+           " the run `running` ...... PASSED" in out
+
+
+@pytest.mark.mpi
+def test_a_failed_run_with_a_failed_check_exits_1_and_still_says_incomplete(run_copy):
+    """A run stopped on an error after its test (results.ERROR_PREFIX) whose report.txt
+    still ends as a complete run's: the report's check fails, and a failed check wins."""
+    _stopped_early(run_copy, "interrupted", {"reason": results.ERROR_PREFIX + "staging: disk full", "test": None})
+    status, out = _verify(run_copy)
+    assert status == 1
+    assert _failed(out) and all(ln.startswith("report.txt line") for ln in _failed(out)), "\n".join(_failed(out))
+    assert out[-2] == verify.incomplete_line("interrupted")
+    assert out[-1].startswith(f"Verified {run_copy} (failed: error: staging: disk full; 1 of 1 test run(s)"
+                              " finished): ") and out[-1].endswith(" failed ...... FAILED")
