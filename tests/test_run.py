@@ -206,7 +206,7 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     code, out = _status("--verify", run)
     last = out.rstrip().splitlines()[-1]
     assert code == 2 and "...... FAILED" not in out, out[-3000:]
-    assert f"(interrupted: {sig} received during test 2; 1 of 2 test run(s) finished): " in last, last
+    assert f"(interrupted: {reason} during test 2; 1 of 2 test run(s) finished): " in last, last
     assert last.endswith(" 0 failed ...... INCOMPLETE"), last
 
 
