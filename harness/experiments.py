@@ -284,7 +284,7 @@ def reading(ts: tuple, data: TestResult | None) -> str:
         out.append(_why_data(ts, data) if best is data else _why_split(best, data))
     recipes = _normalised_over(ts)
     if recipes:
-        out.append(f"Not the same computation: batch norm normalises over {recipes} samples, so the modes' qualities"
+        out.append(f"Not the same computation: batch norm normalises over {recipes}, so the modes' qualities"
                    " compare their recipes as well as how the work is spread.")
     return " ".join(out)
 
@@ -333,14 +333,15 @@ def _why_data(ts: tuple, data: TestResult) -> str:
 
 def _normalised_over(ts: tuple) -> str | None:
     """Where the modes' recipes differ: the samples batch norm normalises over in each
-    (data: a rank's B; a split mode: its micro-batch), as 'data 32, model 128, ...', or
-    None when the model has no normalisation or every mode normalises over as many."""
+    (data: a rank's B; a split mode: its micro-batch), as '32 samples in data, 128 in
+    model, ...', or None when the model has no normalisation or every mode normalises
+    over as many."""
     if not any(t.flops_by_operator.get("normalization") for t in ts):
         return None
     over = {t.mode: t.B if t.pipeline is None else t.pipeline["microbatch"] for t in ts}
     if len(set(over.values())) < 2:
         return None
-    return ", ".join(f"{n} in {mode}" for mode, n in over.items())
+    return ", ".join(f"{n}{' samples' if k == 0 else ''} in {mode}" for k, (mode, n) in enumerate(over.items()))
 
 
 def _reading_2_8(ts: tuple, data: TestResult | None) -> str:

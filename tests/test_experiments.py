@@ -270,8 +270,8 @@ def test_modes_reading_follows_its_figures_where_they_do_not_explain_the_winner(
         " Not from these figures: it sent more (8.39 MB a step against 0.6 MB of gradients) and its stages idled"
         " 79 % of the schedule (theory 75 %); the lead comes from what the block does not measure (the speed of"
         " each stage's kernels on its batch against the whole model's on B)."
-        " Not the same computation: batch norm normalises over 32 in data, 128 in model, 8 in pipeline:4, 16 in"
-        " mixed:2 samples, so the modes' qualities compare their recipes as well as how the work is spread.")
+        " Not the same computation: batch norm normalises over 32 samples in data, 128 in model, 8 in pipeline:4,"
+        " 16 in mixed:2, so the modes' qualities compare their recipes as well as how the work is spread.")
     # no normalisation in the model (or every mode over as many samples): the same computation, no such clause
     plain = [replace(t, flops_by_operator={"dense": 10}) for t in tests]
     assert "Not the same computation" not in _reading(experiments.mode_lines(plain))

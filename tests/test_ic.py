@@ -436,7 +436,9 @@ def test_ic_trains_under_mpirun(sweep_runs):
     assert [(t["workload"], t["index"], t["M"], t["P"]) for t in tests] == [("ic", 1, 2, 1), ("ic", 2, 1, 2)]
     for t in tests:
         assert t["consistency"]["passed"]
-        assert t["quality"] > 0.6          # measured 0.86 (M=2) and 0.80 (P=2); 10 classes: chance 0.1
+        # learnt: 10 classes, chance 0.1. Measured 0.86 (M=2) and 0.80 (P=2) on an Intel Xeon, 0.78 and
+        # 0.53 on an AMD EPYC (each the same on every run there: the CPU's kernels set the path)
+        assert t["quality"] > 0.3
     assert (folder / "runs" / ".data" / "ic-synthetic-320-32" / "hpcai500-ic.json").exists()
 
     # M=1, P=2 again, trained from a node-local copy (line 28): ic.stage writes it, both

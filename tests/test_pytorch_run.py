@@ -28,7 +28,13 @@ def _passes(folder, p, tests: int, tv="B32C32SRPT", quality: bool = True):
     epochs its Top-1 measured 0.18-0.70 at final losses of 0.13 (model mode, 4 stages),
     and 0.87-0.95 after 15."""
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.count("...... PASSED") == tests and "FAILED" not in p.stdout, p.stdout[-2000:]
+    (run,) = [d for d in folder.iterdir() if not d.name.startswith(".")]
+    report = (run / "report.txt").read_text()
+    assert report.count("...... PASSED") == tests and "FAILED" not in report, report[-2000:]
+    # stdout (line 4's device 6) is the same report as mpirun forwarded it: twice in one suite run a
+    # block's end was missing there (report.txt whole), not reproduced since; the first line that differs
+    differ = next((k for k, (a, b) in enumerate(zip(p.stdout.splitlines(), report.splitlines())) if a != b), None)
+    assert p.stdout == report, (differ, p.stdout.splitlines()[differ - 2:differ + 3] if differ else len(p.stdout))
     res = results(folder)
     assert len(res["tests"]) == tests
     assert res["environment"]["frameworks"] == ["pytorch"] and "tensorflow" not in res["environment"]
@@ -37,7 +43,6 @@ def _passes(folder, p, tests: int, tv="B32C32SRPT", quality: bool = True):
         assert t["framework"] == "pytorch" and t["consistency"]["passed"]
         learnt = t["quality"] > 0.5 or (t["P"] > 1 and max(t["final_loss"]) < 0.5)
         assert learnt or not quality, (t["index"], t["mode"], t["quality"], t["final_loss"])
-    (run,) = [d for d in folder.iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
     return res
@@ -144,8 +149,8 @@ def test_both_frameworks_side_by_side_in_one_sweep(tmp_path):
     assert p.stdout.count("...... PASSED") == 2
     # which framework trained a test: its block's first line and its progress lines say so (issue 45)
     assert [ln for ln in p.stdout.splitlines() if ln.startswith("Test ")] == ["Test 1 : tensorflow", "Test 2 : pytorch"]
-    assert "hpcai500: test 1/2 tensorflow M=1 P=1 B=32 : epoch 1/4" in p.stderr, p.stderr[-2000:]
-    assert "hpcai500: test 2/2 pytorch M=1 P=1 B=32 : evaluation after epoch 4" in p.stderr
+    assert "hpcai500: test 1/2 tensorflow M=2 P=1 B=32 : epoch 1/4" in p.stderr, p.stderr[-2000:]
+    assert "hpcai500: test 2/2 pytorch M=2 P=1 B=32 : evaluation after epoch 4" in p.stderr
     (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
