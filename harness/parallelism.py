@@ -17,7 +17,9 @@ averaged) or model, pipeline or mixed parallelism (issue 35), lines 36-37 of the
 Line 14's B stays per rank in every mode: a job trains B x P samples a step whichever way
 it spreads them (a pipeline of S stages takes B x S samples a step, cut into its
 micro-batches), so the modes of one layout train the same recipe (the same global batch,
-the same linearly scaled learning rate) and differ only in how the work is spread.
+the same linearly scaled learning rate), but for batch norm: a data-parallel rank
+normalises over its B samples, a split mode over its micro-batch, so a model with batch
+norm is not one computation across the modes (the report's Parallel modes block says so).
 A job's rank r is stage r // R, replica r % R of it (R = P / S replicas): a stage's
 replicas are consecutive ranks, which PMAP 0 places on one node, so that a mixed job's
 gradient all-reduces stay inside a node and only activations cross the network.
