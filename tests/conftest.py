@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 HPCAI500 = (str(ROOT / "hpcai500.py"),)
-# s a launch of ranks (a run, --check, a framework's program) may take before the test fails it as hung:
+# Seconds a launch of ranks (a run, --check, a framework's program) may take before the test fails it as hung:
 # one hang bound, not a speed figure. A 2-rank --check or failing run took ~34 s here under a load of 8
 # on 2 cores, where bounds of 60-180 s left it 2-5 x; 300 s is ~10 x. Longer runs name their own.
 HANG = 300
