@@ -33,6 +33,9 @@ $(error FRAMEWORKS: found nothing, expected tensorflow and/or pytorch)
 endif
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
+# ULFM on for every plain mpirun of the venv's Open MPI (scripts/ulfm.sh): a dead rank costs its
+# base models, not the run (--on-fault, harness/elastic.py). A site MPI is the site's to set.
+ULFM    := $(VENV)/.ulfm
 
 # The venv's bin first: CMake (Horovod's build) must find the MPI compiler wrappers and
 # mpirun of the MPI installed into the venv. Root may run Open MPI (CI runs as root).
@@ -48,19 +51,19 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 MPIRUN  := mpirun --oversubscribe -np $(NP)
 
 .PHONY: run test unit check bench venv clean FORCE
-run: $(STAMP)
+run: $(STAMP) $(ULFM)
 	$(MPIRUN) $(PY) hpcai500.py $(DAT)
 
-test: $(STAMP)
+test: $(STAMP) $(ULFM)
 	$(PY) -m pytest -q -rs -n 2 --dist loadgroup tests
 
-unit: $(STAMP)
+unit: $(STAMP) $(ULFM)
 	$(PY) -m pytest -q -m "not mpi" tests
 
-check: $(STAMP)
+check: $(STAMP) $(ULFM)
 	$(MPIRUN) $(PY) hpcai500.py --check $(DAT)
 
-bench: $(STAMP)
+bench: $(STAMP) $(ULFM)
 	$(PY) bench/overhead.py
 	$(PY) bench/scaling.py
 	$(PY) bench/kernels.py
@@ -71,7 +74,13 @@ bench: $(STAMP)
 	$(PY) bench/ewa.py
 	$(PY) bench/peers.py --no-scaling
 
-venv: $(STAMP)
+venv: $(STAMP) $(ULFM)
+
+$(ULFM): scripts/ulfm.sh $(STAMP)
+ifeq ($(MPI),pypi)
+	bash scripts/ulfm.sh $(VENV)/etc
+endif
+	touch $@
 
 # GPU=1: the same recipe with three additions, under ifeq so that GPU=0 runs exactly the lines
 # it always ran. (1) TensorFlow with its CUDA 12 libraries, NCCL among them: the pin stays the

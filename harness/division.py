@@ -44,3 +44,13 @@ def judge(*, workload: str, dataset_kind: str, deviations: list[str], test_only:
         reasons.append(f"{repetitions} repetition(s), fewer than the {MIN_REPETITIONS} of the olympic summary"
                        " (line 27)")
     return ("open", reasons) if reasons else ("closed", [])
+
+
+def with_losses(verdict: str, reasons: list[str], lost: int, models: int) -> tuple[str, list[str]]:
+    """A test's division once `lost` of its `models` base models were dropped to faults
+    (harness/elastic.py): open, since the ensemble measured is not the one the input asked
+    for (fewer models, and which ones is chance, not the sweep); unchanged without losses."""
+    if not lost:
+        return verdict, reasons
+    return "open", [*reasons, f"{lost} of {models} base models lost to faults and dropped (--on-fault drop):"
+                               " the ensemble measured is not the one the input asked for"]

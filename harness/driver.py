@@ -8,7 +8,9 @@
 The data flows one way, dat -> topology -> sampler -> staging -> train -> ensemble ->
 metrics -> report. Every failure that can be known before training is agreed on by all
 ranks (harness/errors.py) and ends the run with exit status 1 and one message from rank
-0; `--check` goes through the same checks. A failure during a test calls MPI_Abort, so
+0; `--check` goes through the same checks. A lost rank costs the base models it touched
+under `--on-fault drop` (harness/elastic.py: the sweep goes on with the survivors, the
+later tests laid out anew on them); any other failure during a test calls MPI_Abort, so
 no rank is left blocked in a collective.
 """
 from __future__ import annotations
@@ -16,15 +18,17 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from harness.errors import RunError, crash, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import (dat, fault, frameworks, heartbeat, report, results, run, settings, signals, telemetry, topology,
-                     verify, workloads)
+from harness import (dat, elastic, fault, frameworks, heartbeat, report, results, run, settings, signals, telemetry,
+                     topology, verify, workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
@@ -79,6 +83,10 @@ def parse_args(argv):
                    default=os.environ.get("HPCAI500_WATCHDOG", str(DEFAULT_SECONDS)),
                    help="abort the job when a rank makes no progress (no training step, no phase change)"
                         f" for this long; 0 = off (default: $HPCAI500_WATCHDOG or {DEFAULT_SECONDS:g})")
+    p.add_argument("--on-fault", choices=elastic.POLICIES, metavar="POLICY",
+                   help="what a lost rank (a dead process, node or a hung rank's watchdog) costs: 'drop' the base"
+                        " models it touched, the test and the sweep going on with the survivors, or 'abort' the run"
+                        f" (default: ${elastic.SETTING} or {elastic.DEFAULT}); needs ULFM at launch (README)")
     p.add_argument("--resume", metavar="RUN",
                    help="continue the interrupted invocation whose folder is RUN (runs/<id>): its finished"
                         " tests are kept and skipped; the input file must be the one it ran")
@@ -110,9 +118,11 @@ def main(argv=None) -> int:
             say(f"error: --summarize: {e}")
             return 1
         return 0
+    if args.on_fault:   # a setting like the others: read once, recorded, echoed
+        os.environ[elastic.SETTING] = args.on_fault
     from mpi4py import MPI
-    world = MPI.COMM_WORLD
-    watchdog = Watchdog(args.watchdog, world.rank, lambda: world.Abort(1)).start()
+    world = elastic.World(MPI.COMM_WORLD, "abort")   # its policy once the settings are agreed (_run)
+    watchdog = Watchdog(args.watchdog, world.rank, lambda: _give_up(world), lambda: _giving_up(world.policy)).start()
     try:
         return _run(args, world, watchdog)
     except RunError as e:
@@ -120,12 +130,30 @@ def main(argv=None) -> int:
             say(f"error: {e}")
         world.Barrier()  # a rank exiting early makes mpirun kill rank 0 before it has spoken
         return 1
+    except elastic.CoordinatorLost as e:   # every survivor raises it: one says it
+        if world.rank == 0:
+            say(f"error: {e}")
+        world.Abort(1)
+        return 1
     except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
-        print(crash(world.rank, watchdog.phase, e), file=sys.stderr, flush=True)
+        print(crash(world.origin, watchdog.phase, e), file=sys.stderr, flush=True)
         world.Abort(1)
         return 1
     finally:
         watchdog.stop()  # the run is over: MPI_Finalize may wait for slower ranks' output
+
+
+def _give_up(world) -> None:
+    """The watchdog's end of a rank without progress: MPI_Abort under `abort`; under `drop`
+    this process alone, SIGKILLed, so that ULFM tells its partners (harness/elastic.py)."""
+    if world.policy == "abort":
+        world.Abort(1)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _giving_up(policy: str) -> str:
+    return ("aborting the job" if policy == "abort" else
+            "ending this rank (--on-fault drop): its base models are lost, the other jobs go on")
 
 
 def _run(args, world, watchdog) -> int:
@@ -143,6 +171,8 @@ def _run(args, world, watchdog) -> int:
 
     watchdog.beat("input")
     given = planning.read(world, args.dat, args.resume)
+    world.policy = settings.value(elastic.SETTING)
+    tolerance = world.bcast(_fault_tolerance(world.policy) if world.rank == 0 else None, root=0)
     nodes = topology.discover(world)
     # Validate and load before TensorFlow is imported (~3 s a rank): a refused input stops
     # at once, and the loaders run no TensorFlow op, so the pinning below still works.
@@ -159,7 +189,7 @@ def _run(args, world, watchdog) -> int:
                                                      world.allgather(devices["gpus_on_node"]), nodes.hosts))
     if args.check:
         if world.rank == 0:
-            print("\n".join(planning.describe(plan, world.size)), flush=True)
+            print("\n".join(planning.describe(plan, world.size) + elastic.lines(tolerance)), flush=True)
         return 0
 
     ceilings = None
@@ -174,7 +204,7 @@ def _run(args, world, watchdog) -> int:
     if world.rank == 0:
         # stamped before results.json first says `running`: a reader never finds that status without a heartbeat
         heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
-        output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {})
+        output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {}, tolerance)
         # said at the start: a Ctrl-C of mpirun can end its forwarding of our output before the
         # report's end reaches the terminal, while report.txt still gets it whole
         print(f"hpcai500: results in {run_dir}/ (report.txt, results.json: rewritten after each test)",
@@ -189,16 +219,34 @@ def _run(args, world, watchdog) -> int:
 def _sweep(ctx, plan, output, watchdog) -> None:
     """Every test of the plan, each repetition, on every rank; rank 0's `output` (None
     elsewhere) records each as it finishes. An error all ranks agree on mid-sweep
-    (staging) ends the sweep with the finished tests standing."""
+    (staging) ends the sweep with the finished tests standing. After a loss of ranks the
+    tests left are laid out anew on the survivors (planning.relaid); those that no longer
+    fit are skipped, as is a test whose every base model was lost."""
+    world = ctx.world
+    runs, seen = list(plan.runs), 0
     try:
-        for p, rep in plan.runs:
+        while runs:
+            p, rep = runs.pop(0)
             t = p.test
             watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
             if output:
                 output.begin(t.index, rep)
-            done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
-            if output:
-                output.add(*done)
+            try:
+                done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
+                if output:
+                    output.add(*done)
+            except elastic.AllLost as e:
+                if output:
+                    output.skip(t.index, rep, str(e), "lost")
+            if len(world.losses) > seen:
+                seen = len(world.losses)
+                watchdog.beat("laying out the tests left on the ranks that remain")
+                ctx = replace(ctx, nodes=topology.discover(world))
+                runs, gone = planning.relaid(plan.cfg, runs, world.size, ctx.nodes.node_of_rank,
+                                             elastic.describe(world.losses))
+                for s, r in gone:
+                    if output:
+                        output.skip(s.test.index, r, s.reason, s.cause)
     except RunError as e:
         if output:
             output.finish(interrupted=f"{results.ERROR_PREFIX}{e}")
@@ -218,7 +266,15 @@ def _submission(world, environment: dict) -> dict:
             "status": settings.value("HPCAI500_SUBMISSION_STATUS")}
 
 
-def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
+def _fault_tolerance(policy: str) -> dict:
+    """results.json's fault_tolerance: the policy, and whether this launch keeps a job
+    whose rank died (the MPI's MCA parameter files: its prefix's etc/, OPAL_PREFIX or the venv's)."""
+    survives, how = elastic.launch_survives(os.environ, os.path.join(os.environ.get("OPAL_PREFIX", sys.prefix),
+                                                                      "etc"))
+    return {"policy": policy, "ulfm": survives, "how": how}
+
+
+def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance):
     """Rank 0's writer of the report and results.json, with the run's conventions."""
     notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
     notes += [f"{w}: {line}" for w in cfg.workloads for line in workloads.get(w).describe_data(plan.datas[w])]
@@ -229,8 +285,10 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings):
         conventions=report.conventions(cfg, devices, notes, placement, ceilings,
                                        [line for name in cfg.frameworks
                                         for line in frameworks.get(name).conventions(cfg, environment)]),
-        skipped=[{"index": s.test.index, "reason": s.reason, "cause": s.cause} for s in plan.skipped])
-    params = dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)
+        skipped=[{"index": s.test.index, "reason": s.reason, "cause": s.cause} for s in plan.skipped],
+        fault_tolerance=tolerance)
+    params = (dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)
+              + elastic.lines(tolerance))
     return report.Output(cfg, record, params, dat.TV_LEGEND, plan.previous)
 
 
@@ -243,7 +301,7 @@ def _roofline(world, names, precisions) -> dict | None:
     for name in names:
         for prec in precisions:
             world.Barrier()
-            fault.point(world.rank, "roofline")
+            fault.point(world.origin, "roofline")
             with native_stderr_captured():  # the triad's first XLA compilation prints banners
                 mine = frameworks.get(name).roofline(prec, settings.value("HPCAI500_ROOFLINE_QUICK") == "1")
             per_rank = world.gather(mine, root=0)

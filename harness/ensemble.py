@@ -55,9 +55,11 @@ def contribution(scores: np.ndarray, method: str, job: int, M: int, stack: bool,
     return out
 
 
-def ensemble_scores(total: np.ndarray, M: int, stack: bool) -> np.ndarray:
-    """What the workload's quality() gets: the mean score matrix, or (n, M, width)."""
-    return total.reshape(total.shape[0], M, -1) if stack else total / M
+def ensemble_scores(total: np.ndarray, M: int, stack: bool, kept: int | None = None) -> np.ndarray:
+    """What the workload's quality() gets: the mean score matrix over the `kept` models
+    that contributed (M unless base models were lost: harness/elastic.py), or (n, M,
+    width), a lost model's slot all zeros (no detections)."""
+    return total.reshape(total.shape[0], M, -1) if stack else total / (M if kept is None else kept)
 
 
 def chunks(n: int, width: int, per_sample: bool, rows: int | None = None) -> list[slice]:

@@ -42,7 +42,7 @@ NAME = "heartbeat"          # the file in the run folder
 SETTING = "HPCAI500_HEARTBEAT"   # s between stamps (harness/settings.py; the file records the one in force)
 STALE_INTERVALS = 12        # missed stamps after which a run on another kernel is taken for dead
 # --status's exit status per state; 1 is every command's error (not a run, unreadable)
-EXIT = {"complete": 0, "running": 2, "interrupted": 3, "failed": 4, "dead": 5}
+EXIT = {"complete": 0, "running": 2, "interrupted": 3, "failed": 4, "dead": 5, "complete-with-losses": 6}
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,9 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
             names = ", ".join(f"test {t.index}" + (f" rep {t.repetition}" if t.repetition else "") for t in failed)
             return State("failed", False, f"complete, but {names} failed the replica consistency check",
                          finished, planned)
+        lost = losses(rec)
+        if lost:   # every test that ran PASSED, but ranks were lost (harness/elastic.py)
+            return State("complete-with-losses", False, f"every test PASSED, {lost}", finished, planned)
         return State("complete", False, "every test PASSED", finished, planned)
     if rec.status == "interrupted":
         reason = str(stop.get("reason", "no reason recorded"))
@@ -167,12 +170,26 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
     return State("running", True, last, finished, planned)
 
 
+def losses(rec: results.Record) -> str:
+    """What the run lost to faults (harness/elastic.py), in words; "" for none."""
+    ranks = sorted({r for t in rec.tests for x in t.losses for r in x["ranks"]})
+    dropped = sum(len(t.jobs_lost) for t in rec.tests)
+    left = [s for s in rec.skipped if s.get("cause") == "lost"]
+    if not (ranks or dropped or left):
+        return ""
+    return (f"with losses: rank(s) {', '.join(map(str, ranks)) or '?'} lost, {dropped} base model(s) dropped,"
+            f" {len(left)} test run(s) left out")
+
+
 def planned_runs(rec: results.Record) -> int | None:
     """Test runs the invocation planned: the tests that fit the world x the repetitions
     (None where the record's configuration cannot be read back)."""
     try:
         cfg = dat.from_record(rec.input.get("text", ""), rec.config)
-        return (len(dat.expand(cfg)) - len(rec.skipped)) * cfg.repetitions
+        # a test skipped at the start misses every repetition; one left out after a loss of
+        # ranks (harness/elastic.py) the repetition its entry names
+        whole = [s for s in rec.skipped if "repetition" not in s]
+        return (len(dat.expand(cfg)) - len(whole)) * cfg.repetitions - (len(rec.skipped) - len(whole))
     except (TypeError, ValueError, AttributeError):
         return None
 

@@ -206,12 +206,17 @@ class BaseModelLog(_Events):
 
 
 def close(lines: list[str], *, ensemble_quality: float, reached: bool, instance_id: int,
-          time_s: float | None = None) -> list[str]:
+          time_s: float | None = None, division: str | None = None) -> list[str]:
     """`lines` (a BaseModelLog's) followed by its end: the ensemble's quality and run_stop,
     stamped `time_s` (time.time(); default now), when the ensemble's quality is known.
     run_stop's status is "success" only when `reached` (the ensemble reached the target
-    quality: MLPerf's meaning of success), else "aborted". A pure function, for world
-    rank 0, which holds every job's lines but not their BaseModelLog objects."""
+    quality: MLPerf's meaning of success), else "aborted". `division`: the test's as it
+    ended, written into the init's submission_division (base models lost to faults make a
+    closed test open: harness/division.with_losses). A pure function, for world rank 0,
+    which holds every job's lines but not their BaseModelLog objects."""
+    if division is not None:
+        lines = [_with_value(ln, division) if _TOKEN in ln and json.loads(ln.split(_TOKEN, 1)[1])["key"]
+                 == K.SUBMISSION_DIVISION else ln for ln in lines]
     if K.RUN_STOP in _keys(lines):
         raise ValueError(f"MLLOG of base model {instance_id} already has a run_stop")
     end = _Events(f"hpcai500.mllog.close.j{instance_id}", instance_id)
@@ -221,6 +226,13 @@ def close(lines: list[str], *, ensemble_quality: float, reached: bool, instance_
               target_reached=bool(reached))
     end.end(K.RUN_STOP, time_ms=time_ms, status=K.SUCCESS if reached else K.ABORTED)
     return list(lines) + end.lines
+
+
+def _with_value(line: str, value) -> str:
+    head, body = line.split(_TOKEN, 1)
+    event = json.loads(body)
+    event["value"] = value
+    return f"{head}{_TOKEN}{json.dumps(event)}"
 
 
 def _keys(lines):

@@ -26,7 +26,7 @@ MPI at the edges only (`make`); the checks themselves are plain functions.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness import (communication, dat, division, files, frameworks, heartbeat, parallelism, results, settings, staging,
                      topology, workloads)
@@ -139,6 +139,24 @@ def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_ran
         planned.append(Planned(t, topology.map_jobs(node_of_rank, M, t.P, cfg.pmap), tuple(warnings)))
     runnable(planned, skipped)
     return tuple(planned), tuple(skipped)
+
+
+def relaid(cfg: dat.Config, runs, world_size: int, node_of_rank, why: str) -> tuple[list, list]:
+    """(runs, gone): the (Planned, repetition) runs left, laid out anew on a world shrunk to
+    `world_size` ranks by a loss (harness/elastic.py; `why` says which), and the (Skipped,
+    repetition) of those that no longer fit, cause "lost". Pure."""
+    kept, gone = [], []
+    for p, rep in runs:
+        t = p.test
+        try:
+            M, warnings = topology.resolve(world_size, t.M, t.P)
+        except topology.TopologyError as e:
+            gone.append((Skipped(t, f"{cfg.path}:10-11: found '{t.M} x {t.P}', expected M x P <= {world_size},"
+                                    f" the ranks left after {why}: {e}", "lost"), rep))
+            continue
+        kept.append((replace(p, layout=topology.map_jobs(node_of_rank, M, t.P, cfg.pmap),
+                             warnings=tuple(warnings)), rep))
+    return kept, gone
 
 
 def runnable(planned, skipped) -> None:
@@ -297,7 +315,6 @@ def load(world, cfg: dat.Config) -> dict:
 
 def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
     """The test with its division: closed (a ranking result) or open, with the reasons."""
-    from dataclasses import replace
 
     wl = workloads.get(p.test.workload)
     deviations = tuple(wl.describe_model(data)[1])

@@ -134,14 +134,16 @@ def quality_curve(test: TestResult, path: str) -> int:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     secs = [e["seconds"] for e in ev]
     models = len(ev[0]["base_quality"])
+    # a base model lost to a fault (harness/elastic.py) has None from then on: a gap in its line
+    kept = [[q for q in e["base_quality"] if q is not None] for e in ev]
     if models <= BAND_ABOVE:
         for j in range(models):   # one colour, one legend entry
-            ax.plot(secs, [e["base_quality"][j] for e in ev], ".--", color="tab:grey", alpha=0.6, linewidth=0.8,
-                    label=f"base models ({models})" if j == 0 else None)
+            ax.plot(secs, [float("nan") if e["base_quality"][j] is None else e["base_quality"][j] for e in ev], ".--",
+                    color="tab:grey", alpha=0.6, linewidth=0.8, label=f"base models ({models})" if j == 0 else None)
         series = models
     else:
-        lo, hi = [min(e["base_quality"]) for e in ev], [max(e["base_quality"]) for e in ev]
-        mean = [sum(e["base_quality"]) / len(e["base_quality"]) for e in ev]
+        lo, hi = [min(k) for k in kept], [max(k) for k in kept]
+        mean = [sum(k) / len(k) for k in kept]
         ax.fill_between(secs, lo, hi, color="tab:grey", alpha=0.25, linewidth=0,
                         label=f"base models ({models}): min-max")
         ax.plot(secs, mean, ".--", color="tab:grey", linewidth=0.8, label="base models: mean")

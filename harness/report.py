@@ -86,7 +86,8 @@ def row(t: results.TestResult, repetitions: int = 1, invocations: int = 1, schem
         f"{t.train_seconds:>12.2f} {t.flops / 1e12:>12.4e} {t.vflops / 1e12:>11.3e} {q:>9.4f}",
         f"Base models : {t.quality_name} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ; {gain}",
         f"Quality     : target {t.target_quality:.4f}, n {t.penalty_n:g}, penalty {t.penalty:.4f} ;"
-        f" {t.aggregation} of {t.M} model(s) on {t.val_samples} samples",
+        f" {t.aggregation} of {t.M - len(t.jobs_lost)} model(s) on {t.val_samples} samples",
+        *([losses_line(t)] if t.losses or t.jobs_lost else []),
         f"Work        : {t.samples_trained} samples trained, {t.total_flops:.4e} FLOPs ;"
         f" resample {t.sampler_seconds:.2f} s",
         f"Solution    : time to solution {t.time_to_solution:.2f} s = staging "
@@ -108,6 +109,16 @@ def row(t: results.TestResult, repetitions: int = 1, invocations: int = 1, schem
         RULE,
     ]
     return "\n".join(lines) + "\n"
+
+
+def losses_line(t: results.TestResult) -> str:
+    """Ranks lost during the test (harness/elastic.py) and the base models they cost."""
+    kept = t.M - len(t.jobs_lost)
+    where = "; ".join(f"{'rank' if len(x['ranks']) == 1 else 'ranks'} {', '.join(map(str, x['ranks']))}"
+                      f" on {', '.join(x['hosts']) or '?'} found lost at {x['phase']}" for x in t.losses)
+    cost = (f"job(s) {', '.join(map(str, t.jobs_lost))} dropped: every figure is the {kept} left's"
+            if t.jobs_lost else "no base model lost: the losses came after the last evaluation")
+    return f"Losses      : {kept} of {t.M} base models trained ; {where} ; {cost}"
 
 
 def ttq_line(t: results.TestResult) -> str:
@@ -536,6 +547,16 @@ class Output:
 
     def begin(self, index: int, rep: int) -> None:
         self.current = (index, rep)
+
+    def skip(self, index: int, rep: int, reason: str, cause: str) -> None:
+        """A test (repetition `rep`) left out during the sweep: its ranks were lost
+        (harness/elastic.py). Counted with the skipped tests under `cause`."""
+        with self.lock:
+            self.record.skipped.append({"index": index, "reason": reason, "cause": cause, "repetition": rep})
+            self._emit(skipped_line(index, reason + (f" (repetition {rep + 1})" if self.cfg.repetitions > 1 else ""))
+                       + "\n")
+            self._save()
+            self.current = None
 
     def add(self, result: results.TestResult, mllogs: dict) -> None:
         """A finished test: its MLLOG files, its block in the report, both files rewritten.

@@ -21,7 +21,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.9"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.10"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -38,6 +38,9 @@ SCHEMA = "2.9"   # 2.2: TestResult.higher_is_better; the control plane's timings
                  #   Record.skipped[].cause may also be "framework", "split", "adasum", "aggregation" or
                  #   "batch" (SKIP_CAUSES: a test the sweep's cross product forces that cannot run is skipped,
                  #   no longer refused whole); skipped[].reason is the located `FILE:LINE: found ...` message
+                 # 2.10: elastic bagging (harness/elastic.py): Record.fault_tolerance (policy, ULFM on);
+                 #   TestResult.losses, jobs_lost, launch_ranks; skipped[].cause "lost" (a test left out
+                 #   once ranks were lost, or whose every base model lost one)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -52,6 +55,7 @@ SKIP_CAUSES = {
     "adasum": "Adasum (line 22) needs P a power of 2",
     "aggregation": "their workload lacks line 24's aggregation",
     "batch": "P x B (lines 11, 14) exceeds their training set",
+    "lost": "ranks were lost before or while they ran (--on-fault drop)",
 }
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major
@@ -153,6 +157,12 @@ class TestResult:
     #                                 against data parallelism's gradient bytes; None for data (and a 2.6 file)
     invocation: int = 0               # which invocation of the run timed it: 0 the first, k after the k-th
     #                                 --resume (Record.resumed); a 2.8 file: 0 (not recorded)
+    losses: list = field(default_factory=list)     # ranks lost during the test (harness/elastic.record): ranks
+    #                                 (launch ranks), hosts, phase (the world step that found them), seconds, jobs
+    jobs_lost: list = field(default_factory=list)  # base models left out of every figure (lost a rank by the
+    #                                 end of the last evaluation); the figures are the other M - len(jobs_lost)'s
+    launch_ranks: list | None = None  # the launch rank of each rank of the test's world, where ranks were lost
+    #                                 before it (its jobs, idle_ranks and records number the test's world)
 
 
 @dataclass
@@ -174,6 +184,8 @@ class Record:
     charts: list = field(default_factory=list)
     resumed: list = field(default_factory=list)   # times of each --resume
     interrupted: dict | None = None   # reason, test, repetition
+    fault_tolerance: dict | None = None   # policy (--on-fault), ulfm (bool: the launch keeps a job whose rank
+    #                                 died), how (how that is known); None: a file of schema < 2.10
     write_seconds: list = field(default_factory=list)  # s, rank 0: each finished test's writing (MLLOG files,
                                       #   report.txt, results.json), in finishing order (harness/driver.py)
 

@@ -5,8 +5,13 @@ ranks wait politely, all meet in the ensemble's reduction, and world rank 0 turn
 ranks' records into a `results.TestResult`. The driver (harness/driver.py) runs the
 tests in order and hands each result to the output (harness/report.Output).
 
-A failure during a test that every rank can see (staging) is agreed (RunError); any
-other failure ends the job through the driver's MPI_Abort, so no rank is left waiting.
+A failure during a test that every rank can see (staging) is agreed (RunError). A
+lost rank (harness/elastic.py) under `--on-fault drop` costs the base models it touched:
+the world-level steps of training (its start barrier, each evaluation, the end) run
+through `World.step`, which shrinks the world to the survivors and redoes the step
+without the lost jobs, whose surviving ranks follow as idle ranks do. Any other failure
+(or any fault under `abort`, or one outside those steps) ends the job through the
+driver's MPI_Abort, so no rank is left waiting.
 """
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import (ensemble, fault, frameworks, metrics, mllog, parallelism, sampler, settings, staging, telemetry,
-                     topology, train, workloads)
+from harness import (division, elastic, ensemble, fault, frameworks, metrics, mllog, parallelism, sampler, settings, staging,
+                     telemetry, topology, train, workloads)
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 
@@ -25,7 +30,7 @@ from harness.results import TestResult
 class Context:
     """What every test of an invocation shares."""
     cfg: object             # harness/dat.Config
-    world: object           # MPI_COMM_WORLD
+    world: object           # the world as it stands (harness/elastic.World: MPI_COMM_WORLD, shrunk after a loss)
     nodes: object           # harness/topology.Nodes
     devices: dict           # the framework's setup_devices of this rank
     run_id: str             # the run folder's name (names the staged copies)
@@ -44,6 +49,8 @@ class Part:
     wl: object              # the workload's module (harness/workloads.get)
     data: object            # its loaded data set
     watchdog: object
+    rank: int = 0           # this rank in the test's world (layout.jobs' numbering)
+    launch_of: tuple = ()   # the launch rank (MPI_COMM_WORLD's) of each rank of the test's world
     job: int | None = None  # this rank's base model; None on an idle rank
     comm: object = None     # the job's communicator (None on an idle rank)
     indices: object = None  # the job's resample (numpy int array), every rank of the job
@@ -81,6 +88,7 @@ class RankRecord:
     exchange: str = ""              # job root only: its gradient exchange and library (communication.exchange)
     mllog: list | None = None       # job root only: its MLLOG lines
     stage: dict | None = None       # a split model (line 37): TrainResult.stage
+    lost: str = ""                  # its job lost a rank (elastic.py): what this survivor saw
 
 
 def test(ctx: Context, planned, data, watchdog, rep: int = 0):
@@ -91,27 +99,27 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     seed = cfg.seed + rep
     wl = workloads.get(t.workload)
     job, job_comm = topology.split(world, layout)
+    losses_before = len(world.losses)
 
     t0 = time.perf_counter()
     indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train, cfg.sampler, seed, job_comm, job,
                                  wait=watchdog.wait)
     sampler_seconds = time.perf_counter() - t0
-    part = Part(ctx, planned, rep, seed, wl, data, watchdog, job, job_comm, indices)
+    part = Part(ctx, planned, rep, seed, wl, data, watchdog, world.rank, tuple(world.launch_ranks), job, job_comm,
+                indices)
     part = replace(part, log=_log(part))
     copy = _stage(part)
     evaluation = Evaluation(part)
     if job is None:
         probe = telemetry.Sampler()   # its CPU is the run's, not other load (telemetry.other_load)
         probe.start()
-        _start_barrier(world, watchdog, t)  # the one the jobs' ranks enter inside train()
+        evaluation.start_barrier()   # the one the jobs' ranks enter inside train()
         start = time.perf_counter()
         evaluation.begin()
         # the jobs' evaluations; an idle rank's eval_seconds stay 0, as its Time does: its
         # wait in them is the jobs' training, not evaluating
-        for epoch in train.evaluation_epochs(cfg.epochs, cfg.eval_every):
-            if evaluation.reduce(epoch, lambda rows: None, lambda: None, None):
-                break
-        record = RankRecord(world.rank, None, staging=_staged(copy),
+        evaluation.follow()
+        record = RankRecord(part.rank, None, staging=_staged(copy),
                             telemetry=probe.stop(window=(start, time.perf_counter())))
     else:
         record = _base_model(part, copy, evaluation)
@@ -119,18 +127,25 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
         # The node's copy serves every job on the node, and a job's ranks leave the last
         # evaluation's reduction before the others have read their validation samples:
         # the writer removes the copy only once every rank is done.
-        watchdog.wait(world.Ibarrier(), f"test {t.index}: every job done, before the staged copies go")
+        world.step(f"test {t.index}: the end, before the staged copies go", lambda: watchdog.wait(
+            world.Ibarrier(), f"test {t.index}: every job done, before the staged copies go"))
         staging.cleanup(copy, cfg.staging_keep)
     t3 = time.perf_counter()
-    records = world.gather(record, root=0)
+    records = world.step(f"test {t.index}: the gather of the ranks' records", lambda: world.gather(record, root=0))
+    if len(evaluation.final_lost) == layout.M:
+        raise elastic.AllLost(f"every base model of test {t.index} lost a rank"
+                              f" ({elastic.describe(world.losses[losses_before:])})")
     if world.rank != 0:
         return None
-    result = measure(part, records, evaluation, sampler_seconds, gathered_from=t3)
+    result = measure(part, records, evaluation, sampler_seconds, gathered_from=t3,
+                     losses=world.losses[losses_before:])
     # Each log ends on rank 0, where the ensemble's quality is known: MLPerf's success
     # is the target reached (by the ensemble: the benchmark's result), not a clean exit.
+    # A lost base model's log (its root survived) ends as MLPerf's aborted run.
     reached = result.time_to_quality is not None
-    return result, {r.job: mllog.close(r.mllog, ensemble_quality=result.quality, reached=reached,
-                                       instance_id=r.job) for r in records if r.mllog is not None}
+    return result, {r.job: mllog.close(r.mllog, ensemble_quality=result.quality, reached=reached and not r.lost,
+                                       instance_id=r.job, division=result.division)
+                    for r in records if r.mllog is not None}
 
 
 def _log(part: Part):
@@ -192,16 +207,6 @@ def _staged(copy) -> dict | None:
             "path": copy.path}
 
 
-def _start_barrier(world, watchdog, t) -> None:
-    """The world barrier that starts training's clock: every job's ranks enter it inside
-    train() once set up and warmed up, idle ranks at once, so some wait long. Non-blocking,
-    waited beating the watchdog; MPI's blocking and non-blocking barriers do not match
-    each other, so both sides call this one."""
-    phase = watchdog.phase
-    watchdog.wait(world.Ibarrier(), f"waiting for every job to start, test {t.index}")
-    watchdog.beat(phase)   # back to this rank's phase: training's steps beat without naming one
-
-
 def _base_model(part: Part, copy, evaluation) -> RankRecord:
     """Train and evaluate this rank's share of base model `part.job` in the test's
     framework (its package's Job: the job's group, the model, the step); its record. With
@@ -209,21 +214,28 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     ctx, t, job, watchdog, data, wl = part.ctx, part.t, part.job, part.watchdog, part.data, part.wl
     cfg, world = ctx.cfg, ctx.world
     local, local_indices = (copy.data, copy.indices) if copy else (data, part.indices)
-    fw = frameworks.get(t.framework).open_job(part)
-    model = fw.build(wl, local, part.seed, job, t.precision)
-    watchdog.beat(f"training, test {t.index}")
-    gpus = ctx.devices["gpus_on_node"]
-    probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
-    probe.start()
-    recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
-                          t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce, t.mode)
-    evaluate = _Evaluate(part, fw, model, local, evaluation)
-    res = fw.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
-                   world_barrier=lambda: _start_barrier(world, watchdog, t),
-                   hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
-                   on_step=_on_step(watchdog, fault.injector(world.rank)), evaluate=evaluate,
-                   eval_every=cfg.eval_every)
-    record = RankRecord(world.rank, job, staging=_staged(copy), eval_seconds=evaluate.seconds, seconds=res.seconds,
+    fw = None
+    try:
+        probe = None
+        fw = frameworks.get(t.framework).open_job(part)
+        model = fw.build(wl, local, part.seed, job, t.precision)
+        watchdog.beat(f"training, test {t.index}")
+        gpus = ctx.devices["gpus_on_node"]
+        probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
+        probe.start()
+        recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
+                              t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce, t.mode)
+        evaluate = _Evaluate(part, fw, model, local, evaluation)
+        res = fw.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
+                       world_barrier=evaluation.start_barrier,
+                       hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
+                       on_step=_on_step(watchdog, fault.injector(world.origin)), evaluate=evaluate,
+                       eval_every=cfg.eval_every)
+    except Exception as e:  # noqa: BLE001 - a lost partner shows as the framework's own error
+        if world.policy == "abort" or not (isinstance(e, elastic.Lost) or elastic.job_failed(part.comm)):
+            raise
+        return _abandoned(part, fw, copy, evaluation, e, probe)
+    record = RankRecord(part.rank, job, staging=_staged(copy), eval_seconds=evaluate.seconds, seconds=res.seconds,
                         samples=res.samples, steps_per_epoch=res.steps_per_epoch, epochs=res.epochs,
                         loss=res.final_loss, diff=res.weights_diff, weights=res.weights_digest,
                         flops=fw.count(wl, model, local), telemetry=probe.stop(window=res.clock), stage=res.stage)
@@ -236,6 +248,30 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     return record
 
 
+def _abandoned(part: Part, fw, copy, evaluation, error: Exception, probe) -> RankRecord:
+    """A survivor of a job that lost a rank: it leaves the job's group without a collective,
+    follows the test's remaining world steps as an idle rank, and records what it saw."""
+    t, job = part.t, part.job
+    said = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    # TensorFlow's first line is "Graph execution error:"; the line that says what failed is further down
+    seen = next((x for x in said if any(k in x for k in ("shut down", "Read error", "Connection", "PROC_FAILED",
+                                                           "failed"))), said[0])[:200]
+    part.watchdog.beat(f"test {t.index}: base model {job} lost a rank, following")
+    print(f"hpcai500: rank {part.ctx.world.origin}: test {t.index}: base model {job} lost a rank"
+          f" ({type(error).__name__}: {seen}); it leaves the ensemble (--on-fault drop)", file=sys.stderr, flush=True)
+    if fw is not None:
+        fw.abandon()
+    if probe is None:
+        probe = telemetry.Sampler()
+        probe.start()
+    start = time.perf_counter()
+    evaluation.follow()
+    # its CPU from here is the run's, as an idle rank's is (telemetry.other_load)
+    return RankRecord(part.rank, job, staging=_staged(copy), lost=f"{type(error).__name__}: {seen}",
+                      mllog=part.log.lines if part.log is not None else None,
+                      telemetry=probe.stop(window=(start, time.perf_counter())))
+
+
 class _Evaluate:
     """One job's evaluation after an epoch (the framework's train's `evaluate`): the job's
     predictions, its root's quality and term of the ensemble, the world's reduction.
@@ -245,16 +281,19 @@ class _Evaluate:
         self.part, self.fw, self.model, self.local, self.evaluation = part, fw, model, local, evaluation
         self.seconds = 0.0              # s, all evaluations of the test
         self.quality = None             # job root: its model's quality at the last evaluation
+        self.logged = None              # job root: the epoch whose quality MLLOG has (a step redone logs once)
 
     def __call__(self, epoch: int) -> bool:
         """True: the ensemble reached the target and line 32 says stop."""
         p = self.part
         p.watchdog.beat(f"evaluation, test {p.t.index}")
-        fault.point(p.ctx.world.rank, "eval")
+        fault.point(p.ctx.world.origin, "eval")
         t1, wall = time.perf_counter(), time.time()
         self._parts = []                # job root: (rows, its model's quality on them), this evaluation
         stop = self.evaluation.reduce(epoch, self._contribute, lambda: self._quality(epoch, wall), p.job)
         self.seconds += time.perf_counter() - t1
+        if p.job in self.evaluation.lost():   # a partner died in this evaluation: the job's group is broken
+            raise elastic.Lost(f"a rank of base model {p.job} was lost during the evaluation after epoch {epoch}")
         p.watchdog.beat(f"training, test {p.t.index}")
         return stop
 
@@ -263,6 +302,8 @@ class _Evaluate:
         gathered on its root, which scores them and returns its term of the ensemble
         (None on the other ranks)."""
         p, comm = self.part, self.part.comm
+        if rows.start == 0:
+            self._parts = []            # a step redone after a loss starts over
         n = rows.stop - rows.start
         mine = ensemble.my_rows(n, comm.rank, comm.size)
         full = ensemble.gather_job(comm, self.fw.predict(p.wl, self.model, self.local, slice(
@@ -278,16 +319,20 @@ class _Evaluate:
         if self.part.comm.rank != 0:
             return None
         self.quality = metrics.chunk_mean(self._parts)
-        self.part.log.eval(epoch, self.quality, start_s=wall, stop_s=time.time())
+        if self.logged != epoch:
+            self.part.log.eval(epoch, self.quality, start_s=wall, stop_s=time.time())
+            self.logged = epoch
         return self.quality
 
 
 class Evaluation:
     """The ensemble's quality along the way (lines 31-32), on every rank of the world:
     after each evaluation epoch every job's root adds its model's term to one world
-    reduction (idle ranks add nothing), world rank 0 scores the ensemble, keeps the
-    curve, and every rank learns whether the target stops training. The clock of the
-    curve is world rank 0's, from the start barrier of training.
+    reduction (idle ranks, and the survivors of a lost job, add nothing), world rank 0
+    scores the ensemble, keeps the curve, and every rank learns whether the target stops
+    training. The clock of the curve is world rank 0's, from the start barrier of training.
+    Each of these world steps (and the start barrier) runs through `World.step`: after a
+    loss it is redone on the survivors without the lost jobs (harness/elastic.py).
 
     A workload whose quality is a mean over samples (QUALITY_PER_SAMPLE) is evaluated in
     chunks of validation rows (ensemble.chunks: EVAL_CHUNK_BYTES of scores a chunk), one
@@ -297,11 +342,17 @@ class Evaluation:
     def __init__(self, part: Part):
         self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = (part.ctx, part.t, part.M, part.wl, part.data,
                                                                        part.watchdog)
+        self.jobs, self.launch_of = part.planned.layout.jobs, part.launch_of
         self.width = self.wl.score_width(self.data)
         self.chunks = ensemble.chunks(self.data.n_val, self.width, self.wl.QUALITY_PER_SAMPLE,
                                       settings.value("HPCAI500_EVAL_CHUNK"))
         self.target, self.n = workloads.target_and_n(self.wl, self.ctx.cfg)
         self.higher = self.wl.HIGHER_IS_BETTER
+        self.epochs = train.evaluation_epochs(self.ctx.cfg.epochs, self.ctx.cfg.eval_every)
+        self.started = False  # this rank has passed the start barrier
+        self.done = 0         # evaluations this rank has taken part in (every rank's the same once each ends)
+        self.stopped = False  # the target stopped training
+        self.final_lost = []  # the jobs lost by the end of the last evaluation: the ones the figures leave out
         self.start = 0.0      # perf_counter() at the start barrier (rank 0)
         self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"}
         self.reduce_seconds = 0.0   # rank 0: the world's reductions (scores, base qualities), all evaluations
@@ -309,53 +360,99 @@ class Evaluation:
     def begin(self) -> None:
         self.start = time.perf_counter()
 
+    def lost(self) -> list[int]:
+        """The test's jobs that have lost a rank so far (the same on every survivor)."""
+        return elastic.lost_jobs(self.jobs, self.launch_of, self.ctx.world.lost)
+
+    def start_barrier(self) -> None:
+        """The world barrier that starts training's clock: every job's ranks enter it inside
+        train() once set up and warmed up, idle ranks at once, so some wait long. Non-blocking,
+        waited beating the watchdog; MPI's blocking and non-blocking barriers do not match
+        each other, so both sides call this one."""
+        world, watchdog, t = self.ctx.world, self.watchdog, self.t
+        phase = watchdog.phase
+        world.step(f"test {t.index}: the start of training", lambda: watchdog.wait(
+            world.Ibarrier(), f"waiting for every job to start, test {t.index}"))
+        self.started = True
+        watchdog.beat(phase)   # back to this rank's phase: training's steps beat without naming one
+
+    def follow(self) -> None:
+        """The world steps of training left to a rank that trains no base model (an idle
+        rank, or a survivor of a lost job): the start barrier if it has not passed it, the
+        evaluations it has not taken part in, until the target stops them."""
+        if not self.started:
+            self.start_barrier()
+        for epoch in self.epochs[self.done:]:
+            if self.stopped:
+                break
+            self.reduce(epoch, lambda rows: None, lambda: None, None)
+
     def reduce(self, epoch: int, contribute, quality, job: int | None) -> bool:
         """This rank's part of the evaluation after `epoch`, on every rank: for each chunk
         of rows, `contribute(rows)` gives this rank's term of the ensemble (a job's root:
         its model's; None elsewhere) and the world reduces it; then `quality()` gives the
         job root's base quality (None elsewhere). Returns the stop decision, the same on
         every rank."""
+        world, t = self.ctx.world, self.t
+        stop, q, bases = world.step(f"test {t.index}: the evaluation after epoch {epoch}",
+                                    lambda: self._reduce(contribute, quality, job))
+        self.done += 1
+        self.stopped = stop
+        if stop or epoch == self.epochs[-1]:
+            self.final_lost = self.lost()
+        if world.rank == 0:
+            by_job = dict(x for x in bases if x is not None)   # a lost job's entry: None
+            self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
+                               "base_quality": [by_job.get(j) for j in range(self.M)]})
+            lost = self.lost()
+            print(f"hpcai500: {progress_head(t, self.ctx.n_tests)} : evaluation after"
+                  f" epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
+                  f"{f' of {self.M - len(lost)} of {self.M} base models' if lost else ''}"
+                  f"{', reached: stopping' if stop else ''}", file=sys.stderr, flush=True)
+        return stop
+
+    def _reduce(self, contribute, quality, job: int | None):
+        """One try of the evaluation's world step: (stop, the ensemble's quality, the base
+        qualities) on rank 0, (stop, None, None) elsewhere. The jobs lost so far add nothing."""
         world, stack = self.ctx.world, ensemble.stacks(self.wl)
+        lost = self.lost()
+        mine = job is not None and job not in lost
         # Jobs reach an evaluation at different times (resamples differ in size; idle
         # ranks have no job): wait for all of them politely, so the reduction is quick.
         self.watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {self.t.index}")
         parts = []            # rank 0: (rows, the ensemble's quality on them)
         for rows in self.chunks:
-            scores = contribute(rows)
+            scores = contribute(rows) if mine else None
             t0 = time.perf_counter()
             n = rows.stop - rows.start
             total = ensemble.reduce_scores(world, scores, ensemble.reduced_shape(n, self.width, self.M, stack))
             self.reduce_seconds += time.perf_counter() - t0
             if world.rank == 0:
-                parts.append((n, workloads.score(self.wl, ensemble.ensemble_scores(total, self.M, stack), self.data,
-                                                 rows)))
+                parts.append((n, workloads.score(self.wl, ensemble.ensemble_scores(
+                    total, self.M, stack, self.M - len(lost)), self.data, rows)))
             self.watchdog.beat(f"evaluation, test {self.t.index}")
-        base = quality()
+        base = quality() if mine else None
         t0 = time.perf_counter()
         bases = world.gather(None if base is None else (job, base), root=0)
         self.reduce_seconds += time.perf_counter() - t0
-        stop = False
+        stop, q = False, None
         if world.rank == 0:
             q = metrics.chunk_mean(parts)
-            self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
-                               "base_quality": [b for _, b in sorted(x for x in bases if x is not None)]})
             stop = self.ctx.cfg.stop_at_target and metrics.reaches(q, self.target, self.higher)
-            t = self.t
-            print(f"hpcai500: {progress_head(t, self.ctx.n_tests)} : evaluation after"
-                  f" epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
-                  f"{', reached: stopping' if stop else ''}", file=sys.stderr, flush=True)
-        return world.bcast(stop, root=0)
+        return world.bcast(stop, root=0), q, bases
 
 
 def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampler_seconds: float,
-            gathered_from: float) -> TestResult:
-    """The test's figures from every rank's record and the evaluations (rank 0): Eq. 4-8
-    and the rest. `gathered_from`: perf_counter() before the records' gather, so that the
-    result holds the control plane's cost (the gather and this), as bench/scale.py reads."""
+            gathered_from: float, losses=()) -> TestResult:
+    """The test's figures (rank 0) from the records and evaluations of the base models
+    not lost (`evaluation.final_lost`; `losses`: the test's elastic.Loss list): Eq. 4-8 and
+    the rest. `gathered_from`: perf_counter() before the records' gather, so that the result
+    holds the control plane's cost (the gather and this), as bench/scale.py reads."""
     ctx, planned, wl, data = part.ctx, part.planned, part.wl, part.data
     cfg, t, layout = ctx.cfg, planned.test, planned.layout
-    roots = sorted((r for r in records if r.quality is not None), key=lambda r: r.job)
-    workers = [r for r in records if r.job is not None]
+    dropped = set(evaluation.final_lost)
+    workers = [r for r in records if r.job is not None and r.job not in dropped]
+    roots = sorted((r for r in workers if r.quality is not None), key=lambda r: r.job)
     fc = workers[0].flops
     seconds = max(r.seconds for r in records)
     total_flops = metrics.total_flops([r.samples for r in roots], fc.training)
@@ -376,7 +473,7 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         epochs=cfg.epochs, epochs_trained=roots[0].epochs, eval_every=cfg.eval_every,
         stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
         warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w]
-        + telemetry.other_load_warnings(others), division=planned.division, open_reasons=list(planned.open_reasons),
+        + telemetry.other_load_warnings(others),
         data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
         forward_flops_per_sample=fc.forward, training_flops_per_sample=fc.training,
         flops_by_operator=fc.by_operator, activations_per_sample=fc.activations, weights=fc.weights,
@@ -392,18 +489,29 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         base_quality=[r.quality for r in roots], target_quality=target, penalty_n=n,
         penalty=metrics.penalty(quality, target, n, higher), final_loss=[r.loss for r in roots],
         utilisation=metrics.utilisation(fl, ctx.ceilings.get(frameworks.roofline_key(t.framework, t.precision)),
-                                        [r.rank for r in workers]),
+                                        [part.launch_of[r.rank] for r in workers]),
         telemetry=tele, vflops_per_watt=telemetry.per_joule(vfl, seconds, tele),
         consistency=metrics.consistency(max(r.diff for r in workers)),
         resample=[{"job": r.job, "size": r.resample_size, "out_of_bag": r.out_of_bag, "digest": r.index_digest}
                   for r in roots],
         weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
+        **_losses(part, losses, dropped),
         exchange=[r.exchange for r in roots], other_load=others, pipeline=_pipeline(t, workers, roots),
         model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher,
         # the control plane's cost at scale: rank 0's gather of every rank's record and
         # this measure, and its peak memory so far (Linux: ru_maxrss in KiB)
         gather_seconds=time.perf_counter() - gathered_from,
         rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def _losses(part: Part, losses, dropped) -> dict:
+    """TestResult's record of the ranks lost during the test and the base models dropped, and
+    the test's division with them (division.with_losses)."""
+    launch, planned = list(part.launch_of), part.planned
+    verdict, reasons = division.with_losses(planned.division, list(planned.open_reasons), len(dropped), planned.layout.M)
+    return {"division": verdict, "open_reasons": reasons, "launch_ranks": launch if part.ctx.world.lost else None,
+            "losses": [elastic.record(x, launch, part.ctx.nodes, part.planned.layout.jobs) for x in losses],
+            "jobs_lost": sorted(dropped)}
 
 
 def _pipeline(t, workers: list[RankRecord], roots: list[RankRecord]) -> dict | None:

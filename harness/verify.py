@@ -39,7 +39,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from harness import (communication, dat, division, flops, frameworks, heartbeat, metrics, mllog, parallelism, report,
+from harness import (communication, dat, division, elastic, flops, frameworks, heartbeat, metrics, mllog, parallelism, report,
                      results, settings, telemetry, topology, train, workloads)
 from harness.errors import say
 
@@ -278,7 +278,10 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
     env = res.environment
     machine_of_node = topology.machine_of_each_node(env.get("machine_of_node") or (), len(env.get("hosts") or []))
     recorded = sorted(m["ranks"] for m in t.other_load)
-    derived = sorted(Counter(machine_of_node[n] for n in env.get("node_of_rank") or []).values())
+    node_of_rank = env.get("node_of_rank") or []
+    lost = {r for x in t.losses for r in x["ranks"]}   # no record came from them (harness/elastic.py)
+    derived = sorted(Counter(machine_of_node[node_of_rank[r]] for r in _launch_ranks(t, len(node_of_rank))
+                             if r not in lost).values())
     out.append(Check(f"{name}: ranks counted per machine (the node map)", recorded == derived, recorded, derived))
     want = telemetry.other_load_warnings(t.other_load)
     out.append(Check(f"{name}: other-load warnings ({len(want)}, over {telemetry.OTHER_LOAD_LIMIT:g} core a rank)",
@@ -286,6 +289,12 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
                      and not [w for w in t.warnings if w.startswith(telemetry.OTHER_LOAD_WARNING) and w not in want],
                      None, None))
     return out
+
+
+def _launch_ranks(t: results.TestResult, world: int) -> list[int]:
+    """The launch rank of each rank of the test's world: the node map (environment.node_of_rank)
+    numbers the launch's ranks, a test after a loss of ranks its survivors (harness/elastic.py)."""
+    return t.launch_ranks if t.launch_ranks is not None else list(range(world))
 
 
 def pipeline_check(t: results.TestResult) -> Check:
@@ -313,9 +322,10 @@ def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     if not t.exchange and results.minor(res.schema) < (2, 4):
         return Check(what, True, note=f"not recorded: results schema {res.schema}")
     nodes = res.environment.get("node_of_rank")
+    launch = _launch_ranks(t, len(nodes or []))
     derived, split = [], t.mode != "data" and parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
-    for ranks in t.jobs:
-        grid = communication.job_grid(ranks, nodes) if cfg.allreduce == "torus" else None
+    for ranks in (ranks for j, ranks in enumerate(t.jobs) if j not in t.jobs_lost):
+        grid = communication.job_grid([launch[r] for r in ranks], nodes) if cfg.allreduce == "torus" else None
         derived.append(sorted({communication.split_exchange(cfg.comm_precision, cfg.allreduce, split.stages,
                                                             split.replicas, carrier) if split else
                                communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid, carrier,
@@ -382,6 +392,7 @@ def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool)
     epochs_trained = reached["epoch"] if t.stop_at_target and reached else t.epochs
     evaluated = [e for e in due if e <= epochs_trained]
     ttq = (reached["seconds"], reached["epoch"]) if reached else (None, None)
+    kept = [q for j, q in enumerate(curve[-1]["base_quality"]) if j not in t.jobs_lost]   # harness/elastic.py
     return [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t.steps_per_epoch == steps,
                   t.steps_per_epoch, steps),
             Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
@@ -390,7 +401,7 @@ def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool)
                   t.epochs_trained == epochs_trained, t.epochs_trained, epochs_trained),
             _num(f"{name}: ensemble quality = the last evaluation's", t.quality, curve[-1]["quality"]),
             Check(f"{name}: base-model qualities = the last evaluation's",
-                  t.base_quality == curve[-1]["base_quality"], t.base_quality, curve[-1]["base_quality"]),
+                  t.base_quality == kept, t.base_quality, kept),
             Check(f"{name}: time to quality = the first evaluation reaching the target",
                   (t.time_to_quality, t.epochs_to_quality) == ttq, (t.time_to_quality, t.epochs_to_quality),
                   ttq)]
@@ -443,6 +454,7 @@ def division_check(t: results.TestResult, cfg, values: dict, resumed: bool = Fal
         workload=t.workload, dataset_kind=cfg.dataset.kind, deviations=t.model_deviations,
         test_only=settings.test_only(known), target=cfg.target_quality, default_target=wl.TARGET_QUALITY,
         n=cfg.penalty_n, default_n=wl.PENALTY_N, repetitions=cfg.repetitions)
+    verdict, reasons = division.with_losses(verdict, reasons, len(t.jobs_lost), t.M)
     recorded = [t.division, list(t.open_reasons)]
     ok = recorded == [verdict, reasons]
     note = ""
@@ -523,7 +535,8 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     (label, text, optional) in order. A resumed run's report repeats the earlier rows
     without their repetition summaries, so after a resume a summary is optional."""
     tests = res.tests
-    params = dat.describe(cfg) + settings.describe(res.settings) + settings.describe_library(res.environment)
+    params = (dat.describe(cfg) + settings.describe(res.settings) + settings.describe_library(res.environment)
+              + (elastic.lines(res.fault_tolerance) if res.fault_tolerance else []))
     segs = [("header", report.header(res.hpcai500, dat.TV_LEGEND, params, res.conventions), False)]
     segs += [(f"test {s['index']} skipped", report.skipped_line(s["index"], s["reason"]) + "\n", False)
              for s in res.skipped]
@@ -588,11 +601,18 @@ def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
             what = f"MLLOG mllog/{name}"
             log = mllogs.get(name)
             if log is None:
-                out.append(Check(what, False, note=f"missing: base model {j} of {_name(t)} has no log"))
+                lost = j in t.jobs_lost   # its root may have been the rank lost (harness/elastic.py)
+                out.append(Check(what, lost, note=f"base model {j} of {_name(t)} was lost, its log with its root"
+                                 if lost else f"missing: base model {j} of {_name(t)} has no log"))
                 continue
             msgs = log["messages"]
-            out.append(Check(f"{what}: MLPerf HPC compliance checker", not msgs,
-                             note="passes" if not msgs else f"{len(msgs)} message(s): " + " | ".join(msgs[:3])))
+            if j in t.jobs_lost:   # an aborted run's log may lack what a whole one has (harness/elastic.py)
+                out.append(Check(f"{what}: base model {j} lost, its log ends aborted", True,
+                                 note=("the checker passes" if not msgs else f"the checker's {len(msgs)} message(s): "
+                                       + " | ".join(msgs[:3]))))
+            else:
+                out.append(Check(f"{what}: MLPerf HPC compliance checker", not msgs,
+                                 note="passes" if not msgs else f"{len(msgs)} message(s): " + " | ".join(msgs[:3])))
             out += _guarded(f"{what}: figures", lambda t=t, j=j, log=log, what=what:
                             ([_mllog_figures(what, t, j, log["lines"])], None))[0]
     return out
@@ -601,17 +621,18 @@ def mllog_checks(tests: list, mllogs: dict) -> list[Check]:
 def _mllog_figures(what: str, t: results.TestResult, job: int, lines: list[str]) -> Check:
     events = [json.loads(ln.split(MLLOG_TOKEN, 1)[1]) for ln in lines if MLLOG_TOKEN in ln]
     last = {e["key"]: e["value"] for e in events}   # the last value of each key
-    want = {"seed": t.seed, "global_batch_size": t.P * t.B,
-            "train_samples": t.resample[job]["size"], "eval_samples": t.val_samples,
-            mllog.eval_key(t.higher_is_better): t.base_quality[job],
-            "hpcai500_ensemble_quality": t.quality,
-            "submission_division": t.division}
+    want = {"seed": t.seed, "global_batch_size": t.P * t.B, "eval_samples": t.val_samples,
+            "hpcai500_ensemble_quality": t.quality, "submission_division": t.division}
+    kept = [j for j in range(t.M) if j not in t.jobs_lost]   # the per-model lists hold these, in order
+    if job in kept:
+        want |= {"train_samples": t.resample[kept.index(job)]["size"],
+                 mllog.eval_key(t.higher_is_better): t.base_quality[kept.index(job)]}
     want = {k: v for k, v in want.items() if k in last}
     stops = [e.get("metadata", {}).get("status") for e in events if e["key"] == "run_stop"]
     if stops:   # MLPerf's success: the target reached (by the ensemble, harness/run.py)
         last["run_stop status"] = stops[-1]
         # success: the target reached at some evaluation (harness/run.py), as the time to quality says
-        want["run_stop status"] = "success" if t.time_to_quality is not None else "aborted"
+        want["run_stop status"] = "success" if t.time_to_quality is not None and job in kept else "aborted"
     diff = {k: last[k] for k, v in want.items() if not _close(last[k], v)}
     wrong = mllog.eval_key(not t.higher_is_better)   # an error logged as an accuracy, or the reverse
     if wrong in last:

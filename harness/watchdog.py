@@ -1,10 +1,12 @@
-"""Watchdog: a rank that makes no progress for too long aborts the whole job.
+"""Watchdog: a rank that makes no progress for too long ends the job, or itself.
 
-A collective whose partner is stuck (not dead: a dead rank ends the job by itself)
+A collective whose partner is stuck (not dead: ULFM tells the survivors of a dead one)
 blocks forever; the batch system would kill the job hours later with nothing said.
 The main thread calls `beat(phase)` at every training step and phase change; a daemon
 thread checks the age of the last beat and, past the limit, prints the rank and the
-phase and calls MPI_Abort, which ends every rank.
+phase and calls `abort`: MPI_Abort, which ends every rank, or under `--on-fault drop`
+the rank's own end, which makes it a lost rank like a dead one (harness/elastic.py):
+its job's ranks, stuck with it, learn it in their collective, the other jobs go on.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ def block(request, phase: str) -> None:
 
 
 class Watchdog:
-    def __init__(self, seconds: float, rank: int, abort):
-        self.seconds, self.rank, self.abort = seconds, rank, abort
+    def __init__(self, seconds: float, rank: int, abort, ends=lambda: "aborting the job"):
+        """`ends()`: what `abort` does, in words, when it fires."""
+        self.seconds, self.rank, self.abort, self.ends = seconds, rank, abort, ends
         self.phase = "start-up"
         self.last = time.monotonic()
         self._stop = threading.Event()
@@ -60,6 +63,6 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.seconds:
                 print(f"hpcai500: rank {self.rank}: no progress for {idle:.0f} s during {self.phase}"
-                      f" (watchdog limit {self.seconds:g} s); aborting the job", file=sys.stderr, flush=True)
+                      f" (watchdog limit {self.seconds:g} s); {self.ends()}", file=sys.stderr, flush=True)
                 self.abort()
                 return

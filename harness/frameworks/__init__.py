@@ -149,7 +149,8 @@ class Framework(Protocol):
         `Job` with build(workload, data, seed, job, precision) -> model; train(workload, data,
         model, indices, recipe, **hooks) -> harness/train.TrainResult; predict(workload, model,
         data, rows) -> scores; count(workload, model, data) -> harness/flops.FlopCount;
-        exchange() -> the gradient exchange in words (communication.exchange); close()."""
+        exchange() -> the gradient exchange in words (communication.exchange); close(); abandon():
+        leave a group that lost a member without a collective (harness/elastic.py)."""
 
 
 def get(name: str) -> Framework:

@@ -81,3 +81,11 @@ class Job:
         # thread calling back into Python aborts the process: collected before the groups go
         gc.collect()
         self._group.__exit__(None, None, None)
+
+    def abandon(self) -> None:
+        """The job lost a rank (harness/elastic.py): the group goes without the barriers of
+        close (a dead member would fail them); destroying it is this process's alone."""
+        import torch.distributed as dist
+        gc.collect()
+        self._group.gen.close()   # the context manager's generator ends here, its barriers skipped
+        dist.destroy_process_group()

@@ -92,3 +92,8 @@ class Job:
         import tensorflow as tf
         self.hvd.shutdown()
         tf.keras.backend.clear_session()
+
+    def abandon(self) -> None:
+        """The job lost a rank (harness/elastic.py): Horovod has shut itself down on the
+        failed all-reduce; shutting it down again is local, as is clearing the session."""
+        self.close()

@@ -1,0 +1,215 @@
+"""Elastic bagging: a lost rank costs the base models it touched, not the run.
+
+Bagging's base models are independent (V3.0), so a rank that dies need not end the
+others' work. Open MPI's ULFM (User-Level Failure Mitigation) lets the survivors go on:
+an operation that involves a dead process raises MPI_ERR_PROC_FAILED (or, once a
+survivor has revoked the communicator, MPI_ERR_REVOKED) instead of hanging, and the
+survivors can agree (MPI_Comm_agree) and shrink the communicator to themselves.
+
+Line-of-defence, per the policy (`--on-fault`, HPCAI500_ON_FAULT):
+
+* `abort`: a fault's exception reaches the driver, which calls MPI_Abort (as before).
+* `drop`: every world-level step of a test (the start barrier of training, each
+  evaluation, the end) runs through `World.step`: each rank tries the step, a rank that
+  saw a fault revokes the world, and all agree whether every rank succeeded; if not,
+  they shrink the world to the survivors and redo the step, leaving out the base models
+  that lost a rank (`lost_jobs`). A job whose group lost a member learns it in its own
+  collective (Horovod's or torch.distributed's error, `job_failed` confirms it on the
+  job's communicator); its survivors leave training and follow the remaining world steps
+  as idle ranks do. The later tests run on the ranks that remain (the driver re-plans).
+
+ULFM must be on at launch: `launch_survives` says whether it is, from what Open MPI reads
+(the environment, its MCA parameter files). Pure functions but for `World` and
+`job_failed`, which are MPI at the edges.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+POLICIES = ("abort", "drop")
+SETTING = "HPCAI500_ON_FAULT"
+DEFAULT = "drop"
+DETECT_SECONDS = 10.0   # s a job survivor waits for ULFM to name the failed member (seen: 0.5 s)
+
+# The MCA parameters that make a plain mpirun survive a rank's death: Open MPI's (in the
+# ranks) and PRTE's (in mpirun and its daemons: keep the job, and tell the survivors).
+OMPI_PARAMS = {"mpi_ft_enable": "1"}
+PRTE_PARAMS = {"state_base_recoverable": "1", "state_base_notify_errors": "1"}
+
+
+class Lost(Exception):
+    """Raised in a job's survivor whose job lost a rank: it leaves training."""
+
+
+class CoordinatorLost(Exception):
+    """World rank 0 (the run's results, report and curve) was lost: the survivors end the run."""
+
+
+class AllLost(Exception):
+    """Every base model of a test lost a rank: the test has no result (every survivor raises it)."""
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Ranks found dead at one world-level step."""
+    ranks: tuple[int, ...]      # their ranks in the launch's MPI_COMM_WORLD
+    phase: str                  # the step that found them (e.g. "test 1: evaluation after epoch 2")
+    seconds: float              # s since the start of the invocation (world rank 0's clock, each survivor's own)
+
+
+def fault_classes() -> tuple[int, ...]:
+    from mpi4py import MPI
+    return (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+
+
+def is_fault(error: BaseException) -> bool:
+    """An MPI error that says a process of the communicator failed (or that a survivor revoked it)."""
+    from mpi4py import MPI
+    return isinstance(error, MPI.Exception) and error.Get_error_class() in fault_classes()
+
+
+def lost_jobs(jobs, launch_of, lost) -> list[int]:
+    """The jobs (indices into `jobs`, each a list of test ranks) with a rank whose launch
+    rank (`launch_of[test rank]`) is in `lost`."""
+    lost = set(lost)
+    return [j for j, ranks in enumerate(jobs) if any(launch_of[r] in lost for r in ranks)]
+
+
+def read_params(path: str) -> dict:
+    """`name = value` lines of an MCA parameter file ({} if none); comments and blanks skipped."""
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                name, eq, value = line.split("#", 1)[0].partition("=")
+                if eq:
+                    out[name.strip()] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def launch_survives(environ, etc: str) -> tuple[bool, str]:
+    """(whether this launch keeps the job when a rank dies, how it is known). Open MPI
+    takes a parameter from the environment (OMPI_MCA_x; mpirun --with-ft ulfm sets
+    OMPI_MCA_mpi_ft_enable for the ranks) or from `etc`/openmpi-mca-params.conf, PRTE from
+    `etc`/prte-mca-params.conf (mpirun's PRTE_MCA_x does not reach the ranks: a launch that
+    sets them so is taken at its word only with mpi_ft_enable in the environment)."""
+    if environ.get("OMPI_MCA_mpi_ft_enable") == "1":
+        return True, "OMPI_MCA_mpi_ft_enable=1 in the ranks' environment (mpirun --with-ft ulfm, or set by hand)"
+    ompi = read_params(os.path.join(etc, "openmpi-mca-params.conf"))
+    prte = read_params(os.path.join(etc, "prte-mca-params.conf"))
+    missing = [f"{k} = {v} ({name})" for params, found, name in
+               ((OMPI_PARAMS, ompi, "openmpi-mca-params.conf"), (PRTE_PARAMS, prte, "prte-mca-params.conf"))
+               for k, v in params.items() if found.get(k) != v]
+    if missing:
+        return False, (f"ULFM is off: {', '.join(missing)} missing in {etc}; a lost rank ends the run"
+                       " (launch with mpirun --with-ft ulfm, or make venv)")
+    return True, f"ULFM on by {etc}/openmpi-mca-params.conf and prte-mca-params.conf"
+
+
+def job_failed(comm, seconds: float = DETECT_SECONDS) -> bool:
+    """Whether a member of the job's communicator is dead, waiting up to `seconds` for
+    ULFM's detector to name it (a survivor's own collective may fail first)."""
+    end = time.monotonic() + seconds
+    while True:
+        if comm.Get_failed().Get_size() > 0:
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+
+
+class World:
+    """The world of the run as it stands: MPI_COMM_WORLD, then each shrunk world after a
+    loss. Reads as the communicator it holds (rank, size, collectives); `origin` is this
+    rank's rank at launch, `losses` every loss so far (the same on every survivor)."""
+
+    def __init__(self, comm, policy: str, clock=time.perf_counter):
+        self.__dict__.update(comm=comm, policy=policy, origin=comm.rank, losses=[], _clock=clock, _t0=clock())
+        self.__dict__["_launch"] = list(range(comm.size))   # launch rank of each rank of `comm`
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    @property
+    def launch_ranks(self) -> list[int]:
+        """The launch rank of each rank of the world as it stands."""
+        return list(self._launch)
+
+    @property
+    def lost(self) -> set[int]:
+        return {r for loss in self.losses for r in loss.ranks}
+
+    def step(self, phase: str, fn):
+        """fn() on every rank as one world-level step; under `drop`, redone on the
+        survivors (fn reads `lost` to leave the lost base models out) until every rank of
+        the world as it then stands has succeeded."""
+        if self.policy == "abort":
+            return fn()
+        while True:
+            ok = 1
+            try:
+                out = fn()
+            except Exception as e:  # noqa: BLE001 - only a fault is ours; anything else goes on up
+                if not is_fault(e):
+                    raise
+                ok = 0
+                self.comm.Revoke()   # a rank still waiting in fn for this one learns it at once
+            try:
+                ok = self.comm.Agree(ok)
+            except Exception as e:  # noqa: BLE001 - an unacknowledged failure: the agreement says "no" uniformly
+                if not is_fault(e):
+                    raise
+                ok = 0
+            if ok:
+                return out
+            self._shrink(phase)
+
+    def _shrink(self, phase: str) -> None:
+        from mpi4py import MPI
+        old = self.comm
+        old.Revoke()
+        new = old.Shrink()
+        kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.size)), old.Get_group())
+        launch = [self._launch[r] for r in kept]
+        gone = tuple(r for r in self._launch if r not in set(launch))
+        self.__dict__.update(comm=new, _launch=launch)
+        if gone:
+            self.losses.append(Loss(gone, phase, self._clock() - self._t0))
+        if 0 in gone:
+            raise CoordinatorLost(f"world rank 0, which writes the results, was lost ({describe(self.losses[-1:])});"
+                                  " a new coordinator is not built yet: the run ends, its results as last written")
+
+
+def record(loss: Loss, launch_of, nodes, jobs) -> dict:
+    """results.json's entry for one loss in a test: the launch ranks lost, their hosts (of
+    the test's `nodes`), the step that found them, when, and the test's jobs they cost
+    (`jobs`: each a list of test ranks, `launch_of` their launch ranks)."""
+    test_rank = {launch: r for r, launch in enumerate(launch_of)}
+    return {"ranks": list(loss.ranks),
+            "hosts": sorted({nodes.hosts[nodes.node_of_rank[test_rank[r]]] for r in loss.ranks if r in test_rank}),
+            "phase": loss.phase, "seconds": loss.seconds, "jobs": lost_jobs(jobs, launch_of, loss.ranks)}
+
+
+def describe(losses) -> str:
+    """One clause for results.json-style loss entries or Loss objects: 'rank 3 at test 1: the evaluation after epoch 2; ...'."""
+    out = []
+    for loss in losses:
+        ranks, phase = (loss["ranks"], loss["phase"]) if isinstance(loss, dict) else (loss.ranks, loss.phase)
+        out.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} lost, found at {phase}")
+    return "; ".join(out)
+
+
+def lines(tolerance: dict) -> list[str]:
+    """The report's parameter lines (and --check's) for results.json's fault_tolerance."""
+    what = {"abort": "a lost rank ends the run (MPI_Abort)",
+            "drop": "a lost rank costs the base models it touched; the test and the sweep go on with the survivors"}
+    out = [f"FAULTS  : --on-fault {tolerance['policy']}: {what[tolerance['policy']]}",
+           f"FAULTS  : {tolerance['how']}"]
+    if tolerance["policy"] != "abort" and not tolerance["ulfm"]:
+        out.append(f"FAULTS  : warning: --on-fault {tolerance['policy']} asked, but this launch cannot keep a job"
+                   " whose rank died: a fault ends the run")
+    return out
