@@ -122,7 +122,15 @@ def main(argv=None) -> int:
         os.environ[elastic.SETTING] = args.on_fault
     from mpi4py import MPI
     world = elastic.World(MPI.COMM_WORLD, "abort")   # its policy once the settings are agreed (_run)
-    watchdog = Watchdog(args.watchdog, world.rank, lambda: _give_up(world), lambda: _giving_up(world.policy)).start()
+    watchdog = Watchdog(args.watchdog, world.rank, lambda: _give_up(world), lambda: _giving_up(world)).start()
+    status = _guarded(args, world, watchdog)
+    if world.losses:
+        elastic.leave(status)
+    return status
+
+
+def _guarded(args, world, watchdog) -> int:
+    """The run, its exit status, and every way it can fail, on this rank."""
     try:
         return _run(args, world, watchdog)
     except RunError as e:
@@ -130,10 +138,9 @@ def main(argv=None) -> int:
             say(f"error: {e}")
         world.Barrier()  # a rank exiting early makes mpirun kill rank 0 before it has spoken
         return 1
-    except elastic.CoordinatorLost as e:   # every survivor raises it: one says it
+    except elastic.CoordinatorLost as e:   # every survivor raises it at once (the shrink is agreed): one says it
         if world.rank == 0:
             say(f"error: {e}")
-        world.Abort(1)
         return 1
     except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
         print(crash(world.origin, watchdog.phase, e), file=sys.stderr, flush=True)
@@ -144,16 +151,21 @@ def main(argv=None) -> int:
 
 
 def _give_up(world) -> None:
-    """The watchdog's end of a rank without progress: MPI_Abort under `abort`; under `drop`
-    this process alone, SIGKILLed, so that ULFM tells its partners (harness/elastic.py)."""
-    if world.policy == "abort":
+    """The watchdog's end of a rank without progress: MPI_Abort under `abort`, and for world
+    rank 0, whose loss ends the run anyway (a non-zero exit; mpirun exits 0 when every rank
+    was SIGKILLed under ULFM); else this process alone, SIGKILLed, so that ULFM tells its
+    partners (harness/elastic.py)."""
+    if world.policy == "abort" or world.origin == 0:
         world.Abort(1)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _giving_up(policy: str) -> str:
-    return ("aborting the job" if policy == "abort" else
-            "ending this rank (--on-fault drop): its base models are lost, the other jobs go on")
+def _giving_up(world) -> str:
+    if world.policy == "abort":
+        return "aborting the job"
+    if world.origin == 0:
+        return "aborting the job (world rank 0 writes the results: its loss would end the run)"
+    return "ending this rank (--on-fault drop): its base models are lost, the other jobs go on"
 
 
 def _run(args, world, watchdog) -> int:

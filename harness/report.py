@@ -199,6 +199,14 @@ def skipped_line(index: int, reason: str) -> str:
     return f"Test {index} skipped: {reason}"
 
 
+def skipped_entry(entry: dict, repetitions: int) -> str:
+    """The report's line for results.Record.skipped's `entry`: a test left out during the
+    sweep (its `repetition`, harness/elastic.py) names the repetition where line 27 repeats."""
+    rep = entry.get("repetition")
+    return skipped_line(entry["index"], entry["reason"] + (f" (repetition {rep + 1})" if rep is not None and
+                                                           repetitions > 1 else "")) + "\n"
+
+
 def footer(tests: list[results.TestResult], skipped: list[dict], summary: list[str],
            interrupted: bool = False) -> str:
     """The counts, then `summary` (summary_lines: scaling and the paper's experiments).
@@ -552,9 +560,10 @@ class Output:
         """A test (repetition `rep`) left out during the sweep: its ranks were lost
         (harness/elastic.py). Counted with the skipped tests under `cause`."""
         with self.lock:
-            self.record.skipped.append({"index": index, "reason": reason, "cause": cause, "repetition": rep})
-            self._emit(skipped_line(index, reason + (f" (repetition {rep + 1})" if self.cfg.repetitions > 1 else ""))
-                       + "\n")
+            entry = {"index": index, "reason": reason, "cause": cause, "repetition": rep,
+                     "after": len(self.record.tests)}   # where its line is: after that many test blocks
+            self.record.skipped.append(entry)
+            self._emit(skipped_entry(entry, self.cfg.repetitions))
             self._save()
             self.current = None
 

@@ -509,7 +509,7 @@ def _losses(part: Part, losses, dropped) -> dict:
     the test's division with them (division.with_losses)."""
     launch, planned = list(part.launch_of), part.planned
     verdict, reasons = division.with_losses(planned.division, list(planned.open_reasons), len(dropped), planned.layout.M)
-    return {"division": verdict, "open_reasons": reasons, "launch_ranks": launch if part.ctx.world.lost else None,
+    return {"division": verdict, "open_reasons": reasons, "launch_ranks": None if len(launch) == part.ctx.world.launched else launch,
             "losses": [elastic.record(x, launch, part.ctx.nodes, part.planned.layout.jobs) for x in losses],
             "jobs_lost": sorted(dropped)}
 

@@ -538,16 +538,23 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     params = (dat.describe(cfg) + settings.describe(res.settings) + settings.describe_library(res.environment)
               + (elastic.lines(res.fault_tolerance) if res.fault_tolerance else []))
     segs = [("header", report.header(res.hpcai500, dat.TV_LEGEND, params, res.conventions), False)]
-    segs += [(f"test {s['index']} skipped", report.skipped_line(s["index"], s["reason"]) + "\n", False)
-             for s in res.skipped]
+    # a test skipped at the start, after the header; one left out after a loss of ranks, after
+    # the test blocks finished before it (its `after`)
+    later: dict[int, list] = {}
+    for s in res.skipped:
+        later.setdefault(s.get("after", -1), []).append(
+            (f"test {s['index']} skipped", report.skipped_entry(s, cfg.repetitions), False))
+    segs += later.pop(-1, [])
     summaries = {s.index: s for s in res.repeats}
-    for t in tests:
+    for n, t in enumerate(tests):
+        segs += later.pop(n, [])
         segs.append((f"{_name(t)} block", report.row(t, cfg.repetitions, len(res.resumed) + 1, res.schema), False))
         s = summaries.get(t.index)
         if s and t.repetition == cfg.repetitions - 1 and t.repetition > 0:
             first = next(r for r in tests if r.index == t.index)
             segs.append((f"test {t.index} repetition summary", report.repeats_block(first, s, res.schema),
                          bool(res.resumed)))
+    segs += [seg for n in sorted(later) for seg in later[n]]   # after the last block
     status, stop = res.status, res.interrupted or {}
     if status == "interrupted":
         test = stop.get("test")

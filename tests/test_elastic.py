@@ -1,0 +1,251 @@
+"""Elastic bagging (harness/elastic.py, issue 46): a lost rank costs the base models it
+touched, not the run. Pure logic in-process (the lost jobs, what the launch says of ULFM,
+the re-laid sweep, the agreement loop of World.step over a scripted communicator); real
+runs under mpirun with ULFM on (make venv's parameter files), a rank SIGKILLed in training
+and in an evaluation, a hung rank, and `--on-fault abort`."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import division, elastic, heartbeat, mllog, plan, report, results
+from tests.conftest import ROOT, dat_text, mpirun, result
+from tests.conftest import results as read_results
+
+WATCHDOG = 30   # s, as tests/test_run.py's: a legitimate gap between beats was 6 s with three runs at once
+
+
+# ------------------------------------------------------------------ pure logic
+def test_lost_jobs_are_those_with_a_lost_launch_rank():
+    jobs = [(0, 1), (2, 3), (4, 5)]
+    assert elastic.lost_jobs(jobs, [0, 1, 2, 3, 4, 5], {3}) == [1]
+    assert elastic.lost_jobs(jobs, [0, 1, 2, 3, 4, 5], {0, 5}) == [0, 2]
+    # a test laid out on survivors: test rank 2 is launch rank 4
+    assert elastic.lost_jobs([(0, 1), (2,)], [0, 1, 4], {4}) == [1]
+    assert elastic.lost_jobs(jobs, [0, 1, 2, 3, 4, 5], set()) == []
+
+
+def _etc(tmp_path, ompi, prte):
+    (tmp_path / "openmpi-mca-params.conf").write_text(ompi)
+    (tmp_path / "prte-mca-params.conf").write_text(prte)
+    return str(tmp_path)
+
+
+def test_the_launch_survives_with_ulfm_in_the_parameter_files_or_the_environment(tmp_path):
+    etc = _etc(tmp_path, "# comment\nmpi_ft_enable = 1\n",
+               "state_base_recoverable=1  # trailing comment\nstate_base_notify_errors = 1\n")
+    assert elastic.launch_survives({}, etc) == (True, f"ULFM on by {etc}/openmpi-mca-params.conf and"
+                                                      " prte-mca-params.conf")
+    # notify_errors missing: the survivors would hang, so it is off, naming what is missing
+    etc = _etc(tmp_path, "mpi_ft_enable = 1\n", "state_base_recoverable = 1\n")
+    ok, how = elastic.launch_survives({}, etc)
+    assert not ok and "state_base_notify_errors = 1 (prte-mca-params.conf) missing" in how
+    assert elastic.launch_survives({}, str(tmp_path / "absent"))[0] is False
+    # mpirun --with-ft ulfm puts this into every rank's environment
+    assert elastic.launch_survives({"OMPI_MCA_mpi_ft_enable": "1"}, str(tmp_path / "absent"))[0] is True
+
+
+def test_fault_lines_warn_where_drop_is_asked_but_the_launch_cannot_give_it():
+    off = {"policy": "drop", "ulfm": False, "how": "ULFM is off: ..."}
+    assert elastic.lines(off)[-1].startswith("FAULTS  : warning: --on-fault drop asked, but this launch cannot")
+    assert not any("warning" in x for x in elastic.lines({**off, "policy": "abort"}))
+    assert not any("warning" in x for x in elastic.lines({**off, "ulfm": True}))
+
+
+def test_make_venv_writes_the_three_ulfm_parameters_once(tmp_path):
+    (tmp_path / "prte-mca-params.conf").write_text("# shipped comments\nstate_base_recoverable = 0\n")
+    for _ in range(2):   # idempotent: a rerun rewrites, never duplicates
+        subprocess.run(["bash", str(ROOT / "scripts" / "ulfm.sh"), str(tmp_path)], check=True)
+    assert elastic.launch_survives({}, str(tmp_path))[0]
+    prte = (tmp_path / "prte-mca-params.conf").read_text()
+    assert prte.count("state_base_recoverable") == 1 and "# shipped comments" in prte
+
+
+def test_the_tests_left_are_laid_out_anew_on_the_survivors():
+    from harness import dat
+    cfg = dat.parse_text(dat_text(l9=3, l10="2 0 4", l11="2 1 1"), "t.dat")
+    tests = dat.expand(cfg)
+    node_of_rank = (0, 0, 0, 0)
+    planned, _ = plan.layouts(cfg, tests, 4, node_of_rank)
+    runs = [(p, 0) for p in planned]
+    kept, gone = plan.relaid(cfg, runs, 3, (0, 0, 0), "rank 3 lost")
+    assert [(p.test.index, p.layout.M, p.layout.P) for p, _ in kept] == [(2, 3, 1)]   # M = 0: the smaller world
+    assert [p.layout.jobs for p, _ in kept] == [((0,), (1,), (2,))]
+    assert [(s.test.index, s.cause, r) for s, r in gone] == [(1, "lost", 0), (3, "lost", 0)]
+    assert gone[0][0].reason == ("t.dat:10-11: found '2 x 2', expected M x P <= 3, the ranks left after rank 3"
+                                 " lost: M x P = 2 x 2 = 4 exceeds the world size 3")
+
+
+def test_a_test_with_dropped_base_models_is_open():
+    assert division.with_losses("closed", [], 0, 4) == ("closed", [])
+    verdict, reasons = division.with_losses("closed", [], 1, 4)
+    assert verdict == "open" and reasons == ["1 of 4 base models lost to faults and dropped (--on-fault drop):"
+                                             " the ensemble measured is not the one the input asked for"]
+
+
+def test_status_tells_a_run_complete_with_losses_by_its_own_exit():
+    lost = result(M=2, jobs_lost=[1], base_quality=[0.95],
+                  losses=[{"ranks": [3], "hosts": ["n2"], "phase": "test 1: the evaluation after epoch 1",
+                           "seconds": 4.0, "jobs": [1]}])
+    rec = results.Record(hpcai500="0.2", run_dir="r", input={"text": dat_text(l27=2)}, config={}, settings={},
+                         environment={}, conventions=[], roofline={}, status="complete", tests=[lost],
+                         skipped=[{"index": 2, "reason": "x", "cause": "lost", "repetition": 1}])
+    state = heartbeat.judge(rec, None, 0.0, None)
+    assert (state.name, state.code) == ("complete-with-losses", 6)
+    assert state.detail == ("every test PASSED, with losses: rank(s) 3 lost, 1 base model(s) dropped,"
+                            " 1 test run(s) left out")
+    rec.tests[0] = result()
+    rec.skipped = []
+    assert heartbeat.judge(rec, None, 0.0, None).name == "complete"
+
+
+def test_planned_runs_count_a_repetition_left_out_after_a_loss_once():
+    from harness import dat
+    text = dat_text(l9=2, l10="1 2", l11="1 1", l27=3)
+    rec = results.Record(hpcai500="0.2", run_dir="r", input={"text": text},
+                         config=dat.record(dat.parse_text(text)), settings={}, environment={}, conventions=[], roofline={},
+                         skipped=[{"index": 1, "reason": "x", "cause": "ranks"},           # every repetition
+                                  {"index": 2, "reason": "y", "cause": "lost", "repetition": 2}])
+    assert heartbeat.planned_runs(rec) == (2 - 1) * 3 - 1
+
+
+def test_the_losses_line_names_ranks_hosts_the_step_and_the_models_dropped():
+    t = result(M=2, jobs_lost=[1], losses=[{"ranks": [3], "hosts": ["n2"], "seconds": 4.0, "jobs": [1],
+                                            "phase": "test 1: the evaluation after epoch 1"}])
+    assert report.losses_line(t) == ("Losses      : 1 of 2 base models trained ; rank 3 on n2 found lost at test 1:"
+                                     " the evaluation after epoch 1 ; job(s) 1 dropped: every figure is the 1 left's")
+
+
+def test_closing_a_lost_models_log_rewrites_its_division_and_aborts_it():
+    log = mllog.BaseModelLog(1, 1)
+    log.init(seed=1, global_batch=64, train_samples=10, eval_samples=5, nodes=1, per_node=4, workload="digits",
+             division="closed", org="o", platform="p", status="onprem")
+    lines = mllog.close(log.lines, ensemble_quality=0.5, reached=False, instance_id=1, division="open")
+    events = [json.loads(x.split(":::MLLOG ", 1)[1]) for x in lines if ":::MLLOG " in x]
+    assert [e["value"] for e in events if e["key"] == "submission_division"] == ["open"]
+    assert events[-1]["key"] == "run_stop" and events[-1]["metadata"]["status"] == "aborted"
+
+
+class _Comm:
+    """A communicator whose operations follow a script: the pure agreement logic of
+    World.step, without MPI (the real one runs under mpirun below)."""
+    def __init__(self, rank, size, agree):
+        self.rank, self.size, self.agreed, self.revoked = rank, size, list(agree), 0
+
+    def Agree(self, flag):
+        return self.agreed.pop(0) & flag
+
+    def Revoke(self):
+        self.revoked += 1
+
+
+def test_a_step_without_faults_runs_once_and_agrees(monkeypatch):
+    world = elastic.World(_Comm(0, 4, [1]), "drop")
+    calls = []
+    assert world.step("s", lambda: calls.append(1) or "out") == "out"
+    assert calls == [1] and world.comm.revoked == 0 and world.losses == []
+
+
+def test_a_step_another_rank_failed_is_shrunk_and_redone(monkeypatch):
+    comm = _Comm(0, 4, [0, 1])        # rank 3 saw the fault: the first agreement says no
+    world = elastic.World(comm, "drop")
+    shrunk = _Comm(0, 3, [1])
+
+    def shrink(phase):   # World._shrink's bookkeeping with the group translation done by MPI
+        world.__dict__.update(comm=shrunk, _launch=[0, 1, 2])
+        world.losses.append(elastic.Loss((3,), phase, 1.0))
+    monkeypatch.setattr(world, "_shrink", shrink)
+    seen = []
+    assert world.step("test 1: the evaluation after epoch 2", lambda: seen.append(sorted(world.lost)) or 7) == 7
+    assert seen == [[], [3]]          # the retry reads the loss, to leave the lost job out
+    assert world.launch_ranks == [0, 1, 2] and world.size == 3 and world.rank == 0
+
+
+def test_under_abort_a_step_is_the_bare_call():
+    world = elastic.World(_Comm(0, 2, []), "abort")   # no agreement at all: nothing scripted
+    assert world.step("s", lambda: 5) == 5
+
+
+# ------------------------------------------------------------------ real runs
+def _run(tmp_path, env, extra=(), **lines):
+    path = tmp_path / "t.dat"
+    path.write_text(dat_text(l5=tmp_path / "runs", **lines))
+    return mpirun(4, [*extra, str(path)], tmp_path, env=env)
+
+
+def _cli(*args):
+    q = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), *map(str, args)], capture_output=True, text=True,
+                       timeout=120)
+    return q.returncode, q.stdout
+
+
+def _run_folder(tmp_path):
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
+    return run
+
+
+@pytest.mark.parametrize("framework,fault,found", [
+    ("tensorflow", "3:30:kill", "the evaluation after epoch 2"),   # in training (Horovod's all-reduce)
+    ("pytorch", "3:eval:kill", "the evaluation after epoch 1")])   # in an evaluation (the job's gather)
+def test_a_killed_rank_costs_its_base_model_and_the_sweep_goes_on(tmp_path, framework, fault, found):
+    """4 ranks; test 1 is M = 2 x P = 2 and world rank 3 (job 1) is SIGKILLed. Job 1's
+    survivor (rank 2, its root) leaves the job; test 1 ends with job 0 alone; test 2
+    (1 x 2) runs on the 3 ranks left; test 3 (4 x 1) no longer fits and is skipped."""
+    p = _run(tmp_path, {"HPCAI500_FAULT": fault}, l9=3, l10="2 1 4", l11="2 2 1", l15=3, l30=0, l35=framework)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "hpcai500: rank 2: test 1: base model 1 lost a rank (" in p.stderr, p.stderr[-3000:]
+    assert "Losses      : 1 of 2 base models trained ; rank 3 on " in p.stdout, p.stdout[-3000:]
+    assert f"found lost at test 1: {found} ; job(s) 1 dropped: every figure is the 1 left's" in p.stdout
+    res = read_results(tmp_path / "runs")
+    t1, t2 = res["tests"]
+    assert res["fault_tolerance"]["policy"] == "drop" and res["fault_tolerance"]["ulfm"] is True
+    assert (t1["jobs_lost"], [x["ranks"] for x in t1["losses"]], t1["launch_ranks"]) == ([1], [[3]], None)
+    assert len(t1["base_quality"]) == 1 and len(t1["resample"]) == 1 and t1["resample"][0]["job"] == 0
+    # the figures are job 0's alone: its samples, its steps
+    assert t1["samples_trained"] == t1["steps_per_epoch"][0] * t1["epochs_trained"] * t1["B"] * t1["P"]
+    assert t1["division"] == "open" and t1["open_reasons"][-1].startswith("1 of 2 base models lost to faults")
+    assert t1["evaluations"][-1]["base_quality"][1] is None
+    assert (t2["index"], t2["M"], t2["P"], t2["launch_ranks"], t2["jobs_lost"]) == (2, 1, 2, [0, 1, 2], [])
+    (gone,) = res["skipped"]
+    assert (gone["index"], gone["cause"]) == (3, "lost")
+    assert "expected M x P <= 3, the ranks left after rank 3 lost" in gone["reason"]
+    assert "Test 3 skipped: " in p.stdout
+    run = _run_folder(tmp_path)
+    lost_log = (run / "mllog" / mllog.filename(1, 0, 1)).read_text()
+    assert '"status": "aborted"' in lost_log.splitlines()[-1]
+    code, line = _cli("--status", run)
+    assert code == 6 and "complete-with-losses: every test PASSED, with losses: rank(s) 3 lost" in line, line
+    code, out = _cli("--verify", run)
+    assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
+
+
+def test_a_hung_rank_costs_its_job_through_the_watchdog(tmp_path):
+    """Rank 3 stops making progress in training; rank 2, its partner, waits in the
+    all-reduce. Under drop each one's watchdog ends that rank alone (not MPI_Abort): job
+    1 is lost, job 0 finishes the test, the run completes."""
+    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:hang"}, ["--watchdog", WATCHDOG], l9=1, l10=2, l11=2, l15=3,
+             l30=0)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "rank 3: no progress for" in p.stderr and "ending this rank (--on-fault drop)" in p.stderr
+    (t,) = read_results(tmp_path / "runs")["tests"]
+    assert t["jobs_lost"] == [1] and sorted(r for x in t["losses"] for r in x["ranks"]) in ([2, 3], [3])
+    assert _cli("--status", _run_folder(tmp_path))[0] == 6
+
+
+def test_on_fault_abort_ends_the_run_as_before(tmp_path):
+    """The same kill as above under `--on-fault abort`: rank 2 fails in Horovod's
+    all-reduce and the run ends; results.json keeps no test, --status says so."""
+    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:kill"}, ["--on-fault", "abort"], l9=1, l10=2, l11=2, l15=3, l30=0)
+    assert "hpcai500: rank 2 failed during training, test 1" in p.stderr, p.stderr[-3000:]
+    assert "FAULTS  : --on-fault abort: a lost rank ends the run (MPI_Abort)" in p.stdout
+    res = read_results(tmp_path / "runs")
+    assert res["tests"] == [] and res["fault_tolerance"]["policy"] == "abort"
+    assert res["settings"]["HPCAI500_ON_FAULT"] == "abort"      # the command line's choice, on record
+    # mpirun may return before the ranks it is ending are gone (seen: under 3 s): --status says
+    # running (2) until then, then interrupted or dead; never complete
+    deadline = time.monotonic() + 60   # a hang bound
+    while (code := _cli("--status", _run_folder(tmp_path))[0]) == 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert code in (3, 5), code
