@@ -56,8 +56,9 @@ class AllLost(Exception):
 class Loss:
     """Ranks found dead at one world-level step."""
     ranks: tuple[int, ...]      # their ranks in the launch's MPI_COMM_WORLD
-    phase: str                  # the step that found them (e.g. "test 1: evaluation after epoch 2")
-    seconds: float              # s since the start of the invocation (world rank 0's clock, each survivor's own)
+    phase: str                  # the step that found them (e.g. "test 1: the evaluation after epoch 2")
+    seconds: float              # s since the start of the invocation (each survivor's own clock)
+    time: float = 0.0           # s since the epoch (time.time()) when the survivors had shrunk the world
 
 
 def fault_classes() -> tuple[int, ...]:
@@ -180,7 +181,7 @@ class World:
         gone = tuple(r for r in self._launch if r not in set(launch))
         self.__dict__.update(comm=new, _launch=launch)
         if gone:
-            self.losses.append(Loss(gone, phase, self._clock() - self._t0))
+            self.losses.append(Loss(gone, phase, self._clock() - self._t0, time.time()))
         if 0 in gone:
             raise CoordinatorLost(f"world rank 0, which writes the results, was lost ({describe(self.losses[-1:])});"
                                   " a new coordinator is not built yet: the run ends, its results as last written")
@@ -193,7 +194,8 @@ def record(loss: Loss, launch_of, nodes, jobs) -> dict:
     test_rank = {launch: r for r, launch in enumerate(launch_of)}
     return {"ranks": list(loss.ranks),
             "hosts": sorted({nodes.hosts[nodes.node_of_rank[test_rank[r]]] for r in loss.ranks if r in test_rank}),
-            "phase": loss.phase, "seconds": loss.seconds, "jobs": lost_jobs(jobs, launch_of, loss.ranks)}
+            "phase": loss.phase, "seconds": loss.seconds, "time": loss.time,
+            "jobs": lost_jobs(jobs, launch_of, loss.ranks)}
 
 
 def describe(losses) -> str:

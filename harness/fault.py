@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 PHASES = ("eval", "roofline")
@@ -42,6 +43,9 @@ def _armed(world_rank: int):
 
 
 def _fire(kind: str, where) -> None:
+    if kind in ("kill", "hang"):   # when, on this rank's clock: bench/elastic.py times the recovery from it
+        print(f"hpcai500: rank {os.environ.get('OMPI_COMM_WORLD_RANK', '?')}: HPCAI500_FAULT fires: {kind} at {where}"
+              f" (t={time.time():.3f})", file=sys.stderr, flush=True)
     if kind == "slow":
         time.sleep(SLOW_STEP)
         return

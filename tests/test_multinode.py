@@ -6,8 +6,8 @@ One shared run (2 nodes x 2 ranks, layouts 4x1, 2x2, 1x4 with PMAP 1, staged on 
 node's own disk and kept, the 2D-torus all-reduce) is read by several tests; the torus
 averages as the ring does on 4 ranks, 2 a node, in 2 x 2 and degenerate grids; the job map of PMAP 0 comes
 from --check (PMAP 1's from the shared run); 4 nodes x 1 rank share a synthetic-data cache and resume an
-interrupted run; a dead node and a cut link each end a job with the finished tests intact, and --status says
-so whatever mpirun exits. A rank that stops making progress is the watchdog's on one node (tests/test_run.py)
+interrupted run; a rank killed on another node costs its base model only (--on-fault drop); a dead node and a
+cut link each end a job with the finished tests intact, and --status says so whatever mpirun exits. A rank that stops making progress is the watchdog's on one node (tests/test_run.py)
 as across a cut link here.
 """
 import json
@@ -161,6 +161,27 @@ def test_four_nodes_share_a_synthetic_cache_and_resume_an_interrupted_run(cluste
 
 
 # ------------------------------------------------------------------ faults across nodes
+def test_a_rank_killed_on_another_node_costs_its_base_model_only(cluster, tmp_path):
+    """4 nodes x 1 rank, test 1 M = 2 x P = 2 (job 1 on n3 and n4); world rank 3 (n4) is
+    SIGKILLed in training. Its partner on n3 learns it in Horovod's all-reduce across the
+    nodes, the world shrinks (harness/elastic.py), test 1 finishes with job 0, test 2
+    (3 x 1) runs on n1-n3; mpirun's daemon on n4 lives, so the job lives (a node lost
+    whole is the next test's)."""
+    (tmp_path / "e.dat").write_text(dat_text(l5=tmp_path / "runs", l9=2, l10="2 3", l11="2 1", l15=3, l30=0))
+    p = cluster_mpirun(cluster, FOUR_BY_ONE, ["--watchdog", 120, tmp_path / "e.dat"], tmp_path,
+                       env={"HPCAI500_FAULT": "3:30:kill"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = results(tmp_path / "runs")
+    t1, t2 = res["tests"]
+    assert [(x["ranks"], x["hosts"]) for x in t1["losses"]] == [([3], ["n4"])] and t1["jobs_lost"] == [1]
+    assert (t2["M"], t2["launch_ranks"], t2["jobs_lost"]) == (3, [0, 1, 2], [])
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    assert _status(run)[0] == 6
+    q = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run)], capture_output=True,
+                       text=True, timeout=120)
+    assert q.returncode == 0, [x for x in q.stdout.splitlines() if "FAILED" in x]
+
+
 # Test 2 (B 8) takes 4x test 1's steps. Trained by PyTorch: what these tests prove is the
 # harness's (the watchdog, the launcher, the heartbeat), and PyTorch's ranks start in a
 # fraction of TensorFlow's time; 10 epochs keep test 2 training past the fault.
@@ -215,7 +236,8 @@ def _finished_test_intact(tmp_path, reason=None):
 
 def test_a_node_that_dies_ends_the_job_within_a_minute(tmp_path):
     """n2's init is killed: its daemon and both its ranks die at once, as in a crash.
-    mpirun loses the daemon's connection and ends the job. Whatever mpirun exits,
+    mpirun loses the daemon's connection and ends the job, ULFM on or not: Open MPI
+    5.0.8's PRRTE cannot keep a job whose daemon died (README, "When a rank dies"). Whatever mpirun exits,
     --status exits non-zero naming what happened: interrupted (3), or, where the ranks
     were gone at once, dead (5) once the heartbeat has missed 12 stamps (0.5 s apart
     here: rank 0's process is in n1's PID namespace, so only the stamp's age tells)."""

@@ -1,0 +1,139 @@
+"""Elastic bagging on the simulated cluster (issue 46, item 7): what a lost rank, and a
+lost node, cost a run under `--on-fault drop`, against the same run without a fault.
+
+    sudo .venv/bin/python bench/elastic.py [--rounds 2]
+
+Two layouts of the simulated cluster (scripts/cluster/): 4 nodes x 1 rank and 2 nodes x 2
+ranks, M = 4 base models of P = 1 (digits, embedded data, B 32, 8 epochs, an evaluation
+every epoch, no roofline). Per layout and round, alternated:
+
+* `none`: no fault;
+* `rank`: the last node's last rank SIGKILLed (HPCAI500_FAULT=RANK:STEP:kill) at a step
+  drawn at random (seeded) between the second epoch and the second last;
+* `node`: the last node killed whole (its init: the Open MPI daemon and its ranks) once
+  training has reached the same epoch.
+
+Figures: mpirun's exit and the run's --status, time to solution, the ensemble's quality,
+base models kept; for `rank`, from the fault (the injector's own clock) to the survivors'
+agreed shrink (results.json's loss `time`), after which they train on; and whether every
+surviving job's work was kept (its samples equal to the fault-free run's for that job).
+`retrain` (the ensemble made whole again) is not built: the table says so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+import common
+
+sys.path.insert(0, os.path.join(common.ROOT, "scripts", "cluster"))
+import cluster as cl  # noqa: E402
+
+EPOCHS, B, M = 8, 32, 4
+LAYOUTS = {"4x1": ("n1:1,n2:1,n3:1,n4:1", "n4", 3), "2x2": ("n1:2,n2:2", "n2", 3)}   # hosts, last node, its rank
+GOAL_RECOVERY = 10.0   # s, fault to the survivors' shrink (issue 46)
+FIRES = re.compile(r"HPCAI500_FAULT fires: kill at step (\d+) \(t=([0-9.]+)\)")
+
+
+def run(c, dat: str, hosts: str, env: dict, kill_node: str | None = None, at_epoch: int = 0) -> dict:
+    """hpcai500.py on the cluster: the results.json it wrote, mpirun's exit, its stderr,
+    and for a node killed, when (this machine's clock)."""
+    before = set(os.listdir(common.WORK))
+    launcher = ["mpirun", *c.mpirun_args(hosts, {**common.ENV, **env})]
+    common.wait_quiet()
+    p = subprocess.Popen([*launcher, common.PY, "hpcai500.py", dat], cwd=common.ROOT, env={**common.ENV, **env},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err, killed = [], None
+    for line in p.stderr:
+        err.append(line)
+        if kill_node and killed is None and f": epoch {at_epoch}/" in line:
+            killed = time.time()
+            c.kill(kill_node)
+    p.wait(timeout=600)
+    ended = time.time()
+    (run_dir,) = [d for d in set(os.listdir(common.WORK)) - before if d[:1].isdigit()]
+    path = os.path.join(common.WORK, run_dir)
+    with open(os.path.join(path, "results.json")) as f:
+        res = json.load(f)
+    status = subprocess.run([common.PY, "hpcai500.py", "--status", path], cwd=common.ROOT, capture_output=True,
+                            text=True)
+    return {"res": res, "rc": p.returncode, "err": "".join(err), "killed": killed, "ended": ended,
+            "status": status.stdout.strip().split(": ", 2)[1].split(":")[0] if status.stdout else "?"}
+
+
+def figures(case: str, out: dict, clean: dict | None) -> list:
+    tests = out["res"]["tests"]
+    t = tests[0] if tests else None
+    kept = t and t["M"] - len(t["jobs_lost"])
+    recovery = "-"
+    if case == "rank" and t and t["losses"]:
+        fired = FIRES.search(out["err"])
+        recovery = f"{t['losses'][0]['time'] - float(fired.group(2)):.2f}" if fired else "?"
+    if case == "node" and out["killed"]:
+        recovery = f"job ended {out['ended'] - out['killed']:.1f} s after"
+    work = "-"
+    if t and clean and case != "none":
+        ref = {r["job"]: r["size"] for r in clean["res"]["tests"][0]["resample"]}
+        same = all(r["size"] == ref[r["job"]] for r in t["resample"])
+        full = t["epochs_trained"] == clean["res"]["tests"][0]["epochs_trained"]
+        work = "kept" if same and full else "NOT kept"
+    return [case, out["rc"], out["status"], f"{t['time_to_solution']:.2f}" if t else "-",
+            f"{t['quality']:.4f}" if t else "-", f"{kept} of {M}" if t else "0 (no result)", work, recovery]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per layout (default 2)")
+    ap.add_argument("--seed", type=int, default=46, help="draws the fault's step (default 46)")
+    args = ap.parse_args()
+    why = cl.available()
+    if why:
+        sys.exit(f"bench/elastic.py: {why}")
+    draw = random.Random(args.seed)
+    print(f"machine: {common.machine()}; simulated cluster (scripts/cluster/)")
+    dat = common.make_dat("elastic", l9=1, l10=M, l11=1, l14=B, l15=EPOCHS, l30=0, l31=1)
+    c = cl.Cluster("elastic", net=244).up(4, slots=2, tie=True)
+    rows = []
+    try:
+        for layout, (hosts, last, rank) in LAYOUTS.items():
+            for r in range(args.rounds):
+                clean = run(c, dat, hosts, {})
+                steps = clean["res"]["tests"][0]["steps_per_epoch"][-1]
+                step = draw.randrange(steps, steps * (EPOCHS - 1))
+                order = ("rank", "node") if r % 2 == 0 else ("node", "rank")
+                outs = {"none": clean}
+                for case in order:
+                    if case == "rank":
+                        outs[case] = run(c, dat, hosts, {"HPCAI500_FAULT": f"{rank}:{step}:kill"})
+                    else:
+                        outs[case] = run(c, dat, hosts, {}, kill_node=last, at_epoch=1 + step // steps)
+                        c.down()
+                        c = cl.Cluster("elastic", net=244).up(4, slots=2, tie=True)   # the killed node back
+                for case in ("none", "rank", "node"):
+                    rows.append([layout, r + 1, f"step {step}" if case != "none" else "-",
+                                 *figures(case, outs[case], clean)])
+                print(f"  {layout} round {r + 1} done", flush=True)
+    finally:
+        c.down()
+    print(f"\ndigits, M = {M} x P = 1, B {B}, {EPOCHS} epochs, an evaluation every epoch; --on-fault drop;"
+          f" {args.rounds} round(s) a layout")
+    print(common.table(["layout", "round", "fault at", "fault", "mpirun exit", "--status", "time to solution s",
+                        "quality", "base models", "surviving jobs' work", "fault to shrink s"], rows))
+    recov = [float(x[-1]) for x in rows if x[3] == "rank" and re.fullmatch(r"[0-9.]+", str(x[-1]))]
+    worst = max(recov) if recov else float("nan")
+    print(f"\nrank lost: fault to the survivors' shrink, worst {worst:.2f} s (goal < {GOAL_RECOVERY:g} s):"
+          f" {'met' if recov and worst < GOAL_RECOVERY else 'NOT met'}; every surviving job's work kept:"
+          f" {'yes' if all(x[-2] == 'kept' for x in rows if x[3] == 'rank') else 'NO'}")
+    print("node lost: Open MPI 5.0.8's PRRTE ends the job when a daemon is lost (README, 'When a rank dies'):"
+          " the run's finished tests stand, this test is lost")
+    print("retrain: not built (issue 46 item 1): no figures")
+
+
+if __name__ == "__main__":
+    main()
