@@ -9,6 +9,7 @@
 # These are what `mpirun --with-ft ulfm` sets, found with `prte_info --all`.
 set -euo pipefail
 etc=${1:?usage: scripts/ulfm.sh PREFIX/etc}
+mkdir -p "$etc"
 set_param() {   # FILE NAME VALUE
     touch "$1"
     sed -i "/^[[:space:]]*$2[[:space:]]*=/d" "$1"

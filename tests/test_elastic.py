@@ -156,11 +156,21 @@ def test_a_step_another_rank_failed_is_shrunk_and_redone(monkeypatch):
     def shrink(phase):   # World._shrink's bookkeeping with the group translation done by MPI
         world.__dict__.update(comm=shrunk, _launch=[0, 1, 2])
         world.losses.append(elastic.Loss((3,), phase, 1.0))
+        return (3,)
     monkeypatch.setattr(world, "_shrink", shrink)
     seen = []
     assert world.step("test 1: the evaluation after epoch 2", lambda: seen.append(sorted(world.lost)) or 7) == 7
     assert seen == [[], [3]]          # the retry reads the loss, to leave the lost job out
     assert world.launch_ranks == [0, 1, 2] and world.size == 3 and world.rank == 0
+
+
+def test_a_failed_step_with_no_rank_lost_is_an_error(monkeypatch):
+    """Another rank's MPI operation failed, yet the shrink keeps every rank: not a fault."""
+    world = elastic.World(_Comm(0, 2, [0]), "drop")
+    monkeypatch.setattr(world, "_shrink", lambda phase: ())
+    with pytest.raises(elastic.StepFailed, match="^test 1: the start of training: an MPI operation failed on some"
+                                                 " rank, and no rank was lost$"):
+        world.step("test 1: the start of training", lambda: None)
 
 
 def test_under_abort_a_step_is_the_bare_call():

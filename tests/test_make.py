@@ -42,3 +42,11 @@ def test_make_launches_with_pmixs_hash_job_store():
     p = subprocess.run(["make", "-s", "--eval", 'pmixcheck: ; @echo "$$PMIX_MCA_gds"', "pmixcheck"], cwd=ROOT,
                        env=env, capture_output=True, text=True)
     assert (p.returncode, p.stdout) == (0, "hash\n"), p.stderr
+
+
+def test_the_venv_turns_ulfm_on_for_its_own_mpi_only(tmp_path):
+    """make venv writes ULFM's parameters into the venv's Open MPI files (scripts/ulfm.sh:
+    a plain mpirun then survives a rank's death, harness/elastic.py); a site MPI's files
+    are the site's (MPI=site)."""
+    assert f"bash scripts/ulfm.sh {tmp_path / 'v'}/etc" in _recipe(tmp_path).stdout
+    assert "scripts/ulfm.sh" not in _recipe(tmp_path, "MPI=site").stdout
