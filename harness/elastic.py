@@ -214,7 +214,8 @@ def record(loss: Loss, launch_of, nodes, jobs) -> dict:
 
 
 def describe(losses) -> str:
-    """One clause for results.json-style loss entries or Loss objects: 'rank 3 at test 1: the evaluation after epoch 2; ...'."""
+    """Losses (Loss objects or results.json's entries) in words: 'rank 3 lost, found at
+    test 1: the evaluation after epoch 2; ...'."""
     out = []
     for loss in losses:
         ranks, phase = (loss["ranks"], loss["phase"]) if isinstance(loss, dict) else (loss.ranks, loss.phase)

@@ -20,8 +20,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import (division, elastic, ensemble, fault, frameworks, metrics, mllog, parallelism, sampler, settings, staging,
-                     telemetry, topology, train, workloads)
+from harness import (division, elastic, ensemble, fault, frameworks, metrics, mllog, parallelism, sampler, settings,
+                     staging, telemetry, topology, train, workloads)
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 

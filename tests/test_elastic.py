@@ -232,11 +232,11 @@ def test_a_killed_rank_costs_its_base_model_and_the_sweep_goes_on(tmp_path, fram
 
 
 def test_a_hung_rank_costs_its_job_through_the_watchdog(tmp_path):
-    """Rank 3 stops making progress in training; rank 2, its partner, waits in the
-    all-reduce. Under drop each one's watchdog ends that rank alone (not MPI_Abort): job
+    """Rank 3 stops making progress in training; rank 2, its partner, waits in Gloo's
+    all-reduce (PyTorch: its ranks start in a fraction of TensorFlow's time). Under drop each one's watchdog ends that rank alone (not MPI_Abort): job
     1 is lost, job 0 finishes the test, the run completes."""
     p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:hang"}, ["--watchdog", WATCHDOG], l9=1, l10=2, l11=2, l15=3,
-             l30=0)
+             l30=0, l35="pytorch")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rank 3: no progress for" in p.stderr and "ending this rank (--on-fault drop)" in p.stderr
     (t,) = read_results(tmp_path / "runs")["tests"]
@@ -245,9 +245,10 @@ def test_a_hung_rank_costs_its_job_through_the_watchdog(tmp_path):
 
 
 def test_on_fault_abort_ends_the_run_as_before(tmp_path):
-    """The same kill as above under `--on-fault abort`: rank 2 fails in Horovod's
-    all-reduce and the run ends; results.json keeps no test, --status says so."""
-    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:kill"}, ["--on-fault", "abort"], l9=1, l10=2, l11=2, l15=3, l30=0)
+    """The same kill as above under `--on-fault abort`: rank 2 fails in Gloo's all-reduce
+    (PyTorch) and the run ends; results.json keeps no test, --status says so."""
+    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:kill"}, ["--on-fault", "abort"], l9=1, l10=2, l11=2, l15=3, l30=0,
+             l35="pytorch")
     assert "hpcai500: rank 2 failed during training, test 1" in p.stderr, p.stderr[-3000:]
     assert "FAULTS  : --on-fault abort: a lost rank ends the run (MPI_Abort)" in p.stdout
     res = read_results(tmp_path / "runs")
