@@ -6,17 +6,19 @@ an operation that involves a dead process raises MPI_ERR_PROC_FAILED (or, once a
 survivor has revoked the communicator, MPI_ERR_REVOKED) instead of hanging, and the
 survivors can agree (MPI_Comm_agree) and shrink the communicator to themselves.
 
-Line-of-defence, per the policy (`--on-fault`, HPCAI500_ON_FAULT):
+Per the policy (`--on-fault`, HPCAI500_ON_FAULT):
 
 * `abort`: a fault's exception reaches the driver, which calls MPI_Abort (as before).
 * `drop`: every world-level step of a test (the start barrier of training, each
   evaluation, the end) runs through `World.step`: each rank tries the step, a rank that
-  saw a fault revokes the world, and all agree whether every rank succeeded; if not,
-  they shrink the world to the survivors and redo the step, leaving out the base models
-  that lost a rank (`lost_jobs`). A job whose group lost a member learns it in its own
-  collective (Horovod's or torch.distributed's error, `job_failed` confirms it on the
-  job's communicator); its survivors leave training and follow the remaining world steps
-  as idle ranks do. The later tests run on the ranks that remain (the driver re-plans).
+  saw an MPI error revokes the world, and all agree whether every rank succeeded; if
+  not, they shrink the world to the survivors and redo the step, leaving out the base
+  models that lost a rank (`lost_jobs`); a shrink that loses nobody was an error, not a
+  fault (StepFailed). A job whose group lost a member learns it in its own collective
+  (Horovod's or torch.distributed's error, `job_failed` confirms it on the job's
+  communicator); its survivors leave training and follow the remaining world steps as
+  idle ranks do. The later tests run on the ranks that remain (the driver re-plans), and
+  a process of a run that lost ranks ends without MPI_Finalize (`leave`).
 
 ULFM must be on at launch: `launch_survives` says whether it is, from what Open MPI reads
 (the environment, its MCA parameter files). Pure functions but for `World` and

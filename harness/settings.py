@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from harness import fault
+from harness import elastic, fault
 from harness.workloads.detection import box_columns
 
 PREFIX = "HPCAI500_"
@@ -128,7 +128,7 @@ TABLE = {s.name: s for s in (
     Setting("HPCAI500_ROOFLINE_QUICK", _one_of("0", "1"), "0", "micro-kernels at test sizes (1)", test_only=True),
     Setting("HPCAI500_PEAK_TFLOPS", _peak, None, "theoretical peak per rank, Tflops (unset: NVML table)"),
     Setting("HPCAI500_FAULT", _fault, None, "fault injection for the reliability tests", test_only=True),
-    Setting("HPCAI500_ON_FAULT", _one_of("abort", "drop"), "drop",
+    Setting("HPCAI500_ON_FAULT", _one_of(*elastic.POLICIES), elastic.DEFAULT,
             "what a lost rank costs: abort the run, or drop the base models it touched (set by --on-fault)"),
     Setting("HPCAI500_WATCHDOG", _seconds, 1800.0, "watchdog limit, s (read by the command line)", figures=False),
     Setting("HPCAI500_HEARTBEAT", _positive_seconds, 5.0,
