@@ -141,9 +141,11 @@ class World:
     rank's rank at launch, `losses` every loss so far (the same on every survivor)."""
 
     def __init__(self, comm, policy: str, clock=time.perf_counter):
-        self.__dict__.update(comm=comm, policy=policy, origin=comm.rank, losses=[], _clock=clock, _t0=clock())
-        self.__dict__["_launch"] = list(range(comm.size))   # launch rank of each rank of `comm`
-        self.launched = comm.size                             # ranks at launch
+        # plain attributes: only a name missing here reaches the communicator (__getattr__)
+        self.comm, self.policy, self.origin, self.losses = comm, policy, comm.rank, []
+        self._clock, self._t0 = clock, clock()
+        self._launch = list(range(comm.size))   # launch rank of each rank of `comm`
+        self.launched = comm.size               # ranks at launch
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
@@ -195,7 +197,7 @@ class World:
         kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.size)), old.Get_group())
         launch = [self._launch[r] for r in kept]
         gone = tuple(r for r in self._launch if r not in set(launch))
-        self.__dict__.update(comm=new, _launch=launch)
+        self.comm, self._launch = new, launch
         if gone:
             self.losses.append(Loss(gone, phase, self._clock() - self._t0, time.time()))
         if 0 in gone:

@@ -398,13 +398,13 @@ class Evaluation:
                                     lambda: self._reduce(contribute, quality, job))
         self.done += 1
         self.stopped = stop
+        lost = self.lost()
         if stop or epoch == self.epochs[-1]:
-            self.final_lost = self.lost()
+            self.final_lost = lost
         if world.rank == 0:
             by_job = dict(x for x in bases if x is not None)   # a lost job's entry: None
             self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
                                "base_quality": [by_job.get(j) for j in range(self.M)]})
-            lost = self.lost()
             print(f"hpcai500: {progress_head(t, self.ctx.n_tests)} : evaluation after"
                   f" epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
                   f"{f' of {self.M - len(lost)} of {self.M} base models' if lost else ''}"
