@@ -209,7 +209,7 @@ def _run(args, world, watchdog) -> int:
         watchdog.beat("roofline micro-kernels")
         ceilings = _roofline(world, cfg.frameworks, cfg.precisions)
     watchdog.beat("inventory")
-    environment = telemetry.environment(world, nodes, devices, cfg.frameworks)  # collective: every rank
+    environment, nodes = _inventory(world, nodes, devices, cfg.frameworks)
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     ctx = run.Context(cfg, world, nodes, devices, os.path.basename(os.path.normpath(run_dir)), ceilings or {},
                       plan.n_tests, _submission(world, environment))
@@ -231,13 +231,24 @@ def _run(args, world, watchdog) -> int:
 def _sweep(ctx, plan, output, watchdog) -> None:
     """Every test of the plan, each repetition, on every rank; rank 0's `output` (None
     elsewhere) records each as it finishes. An error all ranks agree on mid-sweep
-    (staging) ends the sweep with the finished tests standing. After a loss of ranks the
-    tests left are laid out anew on the survivors (planning.relaid); those that no longer
-    fit are skipped, as is a test whose every base model was lost."""
+    (staging) ends the sweep with the finished tests standing. After a loss of ranks (in
+    the roofline or a test) the tests left are laid out anew on the survivors
+    (planning.relaid); those that no longer fit are skipped, as is a test whose every base
+    model was lost."""
     world = ctx.world
     runs, seen = list(plan.runs), 0
     try:
         while runs:
+            if len(world.losses) > seen:   # ranks lost in the roofline or the last test
+                seen = len(world.losses)
+                watchdog.beat("laying out the tests left on the ranks that remain")
+                ctx = replace(ctx, nodes=topology.discover(world))
+                runs, gone = planning.relaid(plan.cfg, runs, world.size, ctx.nodes.node_of_rank,
+                                             elastic.describe(world.losses))
+                for s, r in gone:
+                    if output:
+                        output.skip(s.test.index, r, s.reason, s.cause)
+                continue
             p, rep = runs.pop(0)
             t = p.test
             watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
@@ -250,19 +261,23 @@ def _sweep(ctx, plan, output, watchdog) -> None:
             except elastic.AllLost as e:
                 if output:
                     output.skip(t.index, rep, str(e), "lost")
-            if len(world.losses) > seen:
-                seen = len(world.losses)
-                watchdog.beat("laying out the tests left on the ranks that remain")
-                ctx = replace(ctx, nodes=topology.discover(world))
-                runs, gone = planning.relaid(plan.cfg, runs, world.size, ctx.nodes.node_of_rank,
-                                             elastic.describe(world.losses))
-                for s, r in gone:
-                    if output:
-                        output.skip(s.test.index, r, s.reason, s.cause)
     except RunError as e:
         if output:
             output.finish(interrupted=f"{results.ERROR_PREFIX}{e}")
         raise
+
+
+def _inventory(world, nodes, devices, names) -> tuple[dict, object]:
+    """(telemetry.environment, nodes): collective, every rank. After a loss in the roofline,
+    on the survivors (the sweep lays its tests anew on them too), with the node map by launch
+    rank, as a test's launch_ranks number them."""
+    if world.losses:
+        nodes = topology.discover(world)
+    environment = telemetry.environment(world, nodes, devices, names)
+    if world.rank == 0 and world.losses:
+        environment["node_of_rank"] = elastic.by_launch(environment["node_of_rank"], world.launch_ranks,
+                                                        world.launched)
+    return environment, nodes
 
 
 def _submission(world, environment: dict) -> dict:
@@ -308,26 +323,31 @@ def _roofline(world, names, precisions) -> dict | None:
     """GEMM, convolution and triad on every rank at once (they share the node's memory
     and power, as training does), in each framework of the sweep (`names`: a test's
     utilisation is measured against the library that trained it) and each precision;
-    per-rank figures on rank 0, keyed by frameworks.roofline_key."""
+    per-rank figures on rank 0, keyed by frameworks.roofline_key, indexed by launch rank
+    (None for a rank lost before its figures were gathered: under `drop` the barrier and the
+    gather are world steps, harness/elastic.py, and no later test runs on a lost rank)."""
     out = {}
     for name in names:
         for prec in precisions:
-            world.Barrier()
+            key = frameworks.roofline_key(name, prec)
+            world.step(f"the roofline ({key}): its start", lambda: world.Barrier())   # the world as it stands
             fault.point(world.origin, "roofline")
             with native_stderr_captured():  # the triad's first XLA compilation prints banners
                 mine = frameworks.get(name).roofline(prec, settings.value("HPCAI500_ROOFLINE_QUICK") == "1")
-            per_rank = world.gather(mine, root=0)
+            per_rank = world.step(f"the roofline ({key}): the gather of its figures",
+                                  lambda: world.gather(mine, root=0))
             if world.rank == 0:
-                out[frameworks.roofline_key(name, prec)] = _ceilings(name, prec, per_rank)
+                out[key] = _ceilings(name, prec, elastic.by_launch(per_rank, world.launch_ranks, world.launched))
     return out if world.rank == 0 else None
 
 
-def _ceilings(framework: str, prec: str, per_rank: list[dict]) -> dict:
+def _ceilings(framework: str, prec: str, per_rank: list[dict | None]) -> dict:
     med = lambda xs: float(np.median(xs))  # noqa: E731 - a median over ranks, the chart's ceiling
+    ran = [r for r in per_rank if r is not None]
     return {"precision": prec, "framework": framework, "per_rank": per_rank,
-            "gemm_flops": med([r["gemm"]["flops"] for r in per_rank]),
-            "conv_flops": med([r["conv"]["flops"] for r in per_rank]),
-            "bandwidth": med([r["stream"]["bandwidth"] for r in per_rank]),
+            "gemm_flops": med([r["gemm"]["flops"] for r in ran]),
+            "conv_flops": med([r["conv"]["flops"] for r in ran]),
+            "bandwidth": med([r["stream"]["bandwidth"] for r in ran]),
             "peak": per_rank[0]["peak"]}
 
 

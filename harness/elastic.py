@@ -9,7 +9,8 @@ survivors can agree (MPI_Comm_agree) and shrink the communicator to themselves.
 Per the policy (`--on-fault`, HPCAI500_ON_FAULT):
 
 * `abort`: a fault's exception reaches the driver, which calls MPI_Abort (as before).
-* `drop`: every world-level step of a test (the start barrier of training, each
+* `drop`: every world-level step of the run (the roofline's barrier and gather; in each
+  test, the end of the sampler's sends, staging, the start barrier of training, each
   evaluation, the end) runs through `World.step`: each rank tries the step, a rank that
   saw an MPI error revokes the world, and all agree whether every rank succeeded; if
   not, they shrink the world to the survivors and redo the step, leaving out the base
@@ -88,6 +89,15 @@ def lost_jobs(jobs, launch_of, lost) -> list[int]:
     rank (`launch_of[test rank]`) is in `lost`."""
     lost = set(lost)
     return [j for j, ranks in enumerate(jobs) if any(launch_of[r] in lost for r in ranks)]
+
+
+def by_launch(values, launch_ranks, launched: int) -> list:
+    """A value per rank of a shrunk world (`values[i]` of the rank whose launch rank is
+    `launch_ranks[i]`) as a list by launch rank, None for each of the `launched` ranks lost."""
+    out = [None] * launched
+    for launch, value in zip(launch_ranks, values):
+        out[launch] = value
+    return out
 
 
 def read_params(path: str) -> dict:

@@ -1,10 +1,12 @@
 """Fault injection, for the reliability tests only.
 
-HPCAI500_FAULT="RANK:WHERE[:kill|hang|slow]" makes world rank RANK raise (or SIGKILL
-itself, or stop making progress forever, or sleep SLOW_STEP s there and before every
-later step: a rank that trains slowly but surely, at no CPU cost) at WHERE: a global
-training step (an integer) of every test, or the start of a phase, `eval` or
-`roofline`. Unset, it costs nothing.
+HPCAI500_FAULT="RANK:WHERE[:kill|hang|slow][,RANK:WHERE[:KIND]...]" makes world rank RANK
+(its rank at launch) raise (or SIGKILL itself, or stop making progress forever, or sleep
+SLOW_STEP s there and before every later step: a rank that trains slowly but surely, at
+no CPU cost) at WHERE: a global training step (an integer) of every test, or the start of
+a phase (`eval`, `roofline`, `sampler`, `staging`), of every test or, as `PHASE@N`, of
+test N only. Several faults, comma-separated, hit several ranks (or phases) in one run.
+Unset, it costs nothing.
 """
 from __future__ import annotations
 
@@ -13,33 +15,45 @@ import signal
 import sys
 import time
 
-PHASES = ("eval", "roofline")
+PHASES = ("eval", "roofline", "sampler", "staging")
 KINDS = ("raise", "kill", "hang", "slow")
 SLOW_STEP = 0.25   # s a `slow` rank sleeps before each step (its watchdog beaten first: alive)
+USAGE = f"RANK:STEP|{'|'.join(PHASES)}[@TEST][:{'|'.join(KINDS[1:])}][,...]"
 
 
-def parse(spec: str) -> tuple[int, int | str, str]:
-    """RANK:WHERE[:KIND] -> (rank, step or phase, kind); ValueError saying what is expected."""
-    parts = spec.split(":")
-    usage = f"RANK:STEP|{'|'.join(PHASES)}[:{'|'.join(KINDS[1:])}]"
-    if not 2 <= len(parts) <= 3 or not parts[0].isdigit() or not (parts[1].isdigit() or parts[1] in PHASES):
-        raise ValueError(usage)
-    kind = parts[2] if len(parts) > 2 else "raise"
-    if kind not in KINDS:
-        raise ValueError(usage)
-    return int(parts[0]), (int(parts[1]) if parts[1].isdigit() else parts[1]), kind
+def _where(text: str) -> int | str | None:
+    """A step (int), a phase, or PHASE@TEST; None if none of them."""
+    if text.isdigit():
+        return int(text)
+    phase, at, test = text.partition("@")
+    if phase in PHASES and (not at or (test.isdigit() and int(test) > 0)):
+        return text
+    return None
 
 
-def _armed(world_rank: int):
-    """(where, kind) when a fault is armed on this rank, else None."""
+def parse(spec: str) -> list[tuple[int, int | str, str]]:
+    """'RANK:WHERE[:KIND],...' -> [(rank, step or phase, kind)]; ValueError saying what is expected."""
+    out = []
+    for one in spec.split(","):
+        parts = one.split(":")
+        where = _where(parts[1]) if len(parts) > 1 else None
+        kind = parts[2] if len(parts) > 2 else "raise"
+        if not 2 <= len(parts) <= 3 or not parts[0].isdigit() or where is None or kind not in KINDS:
+            raise ValueError(USAGE)
+        out.append((int(parts[0]), where, kind))
+    return out
+
+
+def _armed(world_rank: int) -> list[tuple[int | str, str]]:
+    """(where, kind) of each fault armed on this rank (launch rank)."""
     spec = os.environ.get("HPCAI500_FAULT")
     if not spec:
-        return None
+        return []
     try:
-        rank, where, kind = parse(spec)
+        faults = parse(spec)
     except ValueError as e:
         raise ValueError(f"HPCAI500_FAULT={spec!r}: expected {e}") from None
-    return (where, kind) if rank == world_rank else None
+    return [(where, kind) for rank, where, kind in faults if rank == world_rank]
 
 
 def _fire(kind: str, where) -> None:
@@ -58,10 +72,10 @@ def _fire(kind: str, where) -> None:
 
 def injector(world_rank: int):
     """A callable(step) for the training loop, or None when no step fault is armed here."""
-    armed = _armed(world_rank)
-    if armed is None or not isinstance(armed[0], int):
+    steps = [(where, kind) for where, kind in _armed(world_rank) if isinstance(where, int)]
+    if not steps:
         return None
-    at, kind = armed
+    at, kind = steps[0]
 
     def fire(step: int) -> None:
         if step == at or (kind == "slow" and step > at):
@@ -69,8 +83,8 @@ def injector(world_rank: int):
     return fire
 
 
-def point(world_rank: int, phase: str) -> None:
-    """Fire here if a fault is armed for this rank at the start of `phase`."""
-    armed = _armed(world_rank)
-    if armed is not None and armed[0] == phase:
-        _fire(armed[1], phase)
+def point(world_rank: int, phase: str, test: int | None = None) -> None:
+    """Fire here if a fault is armed for this rank at the start of `phase` (of test `test`)."""
+    for where, kind in _armed(world_rank):
+        if where == phase or (test is not None and where == f"{phase}@{test}"):
+            _fire(kind, where)

@@ -514,7 +514,7 @@ def run_lines(cfg) -> list[str]:
 
 def roofline_lines(c: dict) -> list[str]:
     """The conventions block's roofline lines for one precision."""
-    n = len(c["per_rank"])
+    n = sum(r is not None for r in c["per_rank"])   # a rank lost in the roofline: None (harness/driver.py)
     fw = "" if c.get("framework", "tensorflow") == "tensorflow" else f"{c['framework']}, "
     lines = [f"Roofline ({fw}{c['precision']}, per rank, median of {n} ranks run at once): GEMM "
              f"{c['gemm_flops'] / 1e12:.4f} Tflops, CONV {c['conv_flops'] / 1e12:.4f} Tflops,"

@@ -7,11 +7,12 @@ tests in order and hands each result to the output (harness/report.Output).
 
 A failure during a test that every rank can see (staging) is agreed (RunError). A
 lost rank (harness/elastic.py) under `--on-fault drop` costs the base models it touched:
-the world-level steps of training (its start barrier, each evaluation, the end) run
-through `World.step`, which shrinks the world to the survivors and redoes the step
-without the lost jobs, whose surviving ranks follow as idle ranks do. Any other failure
-(or any fault under `abort`, or one outside those steps) ends the job through the
-driver's MPI_Abort, so no rank is left waiting.
+the world-level steps of a test (the end of the sampler's sends, staging, the start
+barrier of training, each evaluation, the end) run through `World.step`, which shrinks
+the world to the survivors and redoes the step without the lost jobs, whose surviving
+ranks follow as idle ranks do. Any other failure (or any fault under `abort`, or one
+outside those steps) ends the job through the driver's MPI_Abort, so no rank is left
+waiting.
 """
 from __future__ import annotations
 
@@ -100,27 +101,25 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     wl = workloads.get(t.workload)
     job, job_comm = topology.split(world, layout)
     losses_before = len(world.losses)
+    # the test's numbering of its ranks, whatever the world loses during it
+    part = Part(ctx, planned, rep, seed, wl, data, watchdog, world.rank, tuple(world.launch_ranks), job, job_comm)
 
     t0 = time.perf_counter()
-    indices = sampler.distribute(world, [list(j) for j in layout.jobs], data.n_train, cfg.sampler, seed, job_comm, job,
-                                 wait=watchdog.wait)
+    indices, seen = _resample(part)
     sampler_seconds = time.perf_counter() - t0
-    part = Part(ctx, planned, rep, seed, wl, data, watchdog, world.rank, tuple(world.launch_ranks), job, job_comm,
-                indices)
+    part = replace(part, indices=indices)
     part = replace(part, log=_log(part))
     copy = _stage(part)
     evaluation = Evaluation(part)
+    if len(evaluation.lost()) == layout.M:   # every job lost before training: the same on every survivor
+        staging.cleanup(copy, cfg.staging_keep)
+        raise _all_lost(t, world.losses[losses_before:], " before training")
     if job is None:
-        probe = telemetry.Sampler()   # its CPU is the run's, not other load (telemetry.other_load)
-        probe.start()
-        evaluation.start_barrier()   # the one the jobs' ranks enter inside train()
-        start = time.perf_counter()
-        evaluation.begin()
-        # the jobs' evaluations; an idle rank's eval_seconds stay 0, as its Time does: its
-        # wait in them is the jobs' training, not evaluating
-        evaluation.follow()
-        record = RankRecord(part.rank, None, staging=_staged(copy),
-                            telemetry=probe.stop(window=(start, time.perf_counter())))
+        record = _idle(part, copy, evaluation)
+    elif job in evaluation.lost():   # lost in the sampler's sends or staging
+        record = _abandoned(part, None, copy, evaluation, seen or elastic.Lost(
+            f"a rank of base model {job} was lost before training ({elastic.describe(world.losses[losses_before:])})"),
+            None)
     else:
         record = _base_model(part, copy, evaluation)
     if cfg.staging != "none":
@@ -133,8 +132,7 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     t3 = time.perf_counter()
     records = world.step(f"test {t.index}: the gather of the ranks' records", lambda: world.gather(record, root=0))
     if len(evaluation.final_lost) == layout.M:
-        raise elastic.AllLost(f"every base model of test {t.index} lost a rank"
-                              f" ({elastic.describe(world.losses[losses_before:])})")
+        raise _all_lost(t, world.losses[losses_before:])
     if world.rank != 0:
         return None
     result = measure(part, records, evaluation, sampler_seconds, gathered_from=t3,
@@ -146,6 +144,23 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     return result, {r.job: mllog.close(r.mllog, ensemble_quality=result.quality, reached=reached and not r.lost,
                                        instance_id=r.job, division=result.division)
                     for r in records if r.mllog is not None}
+
+
+def _all_lost(t, losses, when: str = "") -> elastic.AllLost:
+    return elastic.AllLost(f"every base model of test {t.index} lost a rank{when} ({elastic.describe(losses)})")
+
+
+def _idle(part: Part, copy, evaluation) -> RankRecord:
+    """An idle rank's test: the world steps of training, and its record."""
+    probe = telemetry.Sampler()   # its CPU is the run's, not other load (telemetry.other_load)
+    probe.start()
+    evaluation.start_barrier()   # the one the jobs' ranks enter inside train()
+    start = time.perf_counter()
+    evaluation.begin()
+    # the jobs' evaluations; an idle rank's eval_seconds stay 0, as its Time does: its
+    # wait in them is the jobs' training, not evaluating
+    evaluation.follow()
+    return RankRecord(part.rank, None, staging=_staged(copy), telemetry=probe.stop(window=(start, time.perf_counter())))
 
 
 def _log(part: Part):
@@ -161,40 +176,79 @@ def _log(part: Part):
     return log
 
 
+def _resample(part: Part):
+    """(this rank's job's resample, the error its job's communicator gave): the sampler's
+    sends (sampler.distribute), then the world step that ends them. Under `drop` a job
+    whose rank died here is lost (its survivors get (None, the error) and follow the test,
+    run.test); an error on a job whose ranks all live is an error, and raises."""
+    ctx, t, watchdog = part.ctx, part.t, part.watchdog
+    world, layout = ctx.world, part.planned.layout
+    indices, seen = None, None
+    try:
+        fault.point(world.origin, "sampler", t.index)
+        indices = sampler.distribute(world, [list(j) for j in layout.jobs], part.data.n_train, ctx.cfg.sampler,
+                                     part.seed, part.comm, part.job, wait=watchdog.wait,
+                                     passed=elastic.is_fault if world.policy != "abort" else sampler.never)
+    except Exception as e:  # noqa: BLE001 - a job's error is a fault only if the world step below loses its rank
+        if world.policy == "abort" or part.comm is None or not elastic.is_mpi_error(e):
+            raise
+        part.comm.Revoke()   # the job's other ranks, still in its broadcast, learn it at once
+        seen = e
+    # Idle ranks come straight here, the jobs' ranks once their resample has arrived (rank 0
+    # sends them one after another): wait for all beating the watchdog.
+    world.step(f"test {t.index}: the sampler's sends", lambda: watchdog.wait(
+        world.Ibarrier(), f"test {t.index}: waiting for every job's resample"))
+    if seen is not None and part.job not in elastic.lost_jobs(layout.jobs, part.launch_of, world.lost):
+        raise seen
+    return indices, seen
+
+
 def _stage(part: Part):
     """The Data Duplicator (line 28): one node-local copy per node of the union of the
     resamples of the jobs it serves, every rank of the node taking part (idle ranks too:
     one of them may be the node's writer). Returns this rank's copy (None without
     staging, or on an idle rank that did not write one). A failure anywhere ends the run
-    on every rank before training (RunError)."""
+    on every rank before training (RunError). Under `drop` the whole is one world step:
+    a rank lost in it is left out and the copies are made anew on the survivors, a lost
+    job's ranks taking part as idle ones (harness/elastic.py)."""
     ctx, t, watchdog = part.ctx, part.t, part.watchdog
     cfg, world = ctx.cfg, ctx.world
     if cfg.staging == "none":
         return None
-    # Idle ranks come straight from the sampler, the jobs' ranks once their resample has
-    # arrived (rank 0 sends them one after another): wait for all beating the watchdog,
-    # since the node communicator's split below is a blocking collective.
-    watchdog.wait(world.Ibarrier(), f"staging, test {t.index}: waiting for the resamples")
-    node = topology.node_comm(world)
-    path = staging.folder(cfg.staging, ctx.run_id, t.index, part.rep, ctx.nodes.node_of_rank[world.rank])
-    copy, err = None, None
-    try:
-        copy = staging.stage(part.wl, part.data, part.indices, part.job, node, cfg.staging, path, beat=watchdog.beat,
-                             wait=watchdog.wait)
-    except (staging.StagingError, OSError, ValueError) as e:  # ValueError: a DataError reading the copy
-        err = str(e)
-    finally:
-        node.Free()
-    # the other nodes' copies may take longer: wait for them beating, not in the allgather
-    watchdog.wait(world.Ibarrier(), f"staging, test {t.index}: waiting for the other nodes' copies")
-    try:
+    path = staging.folder(cfg.staging, ctx.run_id, t.index, part.rep, ctx.nodes.node_of_rank[part.rank])
+    copy = None
+
+    def attempt():
+        nonlocal copy
+        staging.cleanup(copy, keep=False)   # a try that a loss undid: its copy is written anew
+        copy, err = None, None
+        lost = part.job in elastic.lost_jobs(part.planned.layout.jobs, part.launch_of, world.lost)
+        job, indices = (None, None) if lost else (part.job, part.indices)
+        node = topology.node_comm(world)
+        try:
+            fault.point(world.origin, "staging", t.index)
+            copy = staging.stage(part.wl, part.data, indices, job, node, cfg.staging, path, beat=watchdog.beat,
+                                 wait=watchdog.wait)
+        except (staging.StagingError, OSError, ValueError) as e:  # ValueError: a DataError reading the copy
+            err = str(e)
+        except Exception as e:  # noqa: BLE001 - the node's ranks still in its collectives must learn of an MPI error
+            if elastic.is_mpi_error(e):
+                node.Revoke()
+            raise
+        finally:
+            node.Free()
+        # the other nodes' copies may take longer: wait for them beating, not in the allgather
+        watchdog.wait(world.Ibarrier(), f"staging, test {t.index}: waiting for the other nodes' copies")
         first_failure(world, err and f"test {t.index}: {err}")
+
+    try:
+        world.step(f"test {t.index}: staging", attempt)
     except RunError:
         staging.cleanup(copy, keep=False)
         if part.comm is not None:
             part.comm.Free()
         raise
-    if part.log is not None:
+    if part.log is not None and copy is not None:
         part.log.staging(*copy.wall, copy.samples, copy.copy_bytes)
     return copy
 

@@ -90,8 +90,13 @@ class _Arrival:
         self.comm.Probe(source=self.source, tag=self.tag, status=self.status)
 
 
+def never(error: BaseException) -> bool:
+    """No error is passed over (distribute's default)."""
+    return False
+
+
 def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
-               job_comm, my_job: int | None, wait=watchdog.block) -> np.ndarray | None:
+               job_comm, my_job: int | None, wait=watchdog.block, passed=never) -> np.ndarray | None:
     """Rank 0 draws each job's resample and sends it to the job's root (world rank
     jobs[j][0]); the root broadcasts it on the job's communicator. Ranks outside
     any job (idle) return None.
@@ -103,11 +108,23 @@ def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
 
     Drawing is serial on rank 0 (minutes for thousands of jobs with poisson): every wait
     here goes through `wait(request, phase)`, the watchdog's (harness/watchdog.py; the
-    default, watchdog.block, blocks), so that the last jobs' ranks are not taken for hung ones."""
+    default, watchdog.block, blocks), so that the last jobs' ranks are not taken for hung ones.
+
+    `passed(error)`: whether rank 0 goes on past a send that failed with `error` (a job's
+    root that died: its job is lost, which the caller's next world step finds; the other
+    jobs still get theirs). Rank 0's other errors, and every error elsewhere, raise."""
     from mpi4py import MPI
     tag = 0x5A3
     mine = None
     if world.rank == 0:
+        def settle(send, *args):
+            try:
+                return send(*args)
+            except Exception as e:  # noqa: BLE001 - `passed` says which errors a lost root explains
+                if not passed(e):
+                    raise
+                return None
+
         pending = collections.deque()   # (request, buffer) of the sends under way, oldest first
         for j, ranks in enumerate(jobs):
             idx = resample(n, method, seed, j)
@@ -116,10 +133,12 @@ def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
                 continue
             if len(pending) == IN_FLIGHT:
                 # its root posts its receive at once: no deadlock
-                wait(pending.popleft()[0], f"sending job {j - IN_FLIGHT}'s resample")
-            pending.append((world.Isend([idx, MPI.INT64_T], dest=ranks[0], tag=tag), idx))
+                settle(wait, pending.popleft()[0], f"sending job {j - IN_FLIGHT}'s resample")
+            req = settle(world.Isend, [idx, MPI.INT64_T], ranks[0], tag)
+            if req is not None:
+                pending.append((req, idx))
         for req, _ in pending:
-            wait(req, "sending the last resamples")
+            settle(wait, req, "sending the last resamples")
     elif my_job is not None and jobs[my_job][0] == world.rank:
         arrival = _Arrival(world, 0, tag)
         wait(arrival, f"waiting for job {my_job}'s resample from rank 0")

@@ -144,6 +144,7 @@ def stage(workload, data, indices: np.ndarray | None, job: int | None, node, roo
         rows, mine = union(_received(node, send, mine, beat)), None
         if len(rows):
             beat(f"{where}: writing the node's copy")
+            shutil.rmtree(path, ignore_errors=True)   # a copy begun by a writer lost in a try redone (elastic.py)
             try:
                 written = workload.stage(data, rows, path, progress=lambda: beat())
             except (OSError, ValueError) as e:  # ValueError: the workload's DataError (a source changed)

@@ -216,7 +216,7 @@ def roofline_checks(roofline: dict) -> list[Check]:
     """The conventions' roofline ceilings are the medians over ranks of the per-rank figures."""
     out = []
     for prec, c in roofline.items():
-        per_rank = c["per_rank"]
+        per_rank = [r for r in c["per_rank"] if r is not None]   # None: a rank lost in the roofline
         for key, fig in (("gemm_flops", lambda r: r["gemm"]["flops"]), ("conv_flops", lambda r: r["conv"]["flops"]),
                          ("bandwidth", lambda r: r["stream"]["bandwidth"])):
             out.append(_num(f"roofline {prec}: {key} (median over {len(per_rank)} ranks)", c[key],
@@ -409,7 +409,8 @@ def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool)
 
 def _device_checks(t: results.TestResult, name: str, fl: float, vfl: float, res: results.Record) -> list[Check]:
     """Utilisation against the ranks' roofline, VFLOPS per watt, the consistency verdict."""
-    ranks = [r for job in t.jobs for r in job]
+    launch = t.launch_ranks   # None: the launch's own numbering (harness/elastic.py)
+    ranks = [launch[r] if launch else r for j, job in enumerate(t.jobs) if j not in t.jobs_lost for r in job]
     util = metrics.utilisation(fl, res.roofline.get(frameworks.roofline_key(t.framework, t.precision)), ranks)
     rec_util = t.utilisation
     if rec_util is None or util is None:

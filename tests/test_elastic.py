@@ -1,8 +1,9 @@
 """Elastic bagging (harness/elastic.py, issue 46): a lost rank costs the base models it
 touched, not the run. Pure logic in-process (the lost jobs, what the launch says of ULFM,
 the re-laid sweep, the agreement loop of World.step over a scripted communicator); real
-runs under mpirun with ULFM on (make venv's parameter files), a rank SIGKILLed in training
-and in an evaluation, a hung rank, and `--on-fault abort`."""
+runs under mpirun with ULFM on (make venv's parameter files), a rank SIGKILLed in training,
+in an evaluation, in the roofline, the sampler's sends and staging, a hung rank, and
+`--on-fault abort`."""
 import json
 import subprocess
 import sys
@@ -227,6 +228,41 @@ def test_a_killed_rank_costs_its_base_model_and_the_sweep_goes_on(tmp_path, fram
     assert '"status": "aborted"' in lost_log.splitlines()[-1]
     code, line = _cli("--status", run)
     assert code == 6 and "complete-with-losses: every test PASSED, with losses: rank(s) 3 lost" in line, line
+    code, out = _cli("--verify", run)
+    assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
+
+
+def test_ranks_killed_in_the_roofline_the_sampler_and_staging_cost_only_their_base_models(tmp_path):
+    """5 ranks, PyTorch, roofline and staging on. Launch rank 1 is SIGKILLed in the roofline:
+    the sweep is laid out on ranks 0, 2, 3, 4. Test 1 (2 x 2: jobs of launch ranks 0, 2 and
+    3, 4): job 1's root (3) is killed before rank 0's send of its resample reaches it, so
+    job 1 is lost and its survivor (4) follows. Test 2 (3 x 1 on 0, 2, 4): launch rank 4
+    is killed while its node's copy is staged; the copy is made anew without it, job 2 is
+    lost. Test 3 (4 x 1) no longer fits the 2 ranks left."""
+    stage = tmp_path / "stage"
+    path = tmp_path / "t.dat"
+    path.write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="2 3 4", l11="2 1 1", l15=2, l28=stage, l30=1,
+                             l35="pytorch"))
+    p = mpirun(5, ["--watchdog", WATCHDOG, path], tmp_path,
+               env={"HPCAI500_FAULT": "1:roofline:kill,3:sampler@1:kill,4:staging@2:kill"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = read_results(tmp_path / "runs")
+    t1, t2 = res["tests"]
+    assert [(x["ranks"], x["phase"], x["jobs"]) for x in t1["losses"]] == [([3], "test 1: the sampler's sends", [1])]
+    assert (t1["launch_ranks"], t1["jobs_lost"], len(t1["base_quality"])) == ([0, 2, 3, 4], [1], 1)
+    assert [(x["ranks"], x["phase"], x["jobs"]) for x in t2["losses"]] == [([4], "test 2: staging", [2])]
+    assert (t2["launch_ranks"], t2["jobs_lost"], len(t2["base_quality"])) == ([0, 2, 4], [2], 2)
+    assert t2["staging"]["copies"] == 1 and list(stage.iterdir()) == []   # made anew once, then removed
+    # the roofline's figures of the 4 ranks that gave them, by launch rank; the node map likewise
+    (ceilings,) = res["roofline"].values()
+    assert [r is None for r in ceilings["per_rank"]] == [False, True, False, False, False]
+    assert res["environment"]["node_of_rank"] == [0, None, 0, 0, 0]
+    (gone,) = res["skipped"]
+    assert gone["index"] == 3 and gone["cause"] == "lost" and "the ranks left after rank 1 lost, found at the" \
+        " roofline" in gone["reason"]
+    assert "rank 4: test 1: base model 1 lost a rank (" in p.stderr
+    run = _run_folder(tmp_path)
+    assert _cli("--status", run)[0] == 6
     code, out = _cli("--verify", run)
     assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
 

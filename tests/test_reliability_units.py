@@ -115,24 +115,35 @@ def test_wait_on_a_completed_request_returns_at_once():
 # ------------------------------------------------------------------ fault injection
 def test_unset_arms_nothing(monkeypatch):
     monkeypatch.delenv("HPCAI500_FAULT", raising=False)
-    assert fault._armed(0) is None and fault.injector(0) is None
+    assert fault._armed(0) == [] and fault.injector(0) is None
     fault.point(0, "eval")                                # nothing happens
 
 
 @pytest.mark.parametrize("spec,armed", [
-    ("1:5", (5, "raise")), ("1:5:kill", (5, "kill")), ("1:5:hang", (5, "hang")), ("1:5:slow", (5, "slow")),
-    ("1:eval", ("eval", "raise")), ("1:roofline:kill", ("roofline", "kill")), ("1:0", (0, "raise"))])
+    ("1:5", [(5, "raise")]), ("1:5:kill", [(5, "kill")]), ("1:5:hang", [(5, "hang")]), ("1:5:slow", [(5, "slow")]),
+    ("1:eval", [("eval", "raise")]), ("1:roofline:kill", [("roofline", "kill")]), ("1:0", [(0, "raise")]),
+    ("1:sampler@2:kill", [("sampler@2", "kill")]), ("3:staging:kill,1:eval", [("eval", "raise")])])
 def test_spec_arms_its_rank_only(monkeypatch, spec, armed):
     monkeypatch.setenv("HPCAI500_FAULT", spec)
     assert fault._armed(1) == armed
-    assert fault._armed(0) is None and fault._armed(2) is None
+    assert fault._armed(0) == [] and fault._armed(2) == []
+
+
+def test_a_phase_fault_of_one_test_fires_in_that_test_only(monkeypatch):
+    monkeypatch.setenv("HPCAI500_FAULT", "0:staging@2,1:sampler")
+    fault.point(0, "staging", 1)                          # test 1: nothing
+    fault.point(0, "sampler", 2)                          # another phase: nothing
+    with pytest.raises(RuntimeError, match="at staging@2$"):
+        fault.point(0, "staging", 2)
+    with pytest.raises(RuntimeError, match="at sampler$"):
+        fault.point(1, "sampler", 7)                      # every test
 
 
 @pytest.mark.parametrize("spec", ["1", "x:5", "-1:5", "1:train", "1:5:explode", "1:eval:raise2", ":5", "1:5.5",
-                                  "1:5:hang:x"])
+                                  "1:5:hang:x", "1:eval@", "1:eval@0", "1:5@2", "1:5,", "1:5,2:x"])
 def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
     monkeypatch.setenv("HPCAI500_FAULT", spec)
-    usage = r"RANK:STEP\|eval\|roofline\[:kill\|hang\|slow\]"
+    usage = r"RANK:STEP\|eval\|roofline\|sampler\|staging\[@TEST\]\[:kill\|hang\|slow\]\[,\.\.\.\]"
     with pytest.raises(ValueError, match=rf"^HPCAI500_FAULT='.*': expected {usage}$"):
         fault._armed(0)          # refused on every rank, the unarmed ones too
     with pytest.raises(ValueError):
@@ -140,9 +151,9 @@ def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
 
 
 def test_parse_gives_rank_where_and_kind():
-    assert fault.parse("3:12") == (3, 12, "raise")
-    assert fault.parse("0:eval:hang") == (0, "eval", "hang")
-    with pytest.raises(ValueError, match=r"^RANK:STEP\|eval\|roofline\[:kill\|hang\|slow\]$"):
+    assert fault.parse("3:12") == [(3, 12, "raise")]
+    assert fault.parse("0:eval:hang,2:roofline@3:kill") == [(0, "eval", "hang"), (2, "roofline@3", "kill")]
+    with pytest.raises(ValueError, match=r"^RANK:STEP\|eval\|roofline\|sampler\|staging\[@TEST\]"):
         fault.parse("0:eval:hang:again")
 
 
