@@ -19,6 +19,7 @@ import argparse
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -138,9 +139,10 @@ def _guarded(args, world, watchdog) -> int:
             say(f"error: {e}")
         world.Barrier()  # a rank exiting early makes mpirun kill rank 0 before it has spoken
         return 1
-    except elastic.CoordinatorLost as e:   # every survivor raises it at once (the shrink is agreed): one says it
+    except elastic.CoordinatorLost as e:   # outside a test (the sweep takes over inside one): one survivor says it
         if world.rank == 0:
-            say(f"error: {e}")
+            say(f"error: {e}; outside a test no new coordinator takes over: the run ends, its results as last"
+                " written")
         return 1
     except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
         print(crash(world.origin, watchdog.phase, e), file=sys.stderr, flush=True)
@@ -152,10 +154,10 @@ def _guarded(args, world, watchdog) -> int:
 
 def _give_up(world) -> None:
     """The watchdog's end of a rank without progress: MPI_Abort under `abort`, and for world
-    rank 0, whose loss ends the run anyway (a non-zero exit; mpirun exits 0 when every rank
-    was SIGKILLed under ULFM); else this process alone, SIGKILLed, so that ULFM tells its
-    partners (harness/elastic.py)."""
-    if world.policy == "abort" or world.origin == 0:
+    rank 0 (the coordinator: a hung one holds the results; a non-zero exit, where mpirun
+    exits 0 when every rank was SIGKILLed under ULFM); else this process alone, SIGKILLed,
+    so that ULFM tells its partners (harness/elastic.py)."""
+    if world.policy == "abort" or world.rank == 0:
         world.Abort(1)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -163,22 +165,24 @@ def _give_up(world) -> None:
 def _giving_up(world) -> str:
     if world.policy == "abort":
         return "aborting the job"
-    if world.origin == 0:
-        return "aborting the job (world rank 0 writes the results: its loss would end the run)"
+    if world.rank == 0:
+        return "aborting the job (world rank 0, the coordinator: where every rank is stuck, the run's exit says so)"
     return "ending this rank (--on-fault drop): its base models are lost, the other jobs go on"
 
 
 def _run(args, world, watchdog) -> int:
 
-    output = None  # set once the results exist; the signal handler then records the interruption
+    # [rank 0's report.Output] once the results exist (a new coordinator's after a takeover,
+    # _sweep); the signal handler then records the interruption
+    output = [None]
 
     def stop(signum):
         if world.rank != 0:
             time.sleep(1.0)  # let rank 0 write before mpirun, seeing us gone, kills it
-        elif output is None:
+        elif output[0] is None:
             say(f"{signals.reason(signum)} during {watchdog.phase}; no test had finished, nothing written")
         else:
-            output.finish(interrupted=signals.reason(signum))
+            output[0].finish(interrupted=signals.reason(signum))
     signals.on_signal(stop)
 
     watchdog.beat("input")
@@ -216,37 +220,40 @@ def _run(args, world, watchdog) -> int:
     if world.rank == 0:
         # stamped before results.json first says `running`: a reader never finds that status without a heartbeat
         heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
-        output = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {}, tolerance)
+        output[0] = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {}, tolerance)
         # said at the start: a Ctrl-C of mpirun can end its forwarding of our output before the
         # report's end reaches the terminal, while report.txt still gets it whole
         print(f"hpcai500: results in {run_dir}/ (report.txt, results.json: rewritten after each test)",
               file=sys.stderr, flush=True)
-    _sweep(ctx, plan, output, watchdog)
+    _sweep(ctx, plan, output, watchdog, run_dir)
     watchdog.beat("the summary and charts")
-    if output:
-        output.finish()
+    if output[0]:
+        output[0].finish()
     return 0
 
 
-def _sweep(ctx, plan, output, watchdog) -> None:
-    """Every test of the plan, each repetition, on every rank; rank 0's `output` (None
-    elsewhere) records each as it finishes. An error all ranks agree on mid-sweep
+def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
+    """Every test of the plan, each repetition, on every rank; rank 0's output (`cell[0]`,
+    None elsewhere) records each as it finishes. An error all ranks agree on mid-sweep
     (staging) ends the sweep with the finished tests standing. After a loss of ranks (in
     the roofline or a test) the tests left are laid out anew on the survivors
     (planning.relaid); those that no longer fit are skipped, as is a test whose every base
-    model was lost."""
+    model was lost, and a test during which world rank 0 was lost: a new coordinator takes
+    over the run's folder (_take_over)."""
     world = ctx.world
     runs, seen = list(plan.runs), 0
     try:
-        while runs:
+        while runs or len(world.losses) > seen:   # the last test's losses are recorded too
+            output = cell[0]
             if len(world.losses) > seen:   # ranks lost in the roofline or the last test
                 seen = len(world.losses)
                 watchdog.beat("laying out the tests left on the ranks that remain")
                 ctx = replace(ctx, nodes=topology.discover(world))
                 runs, gone = planning.relaid(plan.cfg, runs, world.size, ctx.nodes.node_of_rank,
                                              elastic.describe(world.losses))
-                for s, r in gone:
-                    if output:
+                if output:
+                    output.lost([elastic.entry(x) for x in world.losses])
+                    for s, r in gone:
                         output.skip(s.test.index, r, s.reason, s.cause)
                 continue
             p, rep = runs.pop(0)
@@ -258,13 +265,46 @@ def _sweep(ctx, plan, output, watchdog) -> None:
                 done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
                 if output:
                     output.add(*done)
-            except elastic.AllLost as e:
+            except (elastic.AllLost, elastic.CoordinatorLost) as e:
+                why = str(e)
+                if isinstance(e, elastic.CoordinatorLost):
+                    cell[0] = output = _take_over(world, plan.cfg, run_dir, e)
+                    ctx = replace(ctx, ceilings=output.record.roofline if output else {})
+                    why += (f"; the test's evaluations and records were gathered there and went with it; rank"
+                            f" {world.origin} took over as the coordinator")
                 if output:
-                    output.skip(t.index, rep, str(e), "lost")
+                    output.skip(t.index, rep, why, "lost")
     except RunError as e:
-        if output:
-            output.finish(interrupted=f"{results.ERROR_PREFIX}{e}")
+        if cell[0]:
+            cell[0].finish(interrupted=f"{results.ERROR_PREFIX}{e}")
         raise
+
+
+def _take_over(world, cfg, run_dir: str, lost: elastic.CoordinatorLost):
+    """The output of a run whose world rank 0 was lost, on the new coordinator (world rank 0
+    of the shrunk world, the lowest launch rank left; None elsewhere): the run's folder as
+    the lost one last wrote it, with a heartbeat of its own. Where that folder cannot be
+    read from here (a results directory the nodes do not share) every survivor raises
+    RunError saying so: the run ends, its results as last written on the lost node."""
+    output, err = None, None
+    if world.rank == 0:
+        here = f"rank {world.origin} on {socket.gethostname()}"
+        try:
+            if not os.path.isfile(os.path.join(run_dir, "results.json")):
+                raise ValueError(f"{run_dir}/results.json is not there from {here} (line 5's results directory"
+                                 " is not one the nodes share)")
+            output = report.Output.taken_over(cfg, run_dir)
+        except (OSError, ValueError) as e:
+            err = (f"{lost}; {here} cannot take over as the coordinator: {e}; the run ends, its results as world"
+                   " rank 0 last wrote them")
+    err = world.step("the new coordinator's take-over", lambda: world.bcast(err, root=0))
+    if err:
+        raise RunError(err)
+    if world.rank == 0:
+        heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
+        print(f"hpcai500: rank {world.origin} takes over as the coordinator: {run_dir}/ goes on, the test under way"
+              " is left out", file=sys.stderr, flush=True)
+    return output
 
 
 def _inventory(world, nodes, devices, names) -> tuple[dict, object]:

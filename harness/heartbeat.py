@@ -172,7 +172,8 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
 
 def losses(rec: results.Record) -> str:
     """What the run lost to faults (harness/elastic.py), in words; "" for none."""
-    ranks = sorted({r for t in rec.tests for x in t.losses for r in x["ranks"]})
+    ranks = sorted({r for x in [*(rec.fault_tolerance or {}).get("losses", []), *(x for t in rec.tests for x in t.losses)]
+                    for r in x["ranks"]})
     dropped = sum(len(t.jobs_lost) for t in rec.tests)
     left = [s for s in rec.skipped if s.get("cause") == "lost"]
     if not (ranks or dropped or left):

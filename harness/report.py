@@ -553,8 +553,27 @@ class Output:
                 self._emit(row(r, cfg.repetitions, len(record.resumed) + 1))
         self._save()
 
+    @classmethod
+    def taken_over(cls, cfg, run_dir: str) -> "Output":
+        """The output of a run whose world rank 0 was lost, on the rank that takes over
+        (harness/driver.py): the results and the report as the lost one last wrote them
+        (both rewritten whole after each test); OSError or ValueError where they cannot be read."""
+        self = cls.__new__(cls)
+        self.cfg, self.record = cfg, results.load_run(run_dir)
+        with open(os.path.join(run_dir, "report.txt")) as f:
+            self.text = f.read()
+        self.current, self.lock = None, threading.RLock()
+        return self
+
     def begin(self, index: int, rep: int) -> None:
         self.current = (index, rep)
+
+    def lost(self, losses: list[dict]) -> None:
+        """Every loss of ranks so far (elastic.entry), the roofline's and a lost coordinator's
+        too, which no test's `losses` holds."""
+        with self.lock:
+            self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": losses}
+            self._save()
 
     def skip(self, index: int, rep: int, reason: str, cause: str) -> None:
         """A test (repetition `rep`) left out during the sweep: its ranks were lost

@@ -21,7 +21,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.10"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.11"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -41,6 +41,10 @@ SCHEMA = "2.10"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  # 2.10: elastic bagging (harness/elastic.py): Record.fault_tolerance (policy, ULFM on);
                  #   TestResult.losses, jobs_lost, launch_ranks; skipped[].cause "lost" (a test left out
                  #   once ranks were lost, or whose every base model lost one)
+                 # 2.11: losses outside a test's steps survived: fault_tolerance.losses (every loss of
+                 #   the run); roofline per_rank and environment.node_of_rank by launch rank, null for a
+                 #   rank lost in the roofline; a test during which world rank 0 was lost is skipped
+                 #   ("lost") and a new coordinator goes on
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -185,7 +189,9 @@ class Record:
     resumed: list = field(default_factory=list)   # times of each --resume
     interrupted: dict | None = None   # reason, test, repetition
     fault_tolerance: dict | None = None   # policy (--on-fault), ulfm (bool: the launch keeps a job whose rank
-    #                                 died), how (how that is known); None: a file of schema < 2.10
+    #                                 died), how (how that is known), from 2.11 losses (every loss of ranks in the
+    #                                 run, elastic.entry: launch ranks, phase, seconds, time; absent: none yet);
+    #                                 None: a file of schema < 2.10
     write_seconds: list = field(default_factory=list)  # s, rank 0: each finished test's writing (MLLOG files,
                                       #   report.txt, results.json), in finishing order (harness/driver.py)
 

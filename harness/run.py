@@ -114,14 +114,18 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     if len(evaluation.lost()) == layout.M:   # every job lost before training: the same on every survivor
         staging.cleanup(copy, cfg.staging_keep)
         raise _all_lost(t, world.losses[losses_before:], " before training")
-    if job is None:
-        record = _idle(part, copy, evaluation)
-    elif job in evaluation.lost():   # lost in the sampler's sends or staging
-        record = _abandoned(part, None, copy, evaluation, seen or elastic.Lost(
-            f"a rank of base model {job} was lost before training ({elastic.describe(world.losses[losses_before:])})"),
-            None)
-    else:
-        record = _base_model(part, copy, evaluation)
+    try:
+        if job is None:
+            record = _idle(part, copy, evaluation)
+        elif job in evaluation.lost():   # lost in the sampler's sends or staging
+            record = _abandoned(part, None, copy, evaluation, seen or elastic.Lost(
+                f"a rank of base model {job} was lost before training"
+                f" ({elastic.describe(world.losses[losses_before:])})"), None)
+        else:
+            record = _base_model(part, copy, evaluation)
+    except elastic.CoordinatorLost:   # the test is lost: its node's copy goes now
+        staging.cleanup(copy, cfg.staging_keep)
+        raise
     if cfg.staging != "none":
         # The node's copy serves every job on the node, and a job's ranks leave the last
         # evaluation's reduction before the others have read their validation samples:
@@ -243,7 +247,7 @@ def _stage(part: Part):
 
     try:
         world.step(f"test {t.index}: staging", attempt)
-    except RunError:
+    except (RunError, elastic.CoordinatorLost):
         staging.cleanup(copy, keep=False)
         if part.comm is not None:
             part.comm.Free()
@@ -285,6 +289,10 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
                        hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
                        on_step=_on_step(watchdog, fault.injector(world.origin)), evaluate=evaluate,
                        eval_every=cfg.eval_every)
+    except elastic.CoordinatorLost:   # the whole test is lost (harness/driver.py): leave without a collective
+        if fw is not None:
+            fw.abandon()
+        raise
     except Exception as e:  # noqa: BLE001 - a lost partner shows as the framework's own error
         if world.policy == "abort" or not (isinstance(e, elastic.Lost) or elastic.job_failed(part.comm)):
             raise

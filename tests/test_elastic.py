@@ -5,14 +5,18 @@ runs under mpirun with ULFM on (make venv's parameter files), a rank SIGKILLed i
 in an evaluation, in the roofline, the sampler's sends and staging, a hung rank, and
 `--on-fault abort`."""
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from harness import division, elastic, heartbeat, mllog, plan, report, results
-from tests.conftest import ROOT, dat_text, mpirun, result
+from tests.conftest import HANG, ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, result
 from tests.conftest import results as read_results
 
 WATCHDOG = 30   # s, as tests/test_run.py's: a legitimate gap between beats was 6 s with three runs at once
@@ -100,6 +104,40 @@ def test_status_tells_a_run_complete_with_losses_by_its_own_exit():
     rec.tests[0] = result()
     rec.skipped = []
     assert heartbeat.judge(rec, None, 0.0, None).name == "complete"
+
+
+def test_status_names_ranks_lost_outside_any_test():
+    """A rank lost in the roofline, or a lost coordinator, is in no test's losses: the
+    run's own list (fault_tolerance.losses) names it."""
+    rec = results.Record(hpcai500="0.2", run_dir="r", input={"text": dat_text()}, config={}, settings={},
+                         environment={}, conventions=[], roofline={}, status="complete", tests=[result()],
+                         fault_tolerance={"policy": "drop", "ulfm": True, "how": "x",
+                                          "losses": [elastic.entry(elastic.Loss((1,), "the roofline", 3.0, 9.0))]})
+    state = heartbeat.judge(rec, None, 0.0, None)
+    assert (state.code, state.detail) == (6, "every test PASSED, with losses: rank(s) 1 lost, 0 base model(s)"
+                                             " dropped, 0 test run(s) left out")
+
+
+def test_figures_of_a_shrunk_world_are_placed_by_launch_rank():
+    assert elastic.by_launch(["a", "c", "d"], [0, 2, 3], 5) == ["a", None, "c", "d", None]
+    assert elastic.by_launch([], [], 2) == [None, None]
+
+
+def test_a_new_coordinator_takes_the_run_folder_as_last_written(tmp_path, capsys):
+    from harness import dat
+    cfg = dat.parse_text(dat_text(), "t.dat")
+    rec = results.Record(hpcai500="0.2", run_dir=str(tmp_path), input={"text": dat_text()}, config={}, settings={},
+                         environment={}, conventions=["a convention"], roofline={"tensorflow/fp32": {"peak": 1}},
+                         fault_tolerance={"policy": "drop", "ulfm": True, "how": "x"})
+    first = report.Output(cfg, rec, ["PARAM   : x"], "legend")
+    first.add(result(), {})
+    again = report.Output.taken_over(cfg, str(tmp_path))
+    assert again.text == first.text and [t.index for t in again.record.tests] == [1]
+    assert again.record.roofline == {"tensorflow/fp32": {"peak": 1}}   # utilisation goes on against them
+    again.lost([{"ranks": [0], "phase": "p", "seconds": 1.0, "time": 2.0}])
+    assert json.loads((tmp_path / "results.json").read_text())["fault_tolerance"]["losses"][0]["ranks"] == [0]
+    with pytest.raises(ValueError, match="elsewhere: not a folder"):
+        report.Output.taken_over(cfg, str(tmp_path / "elsewhere"))
 
 
 def test_planned_runs_count_a_repetition_left_out_after_a_loss_once():
@@ -197,14 +235,56 @@ def _run_folder(tmp_path):
     return run
 
 
+def _rank_pid(launcher: int, rank: int) -> int:
+    """The pid of world rank `rank` among the descendants of the launcher's process `launcher`."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" ", 1)
+            children.setdefault(int(rest.rsplit(")", 1)[1].split()[1]), []).append(int(pid))
+        except (OSError, IndexError, ValueError):
+            continue
+    todo = list(children.get(launcher, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no rank {rank} under process {launcher}")
+
+
+def _killed_from_outside(tmp_path, framework):
+    """The run below with world rank 3 SIGKILLed by pid from outside, as the OOM killer or an
+    operator does, while job 1 trains its first epoch (slowed from step 5: 0.25 s a step);
+    job 0, not slowed, has said its epoch 1 by then."""
+    path = tmp_path / "t.dat"
+    path.write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="2 1 4", l11="2 2 1", l15=3, l30=0, l35=framework))
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as o, open(err, "w") as e:
+        p = subprocess.Popen(mpirun_cmd(4, [path]), cwd=tmp_path, env=mpi_env(True, {"HPCAI500_FAULT": "3:5:slow"}),
+                             stdout=o, stderr=e, text=True)
+    deadline = time.monotonic() + HANG
+    while "test 1/3 " + framework + " M=2 P=2 B=32 : epoch 1/3" not in err.read_text():
+        assert p.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+        time.sleep(0.05)
+    os.kill(_rank_pid(p.pid, 3), signal.SIGKILL)
+    p.wait(timeout=HANG)
+    return subprocess.CompletedProcess(p.args, p.returncode, out.read_text(), err.read_text())
+
+
 @pytest.mark.parametrize("framework,fault,found", [
-    ("tensorflow", "3:30:kill", "the evaluation after epoch 2"),   # in training (Horovod's all-reduce)
+    ("tensorflow", None, "the evaluation after epoch 1"),          # in training (Horovod's all-reduce), from outside
     ("pytorch", "3:eval:kill", "the evaluation after epoch 1")])   # in an evaluation (the job's gather)
 def test_a_killed_rank_costs_its_base_model_and_the_sweep_goes_on(tmp_path, framework, fault, found):
-    """4 ranks; test 1 is M = 2 x P = 2 and world rank 3 (job 1) is SIGKILLed. Job 1's
-    survivor (rank 2, its root) leaves the job; test 1 ends with job 0 alone; test 2
-    (1 x 2) runs on the 3 ranks left; test 3 (4 x 1) no longer fits and is skipped."""
-    p = _run(tmp_path, {"HPCAI500_FAULT": fault}, l9=3, l10="2 1 4", l11="2 2 1", l15=3, l30=0, l35=framework)
+    """4 ranks; test 1 is M = 2 x P = 2 and world rank 3 (job 1) is SIGKILLed: by the fault
+    injector, or by pid from outside. Job 1's survivor (rank 2, its root) leaves the job;
+    test 1 ends with job 0 alone; test 2 (1 x 2) runs on the 3 ranks left; test 3 (4 x 1)
+    no longer fits and is skipped."""
+    p = (_run(tmp_path, {"HPCAI500_FAULT": fault}, l9=3, l10="2 1 4", l11="2 2 1", l15=3, l30=0, l35=framework)
+         if fault else _killed_from_outside(tmp_path, framework))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "hpcai500: rank 2: test 1: base model 1 lost a rank (" in p.stderr, p.stderr[-3000:]
     assert "Losses      : 1 of 2 base models trained ; rank 3 on " in p.stdout, p.stdout[-3000:]
@@ -263,6 +343,32 @@ def test_ranks_killed_in_the_roofline_the_sampler_and_staging_cost_only_their_ba
     assert "rank 4: test 1: base model 1 lost a rank (" in p.stderr
     run = _run_folder(tmp_path)
     assert _cli("--status", run)[0] == 6
+    code, out = _cli("--verify", run)
+    assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
+
+
+def test_world_rank_0_killed_costs_the_test_under_way_and_rank_1_takes_over(tmp_path):
+    """4 ranks, PyTorch; world rank 0, the coordinator, is SIGKILLed at test 1's first
+    evaluation. Test 1's evaluations and records were gathered on it, so test 1 is lost;
+    rank 1 takes over the run's folder (shared: one machine), test 2 (1 x 2) runs on ranks
+    1-3, and the run ends complete with losses, as rank 1 writes it."""
+    p = _run(tmp_path, {"HPCAI500_FAULT": "0:eval:kill"}, l9=2, l10="2 1", l11="2 2", l15=2, l30=0, l35="pytorch")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "hpcai500: rank 1 takes over as the coordinator: " in p.stderr, p.stderr[-3000:]
+    res = read_results(tmp_path / "runs")
+    (t2,) = res["tests"]
+    assert (t2["index"], t2["launch_ranks"], t2["jobs_lost"], t2["losses"]) == (2, [1, 2, 3], [], [])
+    (gone,) = res["skipped"]
+    assert (gone["index"], gone["cause"], gone["after"]) == (1, "lost", 0)
+    assert gone["reason"].startswith("world rank 0, the coordinator, was lost (rank 0 lost, found at test 1: the"
+                                     " evaluation after epoch 1); ") and "rank 1 took over" in gone["reason"]
+    assert [x["ranks"] for x in res["fault_tolerance"]["losses"]] == [[0]]
+    run = _run_folder(tmp_path)
+    # the heartbeat goes on, the new coordinator's: stamped after the kill
+    killed = float(re.search(r"HPCAI500_FAULT fires: kill at eval \(t=([0-9.]+)\)", p.stderr).group(1))
+    assert json.loads((run / "heartbeat").read_text())["time"] > killed
+    code, line = _cli("--status", run)
+    assert code == 6 and "rank(s) 0 lost" in line, line
     code, out = _cli("--verify", run)
     assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
 

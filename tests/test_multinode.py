@@ -161,20 +161,25 @@ def test_four_nodes_share_a_synthetic_cache_and_resume_an_interrupted_run(cluste
 
 
 # ------------------------------------------------------------------ faults across nodes
-def test_a_rank_killed_on_another_node_costs_its_base_model_only(cluster, tmp_path):
+def test_ranks_killed_on_other_nodes_cost_their_base_models_and_n2_takes_over_from_n1(cluster, tmp_path):
     """4 nodes x 1 rank, staging on, test 1 M = 2 x P = 2 (job 1 on n3 and n4); world rank 3
     (n4) is SIGKILLed in training. Its partner on n3 learns it in Horovod's all-reduce across
     the nodes, the world shrinks (harness/elastic.py), test 1 finishes with job 0. Test 2
     (3 x 1) runs on n1-n3, and rank 2, n3's writer of its node's copy, is killed in staging:
-    the other nodes' copies are made anew and test 2 finishes with 2 of its 3 models.
-    mpirun's daemons on n3 and n4 live, so the job lives (a node lost whole is the next
-    test's)."""
-    (tmp_path / "e.dat").write_text(dat_text(l5=tmp_path / "runs", l9=2, l10="2 3", l11="2 1", l15=3,
+    the other nodes' copies are made anew and test 2 finishes with 2 of its 3 models. Test
+    3 (2 x 1) runs on n1 and n2, and world rank 0 (n1), the coordinator, is killed at its
+    first evaluation: test 3 is lost, and rank 1 on n2 takes over the run's folder (shared
+    by the nodes) and ends the run. mpirun's daemons live, so the job lives (a node lost
+    whole is the next test's)."""
+    (tmp_path / "e.dat").write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="2 3 2", l11="2 1 1", l15=3,
                                              l28=f"/local/scratch/{tmp_path.name}", l30=0))
     p = cluster_mpirun(cluster, FOUR_BY_ONE, ["--watchdog", 120, tmp_path / "e.dat"], tmp_path,
-                       env={"HPCAI500_FAULT": "3:30:kill,2:staging@2:kill"})
+                       env={"HPCAI500_FAULT": "3:30:kill,2:staging@2:kill,0:eval@3:kill"})
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "hpcai500: rank 1 takes over as the coordinator: " in p.stderr, p.stderr[-3000:]
     res = results(tmp_path / "runs")
+    assert [(s["index"], s["cause"]) for s in res["skipped"]] == [(3, "lost")]
+    assert [x["ranks"] for x in res["fault_tolerance"]["losses"]] == [[3], [2], [0]]
     t1, t2 = res["tests"]
     assert [(x["ranks"], x["hosts"]) for x in t1["losses"]] == [([3], ["n4"])] and t1["jobs_lost"] == [1]
     assert (t2["M"], t2["launch_ranks"], t2["jobs_lost"]) == (3, [0, 1, 2], [2])
