@@ -239,7 +239,8 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
     the roofline or a test) the tests left are laid out anew on the survivors
     (planning.relaid); those that no longer fit are skipped, as is a test whose every base
     model was lost, and a test during which world rank 0 was lost: a new coordinator takes
-    over the run's folder (_take_over)."""
+    over the run's folder (_take_over). Each test starts with a world step, which finds a
+    rank lost since the last one ended: the test is then laid out anew before it runs."""
     world = ctx.world
     runs, seen = list(plan.runs), 0
     try:
@@ -259,33 +260,43 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
             p, rep = runs.pop(0)
             t = p.test
             watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
-            if output:
-                output.begin(t.index, rep)
+            try:   # a rank lost since the last test's end (rank 0 wrote it meanwhile): laid out anew first
+                fault.point(world.origin, "start", t.index)
+                world.step(f"the start of test {t.index}", lambda: watchdog.wait(
+                    world.Ibarrier(), f"test {t.index}: waiting for every rank to start it"))
+            except elastic.CoordinatorLost as e:   # nothing under way is lost
+                ctx = _take_over(ctx, cell, plan.cfg, run_dir, e)
+            if len(world.losses) > seen:
+                runs.insert(0, (p, rep))
+                continue
+            if cell[0]:
+                cell[0].begin(t.index, rep)
             try:
                 done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
-                if output:
-                    output.add(*done)
+                if cell[0]:
+                    cell[0].add(*done)
             except (elastic.AllLost, elastic.CoordinatorLost) as e:
                 why = str(e)
                 if isinstance(e, elastic.CoordinatorLost):
-                    cell[0] = output = _take_over(world, plan.cfg, run_dir, e)
-                    ctx = replace(ctx, ceilings=output.record.roofline if output else {})
+                    ctx = _take_over(ctx, cell, plan.cfg, run_dir, e)
                     why += (f"; the test's evaluations and records were gathered there and went with it; rank"
                             f" {world.origin} took over as the coordinator")
-                if output:
-                    output.skip(t.index, rep, why, "lost")
+                if cell[0]:
+                    cell[0].skip(t.index, rep, why, "lost")
     except RunError as e:
         if cell[0]:
             cell[0].finish(interrupted=f"{results.ERROR_PREFIX}{e}")
         raise
 
 
-def _take_over(world, cfg, run_dir: str, lost: elastic.CoordinatorLost):
-    """The output of a run whose world rank 0 was lost, on the new coordinator (world rank 0
-    of the shrunk world, the lowest launch rank left; None elsewhere): the run's folder as
-    the lost one last wrote it, with a heartbeat of its own. Where that folder cannot be
-    read from here (a results directory the nodes do not share) every survivor raises
-    RunError saying so: the run ends, its results as last written on the lost node."""
+def _take_over(ctx, cell, cfg, run_dir: str, lost: elastic.CoordinatorLost):
+    """The sweep's context once world rank 0 was lost, whose output (`cell[0]`) the new
+    coordinator (world rank 0 of the shrunk world, the lowest launch rank left) takes over:
+    the run's folder as the lost one last wrote it, its roofline figures, a heartbeat of its
+    own. Where that folder cannot be read from here (a results directory the nodes do not
+    share) every survivor raises RunError saying so: the run ends, its results as last
+    written on the lost node."""
+    world = ctx.world
     output, err = None, None
     if world.rank == 0:
         here = f"rank {world.origin} on {socket.gethostname()}"
@@ -302,9 +313,10 @@ def _take_over(world, cfg, run_dir: str, lost: elastic.CoordinatorLost):
         raise RunError(err)
     if world.rank == 0:
         heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
-        print(f"hpcai500: rank {world.origin} takes over as the coordinator: {run_dir}/ goes on, the test under way"
-              " is left out", file=sys.stderr, flush=True)
-    return output
+        print(f"hpcai500: rank {world.origin} takes over as the coordinator: {run_dir}/ goes on",
+              file=sys.stderr, flush=True)
+    cell[0] = output
+    return replace(ctx, ceilings=output.record.roofline if output else {})
 
 
 def _inventory(world, nodes, devices, names) -> tuple[dict, object]:

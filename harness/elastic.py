@@ -10,8 +10,8 @@ Per the policy (`--on-fault`, HPCAI500_ON_FAULT):
 
 * `abort`: a fault's exception reaches the driver, which calls MPI_Abort (as before).
 * `drop`: every world-level step of the run (the roofline's barrier and gather; in each
-  test, the end of the sampler's sends, staging, the start barrier of training, each
-  evaluation, the end) runs through `World.step`: each rank tries the step, a rank that
+  test, its start, the end of the sampler's sends, staging, the start barrier of
+  training, each evaluation, the end) runs through `World.step`: each rank tries the step, a rank that
   saw an MPI error revokes the world, and all agree whether every rank succeeded; if
   not, they shrink the world to the survivors and redo the step, leaving out the base
   models that lost a rank (`lost_jobs`); a shrink that loses nobody was an error, not a

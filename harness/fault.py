@@ -4,8 +4,8 @@ HPCAI500_FAULT="RANK:WHERE[:kill|hang|slow][,RANK:WHERE[:KIND]...]" makes world 
 (its rank at launch) raise (or SIGKILL itself, or stop making progress forever, or sleep
 SLOW_STEP s there and before every later step: a rank that trains slowly but surely, at
 no CPU cost) at WHERE: a global training step (an integer) of every test, or the start of
-a phase (`eval`, `roofline`, `sampler`, `staging`), of every test or, as `PHASE@N`, of
-test N only. Several faults, comma-separated, hit several ranks (or phases) in one run.
+a phase (`eval`, `roofline`, `sampler`, `staging`, `start`: a test's, before its first
+world step), of every test or, as `PHASE@N`, of test N only. Several faults, comma-separated, hit several ranks (or phases) in one run.
 Unset, it costs nothing.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-PHASES = ("eval", "roofline", "sampler", "staging")
+PHASES = ("eval", "roofline", "sampler", "staging", "start")
 KINDS = ("raise", "kill", "hang", "slow")
 SLOW_STEP = 0.25   # s a `slow` rank sleeps before each step (its watchdog beaten first: alive)
 USAGE = f"RANK:STEP|{'|'.join(PHASES)}[@TEST][:{'|'.join(KINDS[1:])}][,...]"

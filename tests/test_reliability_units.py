@@ -143,7 +143,7 @@ def test_a_phase_fault_of_one_test_fires_in_that_test_only(monkeypatch):
                                   "1:5:hang:x", "1:eval@", "1:eval@0", "1:5@2", "1:5,", "1:5,2:x"])
 def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
     monkeypatch.setenv("HPCAI500_FAULT", spec)
-    usage = r"RANK:STEP\|eval\|roofline\|sampler\|staging\[@TEST\]\[:kill\|hang\|slow\]\[,\.\.\.\]"
+    usage = r"RANK:STEP\|eval\|roofline\|sampler\|staging\|start\[@TEST\]\[:kill\|hang\|slow\]\[,\.\.\.\]"
     with pytest.raises(ValueError, match=rf"^HPCAI500_FAULT='.*': expected {usage}$"):
         fault._armed(0)          # refused on every rank, the unarmed ones too
     with pytest.raises(ValueError):
@@ -153,7 +153,7 @@ def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
 def test_parse_gives_rank_where_and_kind():
     assert fault.parse("3:12") == [(3, 12, "raise")]
     assert fault.parse("0:eval:hang,2:roofline@3:kill") == [(0, "eval", "hang"), (2, "roofline@3", "kill")]
-    with pytest.raises(ValueError, match=r"^RANK:STEP\|eval\|roofline\|sampler\|staging\[@TEST\]"):
+    with pytest.raises(ValueError, match=r"^RANK:STEP\|eval\|roofline\|sampler\|staging\|start\[@TEST\]"):
         fault.parse("0:eval:hang:again")
 
 
