@@ -349,7 +349,7 @@ class _Evaluate:
         """True: the ensemble reached the target and line 32 says stop."""
         p = self.part
         p.watchdog.beat(f"evaluation, test {p.t.index}")
-        fault.point(p.ctx.world.origin, "eval")
+        fault.point(p.ctx.world.origin, "eval", p.t.index)
         t1, wall = time.perf_counter(), time.time()
         self._parts = []                # job root: (rows, its model's quality on them), this evaluation
         stop = self.evaluation.reduce(epoch, self._contribute, lambda: self._quality(epoch, wall), p.job)
