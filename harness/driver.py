@@ -260,6 +260,8 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
             p, rep = runs.pop(0)
             t = p.test
             watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
+            if output:   # under way from its start step on: a signal there is recorded as during it
+                output.begin(t.index, rep)
             try:   # a rank lost since the last test's end (rank 0 wrote it meanwhile): laid out anew first
                 fault.point(world.origin, "start", t.index)
                 world.step(f"the start of test {t.index}", lambda: watchdog.wait(
@@ -269,8 +271,6 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
             if len(world.losses) > seen:
                 runs.insert(0, (p, rep))
                 continue
-            if cell[0]:
-                cell[0].begin(t.index, rep)
             try:
                 done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
                 if cell[0]:
