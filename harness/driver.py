@@ -245,23 +245,23 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
     runs, seen = list(plan.runs), 0
     try:
         while runs or len(world.losses) > seen:   # the last test's losses are recorded too
-            output = cell[0]
+            # rank 0's output is cell[0] throughout: a take-over (_take_over) replaces it
             if len(world.losses) > seen:   # ranks lost in the roofline or the last test
                 seen = len(world.losses)
                 watchdog.beat("laying out the tests left on the ranks that remain")
                 ctx = replace(ctx, nodes=topology.discover(world))
                 runs, gone = planning.relaid(plan.cfg, runs, world.size, ctx.nodes.node_of_rank,
                                              elastic.describe(world.losses))
-                if output:
-                    output.lost([elastic.entry(x) for x in world.losses])
+                if cell[0]:
+                    cell[0].lost([elastic.entry(x) for x in world.losses])
                     for s, r in gone:
-                        output.skip(s.test.index, r, s.reason, s.cause)
+                        cell[0].skip(s.test.index, r, s.reason, s.cause)
                 continue
             p, rep = runs.pop(0)
             t = p.test
             watchdog.beat(f"test {t.index} (M={t.M}, P={t.P}, B={t.batch})")
-            if output:   # under way from its start step on: a signal there is recorded as during it
-                output.begin(t.index, rep)
+            if cell[0]:   # under way from its start step on: a signal there is recorded as during it
+                cell[0].begin(t.index, rep)
             try:   # a rank lost since the last test's end (rank 0 wrote it meanwhile): laid out anew first
                 fault.point(world.origin, "start", t.index)
                 world.step(f"the start of test {t.index}", lambda: watchdog.wait(

@@ -163,7 +163,6 @@ class World:
         self._clock, self._t0 = clock, clock()
         self._launch = list(range(comm.size))   # launch rank of each rank of `comm`
         self.launched = comm.size               # ranks at launch
-        self.coordinator = 0                    # the launch rank of world rank 0, which writes the results
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
@@ -215,11 +214,11 @@ class World:
         kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.size)), old.Get_group())
         launch = [self._launch[r] for r in kept]
         gone = tuple(r for r in self._launch if r not in set(launch))
+        coordinator_lost = launch[0] != self._launch[0]   # world rank 0: the lowest launch rank left takes over
         self.comm, self._launch = new, launch
         if gone:
             self.losses.append(Loss(gone, phase, self._clock() - self._t0, time.time()))
-        if self._launch[0] != self.coordinator:   # world rank 0 was lost: the lowest launch rank left takes over
-            self.coordinator = self._launch[0]
+        if coordinator_lost:
             raise CoordinatorLost(f"world rank 0, the coordinator, was lost ({describe(self.losses[-1:])})")
         return gone
 

@@ -5,8 +5,8 @@ HPCAI500_FAULT="RANK:WHERE[:kill|hang|slow][,RANK:WHERE[:KIND]...]" makes world 
 SLOW_STEP s there and before every later step: a rank that trains slowly but surely, at
 no CPU cost) at WHERE: a global training step (an integer) of every test, or the start of
 a phase (`eval`, `roofline`, `sampler`, `staging`, `start`: a test's, before its first
-world step), of every test or, as `PHASE@N`, of test N only. Several faults, comma-separated, hit several ranks (or phases) in one run.
-Unset, it costs nothing.
+world step), of every test or, as `PHASE@N`, of test N only. Several faults,
+comma-separated, hit several ranks (or phases) in one run. Unset, it costs nothing.
 """
 from __future__ import annotations
 

@@ -65,6 +65,10 @@ class Part:
     def M(self) -> int:
         return self.planned.layout.M
 
+    def lost(self) -> list[int]:
+        """The test's jobs that have lost a rank so far (the same on every survivor)."""
+        return elastic.lost_jobs(self.planned.layout.jobs, self.launch_of, self.ctx.world.lost)
+
 
 @dataclass(frozen=True)
 class RankRecord:
@@ -202,7 +206,7 @@ def _resample(part: Part):
     # sends them one after another): wait for all beating the watchdog.
     world.step(f"test {t.index}: the sampler's sends", lambda: watchdog.wait(
         world.Ibarrier(), f"test {t.index}: waiting for every job's resample"))
-    if seen is not None and part.job not in elastic.lost_jobs(layout.jobs, part.launch_of, world.lost):
+    if seen is not None and part.job not in part.lost():
         raise seen
     return indices, seen
 
@@ -226,8 +230,7 @@ def _stage(part: Part):
         nonlocal copy
         staging.cleanup(copy, keep=False)   # a try that a loss undid: its copy is written anew
         copy, err = None, None
-        lost = part.job in elastic.lost_jobs(part.planned.layout.jobs, part.launch_of, world.lost)
-        job, indices = (None, None) if lost else (part.job, part.indices)
+        job, indices = (None, None) if part.job in part.lost() else (part.job, part.indices)
         node = topology.node_comm(world)
         try:
             fault.point(world.origin, "staging", t.index)
@@ -404,7 +407,7 @@ class Evaluation:
     def __init__(self, part: Part):
         self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = (part.ctx, part.t, part.M, part.wl, part.data,
                                                                        part.watchdog)
-        self.jobs, self.launch_of = part.planned.layout.jobs, part.launch_of
+        self.lost = part.lost   # the test's jobs lost so far
         self.width = self.wl.score_width(self.data)
         self.chunks = ensemble.chunks(self.data.n_val, self.width, self.wl.QUALITY_PER_SAMPLE,
                                       settings.value("HPCAI500_EVAL_CHUNK"))
@@ -421,10 +424,6 @@ class Evaluation:
 
     def begin(self) -> None:
         self.start = time.perf_counter()
-
-    def lost(self) -> list[int]:
-        """The test's jobs that have lost a rank so far (the same on every survivor)."""
-        return elastic.lost_jobs(self.jobs, self.launch_of, self.ctx.world.lost)
 
     def start_barrier(self) -> None:
         """The world barrier that starts training's clock: every job's ranks enter it inside

@@ -280,7 +280,7 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
     recorded = sorted(m["ranks"] for m in t.other_load)
     node_of_rank = env.get("node_of_rank") or []
     lost = {r for x in t.losses for r in x["ranks"]}   # no record came from them (harness/elastic.py)
-    derived = sorted(Counter(machine_of_node[node_of_rank[r]] for r in _launch_ranks(t, len(node_of_rank))
+    derived = sorted(Counter(machine_of_node[node_of_rank[r]] for r in _launch_ranks(t)
                              if r not in lost).values())
     out.append(Check(f"{name}: ranks counted per machine (the node map)", recorded == derived, recorded, derived))
     want = telemetry.other_load_warnings(t.other_load)
@@ -291,10 +291,13 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
     return out
 
 
-def _launch_ranks(t: results.TestResult, world: int) -> list[int]:
-    """The launch rank of each rank of the test's world: the node map (environment.node_of_rank)
-    numbers the launch's ranks, a test after a loss of ranks its survivors (harness/elastic.py)."""
-    return t.launch_ranks if t.launch_ranks is not None else list(range(world))
+def _launch_ranks(t: results.TestResult) -> list[int]:
+    """The launch rank of each rank of the test's world (its jobs' ranks and its idle ones):
+    the node map (environment.node_of_rank) numbers the launch's ranks, a test after a loss of
+    ranks its survivors (harness/elastic.py); recorded only then, the launch's own otherwise."""
+    if t.launch_ranks is not None:
+        return t.launch_ranks
+    return list(range(sum(len(job) for job in t.jobs) + len(t.idle_ranks)))
 
 
 def pipeline_check(t: results.TestResult) -> Check:
@@ -322,7 +325,7 @@ def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     if not t.exchange and results.minor(res.schema) < (2, 4):
         return Check(what, True, note=f"not recorded: results schema {res.schema}")
     nodes = res.environment.get("node_of_rank")
-    launch = _launch_ranks(t, len(nodes or []))
+    launch = _launch_ranks(t)
     derived, split = [], t.mode != "data" and parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
     for ranks in (ranks for j, ranks in enumerate(t.jobs) if j not in t.jobs_lost):
         grid = communication.job_grid([launch[r] for r in ranks], nodes) if cfg.allreduce == "torus" else None
@@ -409,8 +412,8 @@ def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool)
 
 def _device_checks(t: results.TestResult, name: str, fl: float, vfl: float, res: results.Record) -> list[Check]:
     """Utilisation against the ranks' roofline, VFLOPS per watt, the consistency verdict."""
-    launch = t.launch_ranks   # None: the launch's own numbering (harness/elastic.py)
-    ranks = [launch[r] if launch else r for j, job in enumerate(t.jobs) if j not in t.jobs_lost for r in job]
+    launch = _launch_ranks(t)
+    ranks = [launch[r] for j, job in enumerate(t.jobs) if j not in t.jobs_lost for r in job]   # as measure's
     util = metrics.utilisation(fl, res.roofline.get(frameworks.roofline_key(t.framework, t.precision)), ranks)
     rec_util = t.utilisation
     if rec_util is None or util is None:
