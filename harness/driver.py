@@ -85,8 +85,9 @@ def parse_args(argv):
                    help="abort the job when a rank makes no progress (no training step, no phase change)"
                         f" for this long; 0 = off (default: $HPCAI500_WATCHDOG or {DEFAULT_SECONDS:g})")
     p.add_argument("--on-fault", choices=elastic.POLICIES, metavar="POLICY",
-                   help="what a lost rank (a dead process, node or a hung rank's watchdog) costs: 'drop' the base"
-                        " models it touched, the test and the sweep going on with the survivors, or 'abort' the run"
+                   help="what a lost rank (a dead process, node or a hung rank's watchdog) costs: 'retrain' the base"
+                        " models it touched on the survivors once the others finish, 'drop' them, the test and the"
+                        " sweep going on with the survivors either way, or 'abort' the run"
                         f" (default: ${elastic.SETTING} or {elastic.DEFAULT}); needs ULFM at launch (README)")
     p.add_argument("--resume", metavar="RUN",
                    help="continue the interrupted invocation whose folder is RUN (runs/<id>): its finished"
@@ -167,7 +168,8 @@ def _giving_up(world) -> str:
         return "aborting the job"
     if world.rank == 0:
         return "aborting the job (world rank 0, the coordinator: where every rank is stuck, the run's exit says so)"
-    return "ending this rank (--on-fault drop): its base models are lost, the other jobs go on"
+    return (f"ending this rank (--on-fault {world.policy}): its base models are lost"
+            f"{', to be trained again' if world.policy == 'retrain' else ''}, the other jobs go on")
 
 
 def _run(args, world, watchdog) -> int:

@@ -20,6 +20,9 @@ Per the policy (`--on-fault`, HPCAI500_ON_FAULT):
   communicator); its survivors leave training and follow the remaining world steps as
   idle ranks do. The later tests run on the ranks that remain (the driver re-plans), and
   a process of a run that lost ranks ends without MPI_Finalize (`leave`).
+* `retrain` (the default): as `drop`, and then the survivors train the test's lost base
+  models again on their own resamples, in waves, until the ensemble is whole
+  (harness/run._waves); a test's division stays what it was, its Time carries the cost.
 
 ULFM must be on at launch: `launch_survives` says whether it is, from what Open MPI reads
 (the environment, its MCA parameter files). Pure functions but for `World` and
@@ -32,9 +35,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-POLICIES = ("abort", "drop")
+POLICIES = ("abort", "drop", "retrain")
 SETTING = "HPCAI500_ON_FAULT"
-DEFAULT = "drop"
+DEFAULT = "retrain"   # a ranking run ends whole, so its tests keep their division (README)
 DETECT_SECONDS = 10.0   # s a job survivor waits for ULFM to name the failed member (seen: 0.5 s)
 
 # The MCA parameters that make a plain mpirun survive a rank's death: Open MPI's (in the
@@ -252,7 +255,9 @@ def describe(losses) -> str:
 def lines(tolerance: dict) -> list[str]:
     """The report's parameter lines (and --check's) for results.json's fault_tolerance."""
     what = {"abort": "a lost rank ends the run (MPI_Abort)",
-            "drop": "a lost rank costs the base models it touched; the test and the sweep go on with the survivors"}
+            "drop": "a lost rank costs the base models it touched; the test and the sweep go on with the survivors",
+            "retrain": "a lost rank's base models are trained again on the survivors once the others finish (the"
+                       " ensemble whole, Time carrying the cost); the sweep goes on with the survivors"}
     out = [f"FAULTS  : --on-fault {tolerance['policy']}: {what[tolerance['policy']]}",
            f"FAULTS  : {tolerance['how']}"]
     if tolerance["policy"] != "abort" and not tolerance["ulfm"]:

@@ -12,6 +12,8 @@ model writes into its own columns of the reduced array, so the sum is their unio
 """
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 
 # Line 24's choices: name -> (T/V code (none), meaning). harness/dat.py reads them here.
@@ -60,6 +62,26 @@ def ensemble_scores(total: np.ndarray, M: int, stack: bool, kept: int | None = N
     that contributed (M unless base models were lost: harness/elastic.py), or (n, M,
     width), a lost model's slot all zeros (no detections)."""
     return total.reshape(total.shape[0], M, -1) if stack else total / (M if kept is None else kept)
+
+
+class Kept:
+    """World rank 0's summed scores of one evaluation, chunk by chunk, kept for a wave of
+    `--on-fault retrain` (harness/run.py), whose evaluations add them to the retrained
+    models' terms. In a temporary file (deleted once closed or collected), so that rank 0's
+    memory stays a chunk's whatever the validation set (deepcam: 21 MB a sample)."""
+
+    def __init__(self):
+        self._file = tempfile.TemporaryFile()
+        self._at = []   # (byte offset, shape) of each chunk
+
+    def add(self, total: np.ndarray) -> None:
+        self._at.append((self._file.seek(0, 2), total.shape))
+        np.ascontiguousarray(total, np.float64).tofile(self._file)
+
+    def chunk(self, i: int) -> np.ndarray:
+        offset, shape = self._at[i]
+        self._file.seek(offset)
+        return np.fromfile(self._file, np.float64, int(np.prod(shape))).reshape(shape)
 
 
 def chunks(n: int, width: int, per_sample: bool, rows: int | None = None) -> list[slice]:

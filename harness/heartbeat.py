@@ -175,11 +175,12 @@ def losses(rec: results.Record) -> str:
     ranks = sorted({r for x in [*(rec.fault_tolerance or {}).get("losses", []), *(x for t in rec.tests for x in t.losses)]
                     for r in x["ranks"]})
     dropped = sum(len(t.jobs_lost) for t in rec.tests)
+    again = sum(len(t.retrained) for t in rec.tests)
     left = [s for s in rec.skipped if s.get("cause") == "lost"]
     if not (ranks or dropped or left):
         return ""
     return (f"with losses: rank(s) {', '.join(map(str, ranks)) or '?'} lost, {dropped} base model(s) dropped,"
-            f" {len(left)} test run(s) left out")
+            + (f" {again} trained again," if again else "") + f" {len(left)} test run(s) left out")
 
 
 def planned_runs(rec: results.Record) -> int | None:

@@ -137,6 +137,15 @@ def first_reaching(curve: list[dict], target: float, higher_is_better: bool = Tr
     return next((p for p in curve if reaches(p["quality"], target, higher_is_better)), None)
 
 
+def counted(curve: list[dict]) -> list[dict]:
+    """The points of an evaluation curve whose ensemble holds as many models as its last (the
+    one the test measures; a point's models: its base qualities not null). After a lost base
+    model (harness/elastic.py) the ensemble is smaller until a wave of `retrain` trains it
+    again: its reaching the target then is not the test's. Under `drop` no point has fewer."""
+    models = [sum(q is not None for q in p["base_quality"]) for p in curve]
+    return [p for p, m in zip(curve, models) if m >= models[-1]]
+
+
 def chunk_mean(parts: list[tuple[int, float]]) -> float:
     """A quality from its chunks' (rows, quality): one chunk's own (the whole set, any
     quality), else the mean weighted by rows (a mean over samples, chunk by chunk)."""

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from harness import experiments, files, flops, frameworks, heartbeat, metrics, mllog, parallelism, results, telemetry, train
+from harness import experiments, files, flops, frameworks, heartbeat, metrics, mllog, parallelism, results, telemetry, topology, train
 
 RULE = "=" * 80
 THIN = "-" * 80
@@ -116,9 +116,12 @@ def losses_line(t: results.TestResult) -> str:
     kept = t.M - len(t.jobs_lost)
     where = "; ".join(f"{'rank' if len(x['ranks']) == 1 else 'ranks'} {', '.join(map(str, x['ranks']))}"
                       f" on {', '.join(x['hosts']) or '?'} found lost at {x['phase']}" for x in t.losses)
+    again = "; ".join(f"job {r['job']} trained again in wave {r['wave']} on rank(s) {topology.ranges(r['ranks'])}"
+                      for r in t.retrained)
     cost = (f"job(s) {', '.join(map(str, t.jobs_lost))} dropped: every figure is the {kept} left's"
-            if t.jobs_lost else "no base model lost: the losses came after the last evaluation")
-    return f"Losses      : {kept} of {t.M} base models trained ; {where} ; {cost}"
+            if t.jobs_lost else "" if again else "no base model lost: the losses came after the last evaluation")
+    return (f"Losses      : {kept} of {t.M} base models trained ; {where}"
+            + "".join(f" ; {x}" for x in (again, cost) if x))
 
 
 def ttq_line(t: results.TestResult) -> str:
@@ -131,9 +134,15 @@ def ttq_line(t: results.TestResult) -> str:
         best = next(p for p in ev if p["quality"] == metrics.best([p["quality"] for p in ev],
                                                                   t.higher_is_better))
         return (f"Time to Q   : not reached (best {best['quality']:.4f} after epoch {best['epoch']} of"
-                f" {t.epochs_trained}) ; {how}")
-    return (f"Time to Q   : {t.time_to_quality:.2f} s, epoch {t.epochs_to_quality} of {t.epochs}"
+                f" {t.epochs_trained}{_of_wave(best)}) ; {how}")
+    reached = next((p for p in ev if p["seconds"] == t.time_to_quality), {})
+    return (f"Time to Q   : {t.time_to_quality:.2f} s, epoch {t.epochs_to_quality} of {t.epochs}{_of_wave(reached)}"
             f" (training and evaluations, staging apart) ; {how}")
+
+
+def _of_wave(point: dict) -> str:
+    """An evaluation of a wave of --on-fault retrain says so: its epochs count from 1 again."""
+    return f" of retraining wave {point['wave']}" if point.get("wave") else ""
 
 
 def _every(k: int) -> str:

@@ -21,7 +21,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.11"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.12"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -45,6 +45,10 @@ SCHEMA = "2.11"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   the run); roofline per_rank and environment.node_of_rank by launch rank, null for a
                  #   rank lost in the roofline; a test during which world rank 0 was lost is skipped
                  #   ("lost") and a new coordinator goes on
+                 # 2.12: --on-fault retrain: TestResult.retrained (the lost base models a wave trained
+                 #   again, their wave and launch ranks); evaluations[].wave (a wave's points, on the
+                 #   test's clock); losses[].wave (a loss found in a wave); jobs_lost stays the models
+                 #   dropped, so a retrained one is not in it
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -111,15 +115,18 @@ class TestResult:
     steps_per_epoch: list             # per job
     samples_trained: int              # samples, all jobs, all epochs
     total_flops: float                # FLOPs, all base models (Eq. 4-6)
-    train_seconds: float              # s, world barrier to the last step, max over ranks
+    train_seconds: float              # s, world barrier to the last step, max over ranks (retrain: summed over
+                                      #   the test's passes, each wave's its own max)
     train_seconds_min: float          # s, the fastest training rank
     staging: dict | None              # the Data Duplicator's copies, or None
     time_to_solution: float           # s, staging + rank 0's wall from the start of training to the end of the
                                       #   last evaluation (training, evaluations, waits for other jobs)
     eval_seconds: float               # s, all evaluations (prediction, waiting for the other jobs, reduction), max over the jobs' ranks (idle ranks: 0)
     evaluations: list                 # per evaluation: epoch, seconds (rank 0, since the start of training),
-                                      #   quality (ensemble), base_quality (per job)
-    time_to_quality: float | None     # s, the first evaluation reaching the target (staging apart); None: never
+                                      #   quality (ensemble), base_quality (per job; null: not in it), wave (a
+                                      #   wave of retrain's point: its epochs count from 1 again)
+    time_to_quality: float | None     # s, the first evaluation reaching the target (staging apart) with as many
+                                      #   models as the last (metrics.counted); None: never
     epochs_to_quality: int | None     # its epoch; None: never
     sampler_seconds: float            # s, drawing and sending the resamples (rank 0)
     flops: float                      # FLOP/s, total_flops / train_seconds (Eq. 6)
@@ -167,6 +174,9 @@ class TestResult:
     #                                 end of the last evaluation); the figures are the other M - len(jobs_lost)'s
     launch_ranks: list | None = None  # the launch rank of each rank of the test's world, where ranks were lost
     #                                 before it (its jobs, idle_ranks and records number the test's world)
+    retrained: list = field(default_factory=list)  # --on-fault retrain: each lost base model trained again, in job
+    #                                 order: job, wave (1, 2, ...), ranks (launch ranks of its wave's job, root
+    #                                 first); its figures are in the per-model lists at its place, from that wave
 
 
 @dataclass

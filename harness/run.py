@@ -6,13 +6,15 @@ ranks' records into a `results.TestResult`. The driver (harness/driver.py) runs 
 tests in order and hands each result to the output (harness/report.Output).
 
 A failure during a test that every rank can see (staging) is agreed (RunError). A
-lost rank (harness/elastic.py) under `--on-fault drop` costs the base models it touched:
+lost rank (harness/elastic.py) under `--on-fault drop` or `retrain` costs the base models it touched:
 the world-level steps of a test (the end of the sampler's sends, staging, the start
 barrier of training, each evaluation, the end) run through `World.step`, which shrinks
 the world to the survivors and redoes the step without the lost jobs, whose surviving
 ranks follow as idle ranks do. Any other failure (or any fault under `abort`, or one
 outside those steps) ends the job through the driver's MPI_Abort, so no rank is left
-waiting.
+waiting. Under `retrain` the test then goes on in waves that train its lost base models
+again on the survivors (_waves), each wave a pass of the same steps (_pass), and its figures
+are over every pass (measure).
 """
 from __future__ import annotations
 
@@ -56,10 +58,16 @@ class Part:
     comm: object = None     # the job's communicator (None on an idle rank)
     indices: object = None  # the job's resample (numpy int array), every rank of the job
     log: object = None      # the job's MLLOG (harness/mllog.BaseModelLog), on its root only
+    wave: int = 0           # 0: the test as laid out; k: the k-th wave of `--on-fault retrain` (_waves)
 
     @property
     def t(self):
         return self.planned.test
+
+    @property
+    def head(self) -> str:
+        """The test, and the wave: what its steps' phases (and so its losses) begin with."""
+        return f"test {self.t.index}" + (f", retraining wave {self.wave}" if self.wave else "")
 
     @property
     def M(self) -> int:
@@ -96,17 +104,49 @@ class RankRecord:
     lost: str = ""                  # its job lost a rank (elastic.py): what this survivor saw
 
 
+@dataclass(frozen=True)
+class Pass:
+    """One training of some of a test's base models on the world as it then stood: the test
+    as laid out (wave 0), or a wave of `--on-fault retrain` training the lost ones again."""
+    part: Part
+    evaluation: object          # its Evaluation: its curve, the jobs lost by its last evaluation
+    records: list | None        # rank 0: every rank's RankRecord of the pass (None elsewhere)
+    sampler_seconds: float      # s, rank 0's draw and sends of its resamples
+    losses: list                # the elastic.Loss entries found during it
+    gathered_from: float        # perf_counter() before its records' gather
+
+
 def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     """Repetition `rep` (seed + rep) of a test of the plan (harness/plan.Planned) on every
-    rank. Rank 0 returns (TestResult, {job: MLLOG lines}); the other ranks None."""
+    rank: the test as laid out, then under `retrain` the waves that train its lost base
+    models again (_waves). Rank 0 returns (TestResult, {job: MLLOG lines}); the other ranks None."""
+    first = _pass(ctx, planned, data, watchdog, rep)
+    passes = [first, *(_waves(ctx, planned, data, watchdog, rep, first) if ctx.world.policy == "retrain" else [])]
+    if ctx.world.rank != 0:
+        return None
+    result = measure(passes)
+    # Each log ends on rank 0, where the ensemble's quality is known: MLPerf's success
+    # is the target reached (by the ensemble: the benchmark's result), not a clean exit.
+    # A lost base model's log (its root survived) ends as MLPerf's aborted run; a model
+    # trained again has its wave's log, which the later pass writes over the lost one's.
+    reached = result.time_to_quality is not None
+    return result, {r.job: mllog.close(r.mllog, ensemble_quality=result.quality, reached=reached and not r.lost,
+                                       instance_id=r.job, division=result.division)
+                    for p in passes for r in p.records if r.mllog is not None}
+
+
+def _pass(ctx: Context, planned, data, watchdog, rep: int, after=None, wave: int = 0) -> Pass:
+    """One pass of the test on every rank (harness/run.Pass): resample, stage, train and
+    evaluate the jobs of `planned.layout` that have ranks, gather the records. `after`: the
+    Evaluation of the pass before (a wave's evaluations add the models it kept)."""
     cfg, world = ctx.cfg, ctx.world
     t, layout = planned.test, planned.layout
-    seed = cfg.seed + rep
     wl = workloads.get(t.workload)
     job, job_comm = topology.split(world, layout)
     losses_before = len(world.losses)
-    # the test's numbering of its ranks, whatever the world loses during it
-    part = Part(ctx, planned, rep, seed, wl, data, watchdog, world.rank, tuple(world.launch_ranks), job, job_comm)
+    # the pass's numbering of its ranks, whatever the world loses during it
+    part = Part(ctx, planned, rep, cfg.seed + rep, wl, data, watchdog, world.rank, tuple(world.launch_ranks), job,
+                job_comm, wave=wave)
 
     t0 = time.perf_counter()
     indices, seen = _resample(part)
@@ -114,8 +154,8 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
     part = replace(part, indices=indices)
     part = replace(part, log=_log(part))
     copy = _stage(part)
-    evaluation = Evaluation(part)
-    if len(evaluation.lost()) == layout.M:   # every job lost before training: the same on every survivor
+    evaluation = Evaluation(part, after)
+    if not wave and len(evaluation.lost()) == layout.M:   # every job lost before training: the same on every survivor
         staging.cleanup(copy, cfg.staging_keep)
         raise _all_lost(t, world.losses[losses_before:], " before training")
     try:
@@ -134,24 +174,44 @@ def test(ctx: Context, planned, data, watchdog, rep: int = 0):
         # The node's copy serves every job on the node, and a job's ranks leave the last
         # evaluation's reduction before the others have read their validation samples:
         # the writer removes the copy only once every rank is done.
-        world.step(f"test {t.index}: the end, before the staged copies go", lambda: watchdog.wait(
-            world.Ibarrier(), f"test {t.index}: every job done, before the staged copies go"))
+        world.step(f"{part.head}: the end, before the staged copies go", lambda: watchdog.wait(
+            world.Ibarrier(), f"{part.head}: every job done, before the staged copies go"))
         staging.cleanup(copy, cfg.staging_keep)
     t3 = time.perf_counter()
-    records = world.step(f"test {t.index}: the gather of the ranks' records", lambda: world.gather(record, root=0))
-    if len(evaluation.final_lost) == layout.M:
+    records = world.step(f"{part.head}: the gather of the ranks' records", lambda: world.gather(record, root=0))
+    if not wave and len(evaluation.final_lost) == layout.M:
         raise _all_lost(t, world.losses[losses_before:])
-    if world.rank != 0:
-        return None
-    result = measure(part, records, evaluation, sampler_seconds, gathered_from=t3,
-                     losses=world.losses[losses_before:])
-    # Each log ends on rank 0, where the ensemble's quality is known: MLPerf's success
-    # is the target reached (by the ensemble: the benchmark's result), not a clean exit.
-    # A lost base model's log (its root survived) ends as MLPerf's aborted run.
-    reached = result.time_to_quality is not None
-    return result, {r.job: mllog.close(r.mllog, ensemble_quality=result.quality, reached=reached and not r.lost,
-                                       instance_id=r.job, division=result.division)
-                    for r in records if r.mllog is not None}
+    return Pass(part, evaluation, records, sampler_seconds, world.losses[losses_before:], t3)
+
+
+def _waves(ctx: Context, planned, data, watchdog, rep: int, first: Pass) -> list[Pass]:
+    """`--on-fault retrain`: the jobs lost by the test's last evaluation trained again on the
+    survivors, each on its own resample (sampler.resample depends on the seed and the job
+    alone), in waves of as many jobs of P ranks as the world left holds (laid out by line
+    12's map, topology.map_jobs). Each wave's evaluations add the sum of the models kept so
+    far (Evaluation's `kept`), so its curve is the whole ensemble's; a job lost again goes
+    back in the queue. Jobs left once the world cannot hold one job of P ranks stay dropped.
+    The same on every survivor: the queue is the agreed lost jobs."""
+    world, M, P = ctx.world, planned.layout.M, planned.layout.P
+    queue, waves, prior = list(first.evaluation.final_lost), [], first
+    while queue and world.size >= P:
+        wave = len(waves) + 1
+        watchdog.beat(f"test {planned.test.index}: laying out retraining wave {wave} on the ranks that remain")
+        nodes = topology.discover(world)
+        k = min(len(queue), world.size // P)
+        laid = topology.map_jobs(nodes.node_of_rank, k, P, ctx.cfg.pmap)
+        jobs = [()] * M
+        for j, ranks in zip(queue, laid.jobs):
+            jobs[j] = ranks
+        if world.rank == 0:
+            print(f"hpcai500: test {planned.test.index}: retraining wave {wave}: base model(s)"
+                  f" {', '.join(map(str, queue[:k]))} trained again on {k * P} of the {world.size} ranks left"
+                  " (--on-fault retrain)", file=sys.stderr, flush=True)
+        prior = _pass(replace(ctx, nodes=nodes), replace(planned, layout=topology.Layout(M, P, tuple(jobs), laid.idle)),
+                      data, watchdog, rep, after=prior.evaluation, wave=wave)
+        queue = sorted(queue[k:] + prior.evaluation.final_lost)
+        waves.append(prior)
+    return waves
 
 
 def _all_lost(t, losses, when: str = "") -> elastic.AllLost:
@@ -204,7 +264,7 @@ def _resample(part: Part):
         seen = e
     # Idle ranks come straight here, the jobs' ranks once their resample has arrived (rank 0
     # sends them one after another): wait for all beating the watchdog.
-    world.step(f"test {t.index}: the sampler's sends", lambda: watchdog.wait(
+    world.step(f"{part.head}: the sampler's sends", lambda: watchdog.wait(
         world.Ibarrier(), f"test {t.index}: waiting for every job's resample"))
     if seen is not None and part.job not in part.lost():
         raise seen
@@ -223,7 +283,7 @@ def _stage(part: Part):
     cfg, world = ctx.cfg, ctx.world
     if cfg.staging == "none":
         return None
-    path = staging.folder(cfg.staging, ctx.run_id, t.index, part.rep, ctx.nodes.node_of_rank[part.rank])
+    path = staging.folder(cfg.staging, ctx.run_id, t.index, part.rep, ctx.nodes.node_of_rank[part.rank], part.wave)
     copy = None
 
     def attempt():
@@ -249,7 +309,7 @@ def _stage(part: Part):
         first_failure(world, err and f"test {t.index}: {err}")
 
     try:
-        world.step(f"test {t.index}: staging", attempt)
+        world.step(f"{part.head}: staging", attempt)
     except (RunError, elastic.CoordinatorLost):
         staging.cleanup(copy, keep=False)
         if part.comm is not None:
@@ -289,7 +349,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
         evaluate = _Evaluate(part, fw, model, local, evaluation)
         res = fw.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
                        world_barrier=evaluation.start_barrier,
-                       hooks=_Hooks(t, ctx.n_tests, part.log, world.rank == 0, evaluation),
+                       hooks=_Hooks(part, part.log, world.rank == 0, evaluation),
                        on_step=_on_step(watchdog, fault.injector(world.origin)), evaluate=evaluate,
                        eval_every=cfg.eval_every)
     except elastic.CoordinatorLost:   # the whole test is lost (harness/driver.py): leave without a collective
@@ -322,8 +382,11 @@ def _abandoned(part: Part, fw, copy, evaluation, error: Exception, probe) -> Ran
     seen = next((x for x in said if any(k in x for k in ("shut down", "Read error", "Connection", "PROC_FAILED",
                                                            "failed"))), said[0])[:200]
     part.watchdog.beat(f"test {t.index}: base model {job} lost a rank, following")
-    print(f"hpcai500: rank {part.ctx.world.origin}: test {t.index}: base model {job} lost a rank"
-          f" ({type(error).__name__}: {seen}); it leaves the ensemble (--on-fault drop)", file=sys.stderr, flush=True)
+    policy = part.ctx.world.policy
+    print(f"hpcai500: rank {part.ctx.world.origin}: {part.head}: base model {job} lost a rank"
+          f" ({type(error).__name__}: {seen}); it leaves the ensemble (--on-fault {policy}"
+          f"{': a wave trains it again once the others finish' if policy == 'retrain' else ''})",
+          file=sys.stderr, flush=True)
     if fw is not None:
         fw.abandon()
     if probe is None:
@@ -402,12 +465,19 @@ class Evaluation:
     A workload whose quality is a mean over samples (QUALITY_PER_SAMPLE) is evaluated in
     chunks of validation rows (ensemble.chunks: EVAL_CHUNK_BYTES of scores a chunk), one
     reduction a chunk, so that no rank ever holds the whole set's scores (deepcam: 21 MB
-    a sample at 768 x 1152); the chunks' qualities are combined by metrics.chunk_mean."""
+    a sample at 768 x 1152); the chunks' qualities are combined by metrics.chunk_mean.
 
-    def __init__(self, part: Part):
+    A wave of `--on-fault retrain` (harness/run._waves) evaluates its models with those the
+    passes before it kept: rank 0 adds their summed scores of the last evaluation before
+    (`kept`, ensemble.Kept; the base qualities too), and its curve goes on the test's clock,
+    so that each of its points is the ensemble as it then stands."""
+
+    def __init__(self, part: Part, after=None):
         self.ctx, self.t, self.M, self.wl, self.data, self.watchdog = (part.ctx, part.t, part.M, part.wl, part.data,
                                                                        part.watchdog)
-        self.lost = part.lost   # the test's jobs lost so far
+        self.head, self.wave = part.head, part.wave
+        self.lost = part.lost   # the pass's jobs lost so far
+        self.active = sum(1 for ranks in part.planned.layout.jobs if ranks)   # the jobs this pass trains
         self.width = self.wl.score_width(self.data)
         self.chunks = ensemble.chunks(self.data.n_val, self.width, self.wl.QUALITY_PER_SAMPLE,
                                       settings.value("HPCAI500_EVAL_CHUNK"))
@@ -418,12 +488,23 @@ class Evaluation:
         self.done = 0         # evaluations this rank has taken part in (every rank's the same once each ends)
         self.stopped = False  # the target stopped training
         self.final_lost = []  # the jobs lost by the end of the last evaluation: the ones the figures leave out
-        self.start = 0.0      # perf_counter() at the start barrier (rank 0)
-        self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"}
+        self.origin = after.start if after else None   # a wave's curve runs on the test's clock
+        self.start = 0.0      # perf_counter() at the start barrier of the test's first pass (rank 0)
+        self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"[, "wave"]}
         self.reduce_seconds = 0.0   # rank 0: the world's reductions (scores, base qualities), all evaluations
+        # rank 0: the models of the passes before, in every evaluation of this one (retrain):
+        # their summed scores (ensemble.Kept), how many, their base qualities by job
+        self.kept = after.saved if after else None
+        self.kept_models = after.models if after else 0
+        self.kept_bases = after.bases() if after else {}
+        self.saved, self.models = None, 0   # the same of this pass's last evaluation, for the next wave
+
+    def bases(self) -> dict:
+        """rank 0: the base quality of each model in the last evaluation, by job."""
+        return {j: q for j, q in enumerate(self.curve[-1]["base_quality"]) if q is not None} if self.curve else {}
 
     def begin(self) -> None:
-        self.start = time.perf_counter()
+        self.start = time.perf_counter() if self.origin is None else self.origin
 
     def start_barrier(self) -> None:
         """The world barrier that starts training's clock: every job's ranks enter it inside
@@ -432,8 +513,8 @@ class Evaluation:
         each other, so both sides call this one."""
         world, watchdog, t = self.ctx.world, self.watchdog, self.t
         phase = watchdog.phase
-        world.step(f"test {t.index}: the start of training", lambda: watchdog.wait(
-            world.Ibarrier(), f"waiting for every job to start, test {t.index}"))
+        world.step(f"{self.head}: the start of training", lambda: watchdog.wait(
+            world.Ibarrier(), f"waiting for every job to start, {self.head}"))
         self.started = True
         watchdog.beat(phase)   # back to this rank's phase: training's steps beat without naming one
 
@@ -455,42 +536,51 @@ class Evaluation:
         job root's base quality (None elsewhere). Returns the stop decision, the same on
         every rank."""
         world, t = self.ctx.world, self.t
-        stop, q, bases = world.step(f"test {t.index}: the evaluation after epoch {epoch}",
-                                    lambda: self._reduce(contribute, quality, job))
+        stop, q, bases, self.saved, self.models = world.step(f"{self.head}: the evaluation after epoch {epoch}",
+                                                             lambda: self._reduce(contribute, quality, job))
         self.done += 1
         self.stopped = stop
-        lost = self.lost()
         if stop or epoch == self.epochs[-1]:
-            self.final_lost = lost
+            self.final_lost = self.lost()
         if world.rank == 0:
-            by_job = dict(x for x in bases if x is not None)   # a lost job's entry: None
+            by_job = {**self.kept_bases, **dict(x for x in bases if x is not None)}   # a lost job's entry: None
             self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
-                               "base_quality": [by_job.get(j) for j in range(self.M)]})
-            print(f"hpcai500: {progress_head(t, self.ctx.n_tests)} : evaluation after"
-                  f" epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
-                  f"{f' of {self.M - len(lost)} of {self.M} base models' if lost else ''}"
+                               "base_quality": [by_job.get(j) for j in range(self.M)],
+                               **({"wave": self.wave} if self.wave else {})})
+            print(f"hpcai500: {progress_head(t, self.ctx.n_tests)}{f' wave {self.wave}' if self.wave else ''} :"
+                  f" evaluation after epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
+                  f"{f' of {self.models} of {self.M} base models' if self.models < self.M else ''}"
                   f"{', reached: stopping' if stop else ''}", file=sys.stderr, flush=True)
         return stop
 
     def _reduce(self, contribute, quality, job: int | None):
         """One try of the evaluation's world step: (stop, the ensemble's quality, the base
-        qualities) on rank 0, (stop, None, None) elsewhere. The jobs lost so far add nothing."""
+        qualities, the summed scores kept for a wave of `retrain` (ensemble.Kept, or None),
+        the models in the ensemble) on rank 0, (stop, None, None, None, models) elsewhere.
+        The jobs lost so far add nothing."""
         world, stack = self.ctx.world, ensemble.stacks(self.wl)
         lost = self.lost()
         mine = job is not None and job not in lost
+        models = self.kept_models + self.active - len(lost)
+        # a wave may follow: rank 0 keeps what the next one adds (a try undone by a loss: anew)
+        keep = ensemble.Kept() if world.rank == 0 and world.policy == "retrain" and models < self.M else None
         # Jobs reach an evaluation at different times (resamples differ in size; idle
         # ranks have no job): wait for all of them politely, so the reduction is quick.
         self.watchdog.wait(world.Ibarrier(), f"waiting for the other jobs, test {self.t.index}")
         parts = []            # rank 0: (rows, the ensemble's quality on them)
-        for rows in self.chunks:
+        for i, rows in enumerate(self.chunks):
             scores = contribute(rows) if mine else None
             t0 = time.perf_counter()
             n = rows.stop - rows.start
             total = ensemble.reduce_scores(world, scores, ensemble.reduced_shape(n, self.width, self.M, stack))
             self.reduce_seconds += time.perf_counter() - t0
             if world.rank == 0:
+                if self.kept is not None:
+                    total += self.kept.chunk(i)
+                if keep is not None:
+                    keep.add(total)
                 parts.append((n, workloads.score(self.wl, ensemble.ensemble_scores(
-                    total, self.M, stack, self.M - len(lost)), self.data, rows)))
+                    total, self.M, stack, models), self.data, rows)))
             self.watchdog.beat(f"evaluation, test {self.t.index}")
         base = quality() if mine else None
         t0 = time.perf_counter()
@@ -500,27 +590,30 @@ class Evaluation:
         if world.rank == 0:
             q = metrics.chunk_mean(parts)
             stop = self.ctx.cfg.stop_at_target and metrics.reaches(q, self.target, self.higher)
-        return world.bcast(stop, root=0), q, bases
+        return world.bcast(stop, root=0), q, bases, keep, models
 
 
-def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampler_seconds: float,
-            gathered_from: float, losses=()) -> TestResult:
-    """The test's figures (rank 0) from the records and evaluations of the base models
-    not lost (`evaluation.final_lost`; `losses`: the test's elastic.Loss list): Eq. 4-8 and
-    the rest. `gathered_from`: perf_counter() before the records' gather, so that the result
-    holds the control plane's cost (the gather and this), as bench/scale.py reads."""
+def measure(passes: list[Pass]) -> TestResult:
+    """The test's figures (rank 0) from its passes (the test as laid out, then any waves of
+    `retrain`): Eq. 4-8 and the rest, over the base models kept (_kept), a fault's cost in
+    Time (_timed), a lost model's partial work in no FLOPs. From the last pass's gather on:
+    the result holds the control plane's cost (the gather and this), as bench/scale.py reads."""
+    first = passes[0]
+    part = first.part
     ctx, planned, wl, data = part.ctx, part.planned, part.wl, part.data
     cfg, t, layout = ctx.cfg, planned.test, planned.layout
-    dropped = set(evaluation.final_lost)
-    workers = [r for r in records if r.job is not None and r.job not in dropped]
+    workers, launch, retrained, dropped = _kept(passes)
+    records = first.records   # the test's own ranks (staging, other load: its world as laid out)
     roots = sorted((r for r in workers if r.quality is not None), key=lambda r: r.job)
     fc = workers[0].flops
-    seconds = max(r.seconds for r in records)
+    curve = [point for p in passes for point in p.evaluation.curve]
+    timed = _timed(cfg, passes, curve)
+    seconds = timed["train_seconds"]
     total_flops = metrics.total_flops([r.samples for r in roots], fc.training)
-    curve = evaluation.curve
     quality = curve[-1]["quality"]
+    evaluation = first.evaluation
     target, n, higher = evaluation.target, evaluation.n, evaluation.higher
-    reached = metrics.first_reaching(curve, target, higher)
+    reached = metrics.first_reaching(metrics.counted(curve), target, higher)
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n, higher)
     tele = telemetry.reduce([r.telemetry for r in workers])
@@ -531,8 +624,8 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
         index=t.index, tv=t.tv(cfg), workload=t.workload, framework=t.framework, mode=t.mode, M=layout.M, P=layout.P,
         B=t.batch, precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep,
         seed=part.seed,
-        epochs=cfg.epochs, epochs_trained=roots[0].epochs, eval_every=cfg.eval_every,
-        stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
+        epochs=cfg.epochs, eval_every=cfg.eval_every,
+        epochs_trained=next(r.epochs for r in roots if r.job not in {x["job"] for x in retrained}), stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
         warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w]
         + telemetry.other_load_warnings(others),
         data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
@@ -542,37 +635,68 @@ def measure(part: Part, records: list[RankRecord], evaluation: Evaluation, sampl
                                     4 if t.precision == "fp32" else 2),
         steps_per_epoch=[r.steps_per_epoch for r in roots],
         samples_trained=int(sum(r.samples for r in roots)), total_flops=total_flops,
-        train_seconds=seconds, train_seconds_min=min(r.seconds for r in workers),
-        staging=_staging_summary(cfg, records), time_to_solution=_staging_seconds(records) + curve[-1]["seconds"],
-        eval_seconds=max(r.eval_seconds for r in records), sampler_seconds=sampler_seconds, evaluations=curve,
+        train_seconds_min=min(r.seconds for r in workers), **timed, evaluations=curve,
         time_to_quality=reached and reached["seconds"], epochs_to_quality=reached and reached["epoch"],
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
         base_quality=[r.quality for r in roots], target_quality=target, penalty_n=n,
         penalty=metrics.penalty(quality, target, n, higher), final_loss=[r.loss for r in roots],
         utilisation=metrics.utilisation(fl, ctx.ceilings.get(frameworks.roofline_key(t.framework, t.precision)),
-                                        [part.launch_of[r.rank] for r in workers]),
+                                        sorted(set(launch))),
         telemetry=tele, vflops_per_watt=telemetry.per_joule(vfl, seconds, tele),
         consistency=metrics.consistency(max(r.diff for r in workers)),
         resample=[{"job": r.job, "size": r.resample_size, "out_of_bag": r.out_of_bag, "digest": r.index_digest}
                   for r in roots],
-        weights_digest=digests_by_job(workers, layout.M), reduce_seconds=evaluation.reduce_seconds,
-        **_losses(part, losses, dropped),
+        weights_digest=digests_by_job(workers, layout.M), **_losses(passes, dropped), retrained=retrained,
         exchange=[r.exchange for r in roots], other_load=others, pipeline=_pipeline(t, workers, roots),
         model_layers=list(fc.layers), model_deviations=list(planned.model_deviations), higher_is_better=higher,
         # the control plane's cost at scale: rank 0's gather of every rank's record and
         # this measure, and its peak memory so far (Linux: ru_maxrss in KiB)
-        gather_seconds=time.perf_counter() - gathered_from,
+        gather_seconds=time.perf_counter() - passes[-1].gathered_from,
         rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
-def _losses(part: Part, losses, dropped) -> dict:
-    """TestResult's record of the ranks lost during the test and the base models dropped, and
-    the test's division with them (division.with_losses)."""
+def _timed(cfg, passes: list[Pass], curve: list[dict]) -> dict:
+    """TestResult's timings over the test's passes: each pass's (max over its ranks, or rank
+    0's) summed, so that a wave of retrain adds its time. Staging is the test's own pass's:
+    a wave's falls inside the curve's wall, which runs on from the first pass's clock."""
+    first = passes[0].records
+    return {"train_seconds": sum(max(r.seconds for r in p.records) for p in passes),
+            "eval_seconds": sum(max(r.eval_seconds for r in p.records) for p in passes),
+            "sampler_seconds": sum(p.sampler_seconds for p in passes),
+            "reduce_seconds": sum(p.evaluation.reduce_seconds for p in passes),
+            "staging": _staging_summary(cfg, first), "time_to_solution": _staging_seconds(first) + curve[-1]["seconds"]}
+
+
+def _kept(passes: list[Pass]) -> tuple[list[RankRecord], list[int], list[dict], list[int]]:
+    """(the records of the ranks that trained a base model kept, their launch ranks, the
+    models a wave trained again (results.TestResult.retrained), the models dropped): a job
+    lost in a pass (its evaluation's final_lost) is kept from the wave that trained it
+    again, if one did; each kept job's records come from one pass."""
+    workers, launch, retrained = [], [], []
+    for wave, p in enumerate(passes):
+        lost, jobs = set(p.evaluation.final_lost), p.part.planned.layout.jobs
+        mine = [r for r in p.records if r.job is not None and r.job not in lost]
+        workers += mine
+        launch += [p.part.launch_of[r.rank] for r in mine]
+        if wave:
+            retrained += [{"job": j, "wave": wave, "ranks": [p.part.launch_of[r] for r in jobs[j]]}
+                          for j in sorted({r.job for r in mine})]
+    kept = {r.job for r in workers}
+    return workers, launch, retrained, [j for j in range(passes[0].part.M) if j not in kept]
+
+
+def _losses(passes: list[Pass], dropped: list[int]) -> dict:
+    """TestResult's record of the ranks lost during the test (each against the jobs of the
+    pass that found it, a wave's marked so) and the base models dropped, and the test's
+    division with them (division.with_losses: a model trained again is not dropped)."""
+    part = passes[0].part
     launch, planned = list(part.launch_of), part.planned
     verdict, reasons = division.with_losses(planned.division, list(planned.open_reasons), len(dropped), planned.layout.M)
-    return {"division": verdict, "open_reasons": reasons, "launch_ranks": None if len(launch) == part.ctx.world.launched else launch,
-            "losses": [elastic.record(x, launch, part.ctx.nodes, part.planned.layout.jobs) for x in losses],
-            "jobs_lost": sorted(dropped)}
+    return {"division": verdict, "open_reasons": reasons,
+            "launch_ranks": None if len(launch) == part.ctx.world.launched else launch,
+            "losses": [{**elastic.record(x, p.part.launch_of, p.part.ctx.nodes, p.part.planned.layout.jobs),
+                        **({"wave": wave} if wave else {})} for wave, p in enumerate(passes) for x in p.losses],
+            "jobs_lost": dropped}
 
 
 def _pipeline(t, workers: list[RankRecord], roots: list[RankRecord]) -> dict | None:
@@ -616,8 +740,8 @@ class _Hooks:
     lines on world rank 0 (stderr, so that stdout stays the pasteable report), the
     evaluation clock's start."""
 
-    def __init__(self, t, total, log, progress: bool, evaluation: Evaluation):
-        self.t, self.total, self.log, self.progress, self.evaluation = t, total, log, progress, evaluation
+    def __init__(self, part: Part, log, progress: bool, evaluation: Evaluation):
+        self.part, self.log, self.progress, self.evaluation = part, log, progress, evaluation
 
     def recipe(self, name, config, peak_lr, warmup_steps, total_steps):
         """`config`: the optimizer's settings under Keras' names (get_config(); mllog.recipe)."""
@@ -636,10 +760,10 @@ class _Hooks:
     def epoch_stop(self, epoch, epochs, loss, elapsed):
         if self.log:
             self.log.epoch_stop(epoch)
-        if self.progress:
-            t = self.t
-            print(f"hpcai500: {progress_head(t, self.total)} : epoch {epoch}/{epochs}"
-                  f"  job 0 loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
+        if self.progress:   # world rank 0's job: job 0, or in a wave of retrain the one it trains again
+            p = self.part
+            print(f"hpcai500: {progress_head(p.t, p.ctx.n_tests)}{f' wave {p.wave}' if p.wave else ''} : epoch"
+                  f" {epoch}/{epochs}  job {p.job} loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
 
 
 def progress_head(t, total: int) -> str:

@@ -127,6 +127,8 @@ def distribute(world, jobs: list[list[int]], n: int, method: str, seed: int,
 
         pending = collections.deque()   # (request, buffer) of the sends under way, oldest first
         for j, ranks in enumerate(jobs):
+            if not ranks:   # a job this pass does not train (a wave of --on-fault retrain: harness/run.py)
+                continue
             idx = resample(n, method, seed, j)
             if ranks[0] == 0:
                 mine = idx

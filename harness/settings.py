@@ -129,7 +129,8 @@ TABLE = {s.name: s for s in (
     Setting("HPCAI500_PEAK_TFLOPS", _peak, None, "theoretical peak per rank, Tflops (unset: NVML table)"),
     Setting("HPCAI500_FAULT", _fault, None, "fault injection for the reliability tests", test_only=True),
     Setting("HPCAI500_ON_FAULT", _one_of(*elastic.POLICIES), elastic.DEFAULT,
-            "what a lost rank costs: abort the run, or drop the base models it touched (set by --on-fault)"),
+            "what a lost rank costs: abort the run, drop the base models it touched, or retrain them on the"
+            " survivors (set by --on-fault)"),
     Setting("HPCAI500_WATCHDOG", _seconds, 1800.0, "watchdog limit, s (read by the command line)", figures=False),
     Setting("HPCAI500_HEARTBEAT", _positive_seconds, 5.0,
             "s between world rank 0's stamps of the run folder's heartbeat (a reader on another node calls the run"

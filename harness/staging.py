@@ -69,8 +69,9 @@ def senders(jobs) -> dict[int, int]:
     return out
 
 
-def folder(root: str, run_id: str, test: int, rep: int, node: int) -> str:
-    return os.path.join(root, f"hpcai500-{run_id}-t{test}-r{rep}-n{node}")
+def folder(root: str, run_id: str, test: int, rep: int, node: int, wave: int = 0) -> str:
+    """A node's copy of a test's repetition; of a wave of `--on-fault retrain` its own (kept apart with line 28's keep)."""
+    return os.path.join(root, f"hpcai500-{run_id}-t{test}-r{rep}-n{node}" + (f"-w{wave}" if wave else ""))
 
 
 # ---- checks ---------------------------------------------------------------------------

@@ -279,7 +279,8 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
     machine_of_node = topology.machine_of_each_node(env.get("machine_of_node") or (), len(env.get("hosts") or []))
     recorded = sorted(m["ranks"] for m in t.other_load)
     node_of_rank = env.get("node_of_rank") or []
-    lost = {r for x in t.losses for r in x["ranks"]}   # no record came from them (harness/elastic.py)
+    # no record came from them (harness/elastic.py); one lost in a wave of retrain gave the test's
+    lost = {r for x in t.losses if not x.get("wave") for r in x["ranks"]}
     derived = sorted(Counter(machine_of_node[node_of_rank[r]] for r in _launch_ranks(t)
                              if r not in lost).values())
     out.append(Check(f"{name}: ranks counted per machine (the node map)", recorded == derived, recorded, derived))
@@ -298,6 +299,26 @@ def _launch_ranks(t: results.TestResult) -> list[int]:
     if t.launch_ranks is not None:
         return t.launch_ranks
     return list(range(sum(len(job) for job in t.jobs) + len(t.idle_ranks)))
+
+
+def _trained_by(t: results.TestResult) -> dict[int, list[int]]:
+    """The launch ranks that trained each base model kept, by job: its job's in the test's
+    world, or the wave's that trained it again (TestResult.retrained)."""
+    launch, again = _launch_ranks(t), {r["job"]: r["ranks"] for r in t.retrained}
+    return {j: again.get(j) or [launch[r] for r in ranks] for j, ranks in enumerate(t.jobs) if j not in t.jobs_lost}
+
+
+def _passes(t: results.TestResult) -> list[list[dict]]:
+    """The evaluation curve by pass: the test as laid out, then each wave of retrain."""
+    waves = max((p.get("wave", 0) for p in t.evaluations), default=0)
+    return [[p for p in t.evaluations if p.get("wave", 0) == w] for w in range(waves + 1)]
+
+
+def _epochs_by_job(t: results.TestResult) -> list[int]:
+    """The epochs each kept model trained, in job order: its pass's last evaluation's (every
+    pass evaluates after its last epoch, train.evaluation_epochs)."""
+    passes, wave = _passes(t), {r["job"]: r["wave"] for r in t.retrained}
+    return [passes[wave.get(j, 0)][-1]["epoch"] for j in range(t.M) if j not in t.jobs_lost]
 
 
 def pipeline_check(t: results.TestResult) -> Check:
@@ -325,10 +346,9 @@ def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     if not t.exchange and results.minor(res.schema) < (2, 4):
         return Check(what, True, note=f"not recorded: results schema {res.schema}")
     nodes = res.environment.get("node_of_rank")
-    launch = _launch_ranks(t)
     derived, split = [], t.mode != "data" and parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
-    for ranks in (ranks for j, ranks in enumerate(t.jobs) if j not in t.jobs_lost):
-        grid = communication.job_grid([launch[r] for r in ranks], nodes) if cfg.allreduce == "torus" else None
+    for ranks in _trained_by(t).values():
+        grid = communication.job_grid(ranks, nodes) if cfg.allreduce == "torus" else None
         derived.append(sorted({communication.split_exchange(cfg.comm_precision, cfg.allreduce, split.stages,
                                                             split.replicas, carrier) if split else
                                communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid, carrier,
@@ -360,7 +380,7 @@ def flops_checks(t: results.TestResult) -> tuple[list[Check], int]:
 def figure_checks(t: results.TestResult, cfg, res: results.Record, training) -> tuple[list[Check], dict]:
     """The test's figures as run.measure derives them (Eq. 4-8 and the rest)."""
     name = _name(t)
-    per_job = [s * t.epochs_trained * t.B * t.P for s in t.steps_per_epoch]
+    per_job = [s * e * t.B * t.P for s, e in zip(t.steps_per_epoch, _epochs_by_job(t))]
     samples = sum(per_job)
     total = metrics.total_flops(per_job, training)
     fl = metrics.flops(total, t.train_seconds)
@@ -386,34 +406,38 @@ def figure_checks(t: results.TestResult, cfg, res: results.Record, training) -> 
 
 
 def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool) -> list[Check]:
-    """Steps, the evaluations along the way (lines 31-32), the epochs trained, and the
-    qualities and time to quality read from them."""
+    """Steps, the evaluations along the way (lines 31-32) of each pass (a wave of retrain
+    trains and evaluates as the test does, stopping where its ensemble reaches the target),
+    the epochs trained, and the qualities and time to quality read from them."""
     curve = t.evaluations
     steps = [r["size"] // (t.P * t.B) for r in t.resample]
-    reached = metrics.first_reaching(curve, target, higher)
     due = train.evaluation_epochs(t.epochs, t.eval_every)
-    epochs_trained = reached["epoch"] if t.stop_at_target and reached else t.epochs
-    evaluated = [e for e in due if e <= epochs_trained]
+    evaluated = []
+    for points in _passes(t):
+        stop = metrics.first_reaching(points, target, higher)
+        evaluated.append([e for e in due if e <= (stop["epoch"] if t.stop_at_target and stop else t.epochs)])
+    epochs_trained = evaluated[0][-1]
+    reached = metrics.first_reaching(metrics.counted(curve), target, higher)
     ttq = (reached["seconds"], reached["epoch"]) if reached else (None, None)
     kept = [q for j, q in enumerate(curve[-1]["base_quality"]) if j not in t.jobs_lost]   # harness/elastic.py
     return [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t.steps_per_epoch == steps,
                   t.steps_per_epoch, steps),
             Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
-                  " (line 32)", [p["epoch"] for p in curve] == evaluated, [p["epoch"] for p in curve], evaluated),
+                  " (line 32), each pass", [[p["epoch"] for p in ps] for ps in _passes(t)] == evaluated,
+                  [[p["epoch"] for p in ps] for ps in _passes(t)], evaluated),
             Check(f"{name}: epochs trained (line 15, or the epoch the target stopped training)",
                   t.epochs_trained == epochs_trained, t.epochs_trained, epochs_trained),
             _num(f"{name}: ensemble quality = the last evaluation's", t.quality, curve[-1]["quality"]),
             Check(f"{name}: base-model qualities = the last evaluation's",
                   t.base_quality == kept, t.base_quality, kept),
-            Check(f"{name}: time to quality = the first evaluation reaching the target",
+            Check(f"{name}: time to quality = the first evaluation reaching the target, of as many models as the last",
                   (t.time_to_quality, t.epochs_to_quality) == ttq, (t.time_to_quality, t.epochs_to_quality),
                   ttq)]
 
 
 def _device_checks(t: results.TestResult, name: str, fl: float, vfl: float, res: results.Record) -> list[Check]:
     """Utilisation against the ranks' roofline, VFLOPS per watt, the consistency verdict."""
-    launch = _launch_ranks(t)
-    ranks = [launch[r] for j, job in enumerate(t.jobs) if j not in t.jobs_lost for r in job]   # as measure's
+    ranks = sorted({r for ranks in _trained_by(t).values() for r in ranks})   # as run.measure's
     util = metrics.utilisation(fl, res.roofline.get(frameworks.roofline_key(t.framework, t.precision)), ranks)
     rec_util = t.utilisation
     if rec_util is None or util is None:

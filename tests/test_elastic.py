@@ -158,6 +158,19 @@ def test_the_losses_line_names_ranks_hosts_the_step_and_the_models_dropped():
                                      " the evaluation after epoch 1 ; job(s) 1 dropped: every figure is the 1 left's")
 
 
+def test_the_losses_line_names_the_models_trained_again_and_status_counts_them():
+    t = result(M=3, losses=[{"ranks": [1, 2], "hosts": ["n1"], "seconds": 4.0, "jobs": [1, 2],
+                             "phase": "test 1: the evaluation after epoch 1"}],
+               retrained=[{"job": 1, "wave": 1, "ranks": [0]}, {"job": 2, "wave": 2, "ranks": [0, 3, 4]}])
+    assert report.losses_line(t) == ("Losses      : 3 of 3 base models trained ; ranks 1, 2 on n1 found lost at test 1:"
+                                     " the evaluation after epoch 1 ; job 1 trained again in wave 1 on rank(s) 0;"
+                                     " job 2 trained again in wave 2 on rank(s) 0,3-4")
+    rec = results.Record("0.2", "r", {}, {}, {}, {}, [], {}, tests=[t])
+    assert heartbeat.losses(rec) == "with losses: rank(s) 1, 2 lost, 0 base model(s) dropped, 2 trained again, 0 test" \
+        " run(s) left out"
+    assert "trained again on the survivors" in elastic.lines({"policy": "retrain", "ulfm": True, "how": "h"})[0]
+
+
 def test_closing_a_lost_models_log_rewrites_its_division_and_aborts_it():
     log = mllog.BaseModelLog(1, 1)
     log.init(seed=1, global_batch=64, train_samples=10, eval_samples=5, nodes=1, per_node=4, workload="digits",
@@ -265,7 +278,7 @@ def _killed_from_outside(tmp_path, framework):
     path.write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="2 1 4", l11="2 2 1", l15=3, l30=0, l35=framework))
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out, "w") as o, open(err, "w") as e:
-        p = subprocess.Popen(mpirun_cmd(4, [path]), cwd=tmp_path, env=mpi_env(True, {"HPCAI500_FAULT": "3:5:slow"}),
+        p = subprocess.Popen(mpirun_cmd(4, ["--on-fault", "drop", path]), cwd=tmp_path, env=mpi_env(True, {"HPCAI500_FAULT": "3:5:slow"}),
                              stdout=o, stderr=e, text=True)
     deadline = time.monotonic() + HANG
     while "test 1/3 " + framework + " M=2 P=2 B=32 : epoch 1/3" not in err.read_text():
@@ -284,7 +297,8 @@ def test_a_killed_rank_costs_its_base_model_and_the_sweep_goes_on(tmp_path, fram
     injector, or by pid from outside. Job 1's survivor (rank 2, its root) leaves the job;
     test 1 ends with job 0 alone; test 2 (1 x 2) runs on the 3 ranks left; test 3 (4 x 1)
     no longer fits and is skipped."""
-    p = (_run(tmp_path, {"HPCAI500_FAULT": fault}, l9=3, l10="2 1 4", l11="2 2 1", l15=3, l30=0, l35=framework)
+    p = (_run(tmp_path, {"HPCAI500_FAULT": fault}, ["--on-fault", "drop"], l9=3, l10="2 1 4", l11="2 2 1", l15=3,
+              l30=0, l35=framework)
          if fault else _killed_from_outside(tmp_path, framework))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "hpcai500: rank 2: test 1: base model 1 lost a rank (" in p.stderr, p.stderr[-3000:]
@@ -324,7 +338,7 @@ def test_ranks_killed_in_the_roofline_the_sampler_and_staging_cost_only_their_ba
     path = tmp_path / "t.dat"
     path.write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="2 3 4", l11="2 1 1", l15=2, l28=stage, l30=1,
                              l35="pytorch"))
-    p = mpirun(5, ["--watchdog", WATCHDOG, path], tmp_path,
+    p = mpirun(5, ["--watchdog", WATCHDOG, "--on-fault", "drop", path], tmp_path,
                env={"HPCAI500_FAULT": "1:roofline:kill,3:sampler@1:kill,4:staging@2:kill"})
     assert p.returncode == 0, p.stderr[-3000:]
     res = read_results(tmp_path / "runs")
@@ -344,6 +358,48 @@ def test_ranks_killed_in_the_roofline_the_sampler_and_staging_cost_only_their_ba
     assert "rank 4: test 1: base model 1 lost a rank (" in p.stderr
     run = _run_folder(tmp_path)
     assert _cli("--status", run)[0] == 6
+    code, out = _cli("--verify", run)
+    assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
+
+
+def test_retrain_trains_the_lost_base_models_again_in_waves_and_the_ensemble_is_whole(tmp_path):
+    """4 ranks, PyTorch, `--on-fault retrain`. Test 1 (2 x 2): rank 3 (job 1) is killed at its
+    first evaluation; job 0 finishes, then wave 1 trains job 1 again on ranks 0-1 of the 3 left,
+    on the same resample. Test 2 (3 x 1 on launch ranks 0-2): ranks 1 and 2 are killed at their
+    first evaluation; one rank is left, so wave 1 trains job 1 and wave 2 job 2, each on rank
+    0, each wave's evaluations adding the models kept before it. Both ensembles end whole:
+    nothing dropped, no open reason for losses, the time to quality from whole ensembles only."""
+    p = _run(tmp_path, {"HPCAI500_FAULT": "3:eval@1:kill,1:eval@2:kill,2:eval@2:kill"}, ["--on-fault", "retrain"],
+             l9=2, l10="2 3", l11="2 1", l15=3, l30=0, l35="pytorch")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "hpcai500: test 1: retraining wave 1: base model(s) 1 trained again on 2 of the 3 ranks left" in p.stderr
+    assert "a wave trains it again once the others finish" in p.stderr
+    res = read_results(tmp_path / "runs")
+    t1, t2 = res["tests"]
+    assert t1["retrained"] == [{"job": 1, "wave": 1, "ranks": [0, 1]}] and t1["jobs_lost"] == []
+    assert [(x["ranks"], x["jobs"]) for x in t1["losses"]] == [([3], [1])]
+    assert t2["retrained"] == [{"job": 1, "wave": 1, "ranks": [0]}, {"job": 2, "wave": 2, "ranks": [0]}]
+    assert (t2["launch_ranks"], t2["jobs_lost"]) == ([0, 1, 2], [])
+    assert sorted(r for x in t2["losses"] for r in x["ranks"]) == [1, 2]
+    for t, waves in ((t1, [0, 1]), (t2, [0, 1, 2])):
+        curve = t["evaluations"]
+        assert [e.get("wave", 0) for e in curve] == [w for w in waves for _ in range(3)]
+        assert [e["epoch"] for e in curve] == [1, 2, 3] * len(waves)
+        # the models in each point's ensemble: the lost ones out from the first evaluation on
+        assert [sum(q is not None for q in e["base_quality"]) for e in curve] == [w + 1 for w in waves for _ in range(3)]
+        # a wave's points carry the kept models' last base qualities; the seconds run on
+        assert all(e["base_quality"][0] == curve[2]["base_quality"][0] for e in curve[3:])
+        assert all(a["seconds"] < b["seconds"] for a, b in zip(curve, curve[1:]))
+        assert len(t["base_quality"]) == len(t["resample"]) == t["M"] and t["base_quality"] == curve[-1]["base_quality"]
+        assert [r["job"] for r in t["resample"]] == list(range(t["M"]))
+        assert not [r for r in t["open_reasons"] if "lost to faults" in r]
+        whole = [e for e in curve if all(q is not None for q in e["base_quality"])]
+        assert t["time_to_quality"] in [None] + [e["seconds"] for e in whole]
+    assert "Losses      : 2 of 2 base models trained ; rank 3 on " in p.stdout
+    assert "job 1 trained again in wave 1 on rank(s) 0-1" in p.stdout
+    run = _run_folder(tmp_path)
+    code, line = _cli("--status", run)
+    assert code == 6 and "0 base model(s) dropped, 3 trained again" in line, line
     code, out = _cli("--verify", run)
     assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
 
@@ -380,7 +436,7 @@ def test_a_hung_rank_costs_its_job_through_the_watchdog(tmp_path):
     """Rank 3 stops making progress in training; rank 2, its partner, waits in Gloo's
     all-reduce (PyTorch: its ranks start in a fraction of TensorFlow's time). Under drop each one's watchdog ends that rank alone (not MPI_Abort): job
     1 is lost, job 0 finishes the test, the run completes."""
-    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:hang"}, ["--watchdog", WATCHDOG], l9=1, l10=2, l11=2, l15=3,
+    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:hang"}, ["--watchdog", WATCHDOG, "--on-fault", "drop"], l9=1, l10=2, l11=2, l15=3,
              l30=0, l35="pytorch")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rank 3: no progress for" in p.stderr and "ending this rank (--on-fault drop)" in p.stderr

@@ -115,6 +115,25 @@ def test_first_reaching_is_the_first_evaluation_at_or_over_the_target():
     assert metrics.first_reaching(curve, 0.95) is None
 
 
+def test_time_to_quality_counts_the_points_with_as_many_models_as_the_last():
+    def point(q, *bases):
+        return {"quality": q, "base_quality": list(bases)}
+    # retrain: model 1 lost after the first point, trained again by a wave (the last two points)
+    curve = [point(0.5, 0.5, 0.4), point(0.9, 0.9, None), point(0.7, 0.9, 0.3), point(0.92, 0.9, 0.8)]
+    assert metrics.counted(curve) == [curve[0], curve[2], curve[3]]
+    assert metrics.first_reaching(metrics.counted(curve), 0.9) is curve[3]   # not the one-model point
+    # drop: the last point has one model too, so every point counts
+    assert metrics.counted(curve[:2]) == curve[:2]
+
+
+def test_a_kept_sum_reads_back_each_chunk_as_written():
+    kept = ensemble.Kept()
+    a, b = np.arange(6.0).reshape(3, 2), np.full((1, 2), 7.5)
+    kept.add(a)
+    kept.add(b)
+    assert np.array_equal(kept.chunk(1), b) and np.array_equal(kept.chunk(0), a)
+
+
 def test_evaluation_epochs_every_k_and_always_the_last():
     from harness import train
     assert train.evaluation_epochs(10, 1) == list(range(1, 11))

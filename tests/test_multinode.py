@@ -173,7 +173,7 @@ def test_ranks_killed_on_other_nodes_cost_their_base_models_and_n2_takes_over_fr
     whole is the next test's)."""
     (tmp_path / "e.dat").write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="2 3 2", l11="2 1 1", l15=3,
                                              l28=f"/local/scratch/{tmp_path.name}", l30=0))
-    p = cluster_mpirun(cluster, FOUR_BY_ONE, ["--watchdog", 120, tmp_path / "e.dat"], tmp_path,
+    p = cluster_mpirun(cluster, FOUR_BY_ONE, ["--watchdog", 120, "--on-fault", "drop", tmp_path / "e.dat"], tmp_path,
                        env={"HPCAI500_FAULT": "3:30:kill,2:staging@2:kill,0:eval@3:kill"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "hpcai500: rank 1 takes over as the coordinator: " in p.stderr, p.stderr[-3000:]

@@ -37,7 +37,9 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
                 l22=allreduce, l25=target, l27=reps, l30=0, l31=every)
     assert p.returncode == 0, p.stderr[-3000:]
     res = results(tmp_path / "runs")
-    assert len(res["tests"]) == reps
+    # under ULFM mpirun exits 0 when every rank died by a signal (seen once, cause unknown):
+    # the ranks' own words are then the only clue
+    assert len(res["tests"]) == reps, (res["status"], p.stderr[-3000:])
     code = {"fp16": "16", "bf16": "BF", "fp32": "32"}[prec] + {"fp16": "C16", "fp32": "C32", "int8": "C8"}[comm]
     for t in res["tests"]:
         assert t["tv"] == f"{sampler[0].upper()}{code}{'SAGLM'['sgd adam adagrad lars lamb'.split().index(opt)]}" \

@@ -79,6 +79,10 @@ def test_a_resample_is_awaited_through_the_given_wait():
     got = sampler.distribute(comm, [[0]], 10, "bootstrap", 3, comm, 0, wait=wait)
     assert np.array_equal(got, sampler.resample(10, "bootstrap", 3, 0))
     assert phases == ["waiting for job 0's resample from its root"]
+    # a wave of --on-fault retrain trains job 2 alone: jobs 0 and 1 have no ranks, and job 2's
+    # resample is the one the test drew for it (seed and job alone)
+    got = sampler.distribute(comm, [[], [], [0]], 10, "bootstrap", 3, comm, 2, wait=wait)
+    assert np.array_equal(got, sampler.resample(10, "bootstrap", 3, 2))
     arrival = sampler._Arrival(comm, 0, 7)
     assert not arrival.Test()
     req = comm.Isend([np.arange(5, dtype=np.int64), MPI.INT64_T], dest=0, tag=7)
