@@ -306,15 +306,17 @@ def test_flops_against_tensorflows_profiler(models, side):
 @pytest.fixture(scope="module")
 def cosmoflow_run(tmp_path_factory):
     """One mpirun of 2 ranks: cosmoflow on synthetic:160:32 (128 training, 32 validation
-    universes), layouts M = 2, P = 1 and M = 1, P = 2, B 4, 6 epochs, SGD at 0.01 a rank
+    universes), layouts M = 2, P = 1 and M = 1, P = 2, B 4, 4 epochs, SGD at 0.01 a rank
     after half an epoch's warm-up, evaluated at the end only. The reference 3D CNN costs
     3.2 GFLOPs a training sample at 32^3 (~45 s for 3 epochs here); filters a quarter as
-    wide (HPCAI500_COSMO_WIDTH=8: 0.33 GFLOPs) train 6 epochs in ~18 s and learn more.
+    wide (HPCAI500_COSMO_WIDTH=8: 0.33 GFLOPs) train 4 epochs in ~31 s (the 2 x 1 test,
+    alone on this 2-core machine) and learn more: MAE 0.462 against the trivial 0.540 on
+    2026-11-28 (6 epochs: 0.421, at 1.5 x the time; the suite's time bound chose 4).
     The reference model's FLOPs are checked above, against the profiler."""
     from tests.conftest import dat_text, mpirun
     folder = tmp_path_factory.mktemp("cosmoflow")
     (folder / "c.dat").write_text(dat_text(l5=folder / "runs", l7="cosmoflow", l8="synthetic:160:32", l9=2,
-                                           l10="2 1", l11="1 2", l14=4, l15=6, l19=0.01, l20=0.5, l30=0, l31=0))
+                                           l10="2 1", l11="1 2", l14=4, l15=4, l19=0.01, l20=0.5, l30=0, l31=0))
     return folder, mpirun(2, [str(folder / "c.dat")], folder, timeout=600, env={"HPCAI500_COSMO_WIDTH": "8"})
 
 
@@ -340,7 +342,7 @@ def test_bagged_cosmoflow_trains_consistently_and_beats_the_trivial_baseline(cos
         assert t["higher_is_better"] is False and t["quality_name"] == "MAE" and t["target_quality"] == 0.124
         assert t["penalty"] == pytest.approx((0.124 / t["quality"]) ** 5)
         assert t["vflops"] == pytest.approx(t["flops"] * t["penalty"])
-        assert t["time_to_quality"] is None   # MAE far above 0.124 in 6 epochs: not reached
+        assert t["time_to_quality"] is None   # MAE far above 0.124 in 4 epochs: not reached
     assert "better (lower is better)" in p.stdout and "VFLOPS of an error" in p.stdout
     assert f"{tests[0]['forward_flops_per_sample'] / 1e9:.3f} GFLOPs forward" in p.stdout
     assert tests[0]["model_deviations"] == ["32^3 volumes, not 128^3", "filters 8, 16, 32, 64, 128"
