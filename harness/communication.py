@@ -33,13 +33,41 @@ of the ring's 2 (P - 1): fewer latencies, and only 1 / X of the gradient on the
 network when a row is a node. This module is the framework-free part, pure: the grid
 (`grid`, `job_grid`), what carried a job's exchange and how it reads in the report; the
 Horovod process sets and the collectives are TensorFlow's package's (`Torus`,
-`torus_average`).
+`torus_average`). `int8_quantised` and `int8_mean` are the int8 arithmetic in numpy: the
+reference every framework's ops are held to (tests/test_conformance.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 LEVELS = 127     # int8's symmetric range: -127..127 (-128 unused, so that -q is always representable)
+
+
+# -- line 21 int8: the reference arithmetic (numpy, FP32 as the frameworks compute it) ------
+def int8_quantised(per_rank: list) -> tuple[np.ndarray, np.float32]:
+    """(each rank's int8 tensor, stacked one row a rank; the scale the job agreed on) for one
+    gradient tensor given each rank's: scale = max over the ranks of max |g| / 127, +inf if
+    any rank's tensor is not finite (MPI's Max may drop a NaN but keeps an inf), 1 if every
+    rank's is zero (any scale quantises zeros); q = round(g / scale) half to even, clipped to
+    [-127, 127], and 0 where g / scale is not finite (a NaN has no int8; the NaN comes back
+    in int8_mean)."""
+    g = [np.asarray(x, np.float32).ravel() for x in per_rank]
+    peak = max(np.float32(np.abs(x).max(initial=0.0)) if np.isfinite(x).all() else np.float32(np.inf) for x in g)
+    scale = np.float32(peak / np.float32(LEVELS)) if peak > 0 else np.float32(1.0)
+    with np.errstate(invalid="ignore"):
+        q = [np.round(x / scale) for x in g]
+    return np.stack([np.where(np.isfinite(x), np.clip(x, -LEVELS, LEVELS), 0).astype(np.int8) for x in q]), scale
+
+
+def int8_mean(per_rank: list) -> np.ndarray:
+    """The job's int8-exchanged average of one gradient tensor (FP32, flat): the ranks' int8
+    tensors summed in FP32, times scale / P; NaN everywhere for an infinite scale (0 x inf),
+    as the FP32 exchange would give, so that the loss scaling skips the step."""
+    q, scale = int8_quantised(per_rank)
+    with np.errstate(invalid="ignore"):
+        return q.astype(np.float32).sum(0) * np.float32(scale / np.float32(len(per_rank)))
 
 
 # -- line 22 torus: the 2D-torus all-reduce (Mikami et al., Table 2's reference) -----------

@@ -33,9 +33,12 @@ def scales(maxima):
 
 def quantise(g, scale):
     """round(g / scale) as int8, clipped to [-127, 127] (the clip only guards rounding:
-    |g| <= the job's max, so |g / scale| <= 127)."""
+    |g| <= the job's max, so |g / scale| <= 127); 0 where g / scale is not finite (an
+    infinite scale: casting a NaN to int8 is undefined; the NaN comes back through
+    dequantised_mean), as harness/communication.int8_quantised says."""
     import tensorflow as tf
-    return tf.cast(tf.clip_by_value(tf.round(tf.cast(g, tf.float32) / scale), -LEVELS, LEVELS), tf.int8)
+    q = tf.round(tf.cast(g, tf.float32) / scale)
+    return tf.cast(tf.where(tf.math.is_finite(q), tf.clip_by_value(q, -LEVELS, LEVELS), tf.zeros_like(q)), tf.int8)
 
 
 def dequantised_mean(gathered, scale, ranks: int):
