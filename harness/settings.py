@@ -20,9 +20,26 @@ from dataclasses import dataclass
 from typing import Callable
 
 from harness import elastic, fault
-from harness.workloads.detection import box_columns
 
 PREFIX = "HPCAI500_"
+
+# A box row's column order, as a user writes it (HPCAI500_EWA_BOX_ORDER); ewa's box math
+# (harness/workloads/detection.py) takes its columns from box_columns
+BOX_ORDER_FORM = "two y, two x and at most one c (e.g. yxyxc, yyxxc, cyxyx)"
+
+
+def box_columns(order: str) -> list[int]:
+    """The columns of (class, ymin, xmin, ymax, xmax) in a box row described by `order`:
+    two y and two x letters, the first of each the minimum, and `c` for the class
+    (appended when left out). box_columns('xyxyc') == [4, 1, 0, 3, 2]. ValueError
+    (saying BOX_ORDER_FORM) for anything else."""
+    o = order.strip().lower()
+    o = o if "c" in o else o + "c"
+    if sorted(o) != sorted("cxxyy"):
+        raise ValueError(BOX_ORDER_FORM)
+    ys, xs = [i for i, ch in enumerate(o) if ch == "y"], [i for i, ch in enumerate(o) if ch == "x"]
+    return [o.index("c"), ys[0], xs[0], ys[1], xs[1]]
+
 
 
 def _int(low: int):

@@ -16,21 +16,9 @@ import math
 
 import numpy as np
 
-# A box row's column order, as a user writes it (HPCAI500_EWA_BOX_ORDER, harness/settings.py)
-BOX_ORDER_FORM = "two y, two x and at most one c (e.g. yxyxc, yyxxc, cyxyx)"
-
-
-def box_columns(order: str) -> list[int]:
-    """The columns of (class, ymin, xmin, ymax, xmax) in a box row described by `order`:
-    two y and two x letters, the first of each the minimum, and `c` for the class
-    (appended when left out). box_columns('xyxyc') == [4, 1, 0, 3, 2]. ValueError
-    (saying BOX_ORDER_FORM) for anything else."""
-    o = order.strip().lower()
-    o = o if "c" in o else o + "c"
-    if sorted(o) != sorted("cxxyy"):
-        raise ValueError(BOX_ORDER_FORM)
-    ys, xs = [i for i, ch in enumerate(o) if ch == "y"], [i for i, ch in enumerate(o) if ch == "x"]
-    return [o.index("c"), ys[0], xs[0], ys[1], xs[1]]
+# A box row's column order (HPCAI500_EWA_BOX_ORDER) is parsed where the settings are, the
+# layer below the workloads; extreme_weather reads the rule here
+from harness.settings import BOX_ORDER_FORM, box_columns  # noqa: F401
 
 # The head's box deltas are divided by these (the usual Faster-RCNN convention): its
 # ROIs already overlap their boxes, so the raw offsets are small; scaled up, they train
