@@ -80,6 +80,21 @@ def test_the_harness_has_no_import_cycle():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
+def test_the_simulated_clusters_scripts_import_no_cycle():
+    """scripts/cluster's modules import each other by their bare names (each folder is a
+    script's): slurm.py imports cluster.py, so cluster.py runs `slurm.py up` as a command."""
+    folder = ROOT / "scripts" / "cluster"
+    names = {p.stem for p in folder.glob("*.py")}
+    graph = {}
+    for p in folder.glob("*.py"):
+        tree = ast.parse(p.read_text())
+        found = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        found |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        graph[p.stem] = (found & names) - {p.stem}
+    assert graph["slurm"] == {"cluster"}, graph   # the scan read them
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

@@ -168,7 +168,8 @@ class Cluster:
 
     def _save(self) -> None:
         with open(os.path.join(self.state, "nodes.json"), "w") as f:
-            json.dump({"switch": self.switch, "nodes": [n.__dict__ for n in self.nodes], "daemons": self.daemons}, f)
+            json.dump({"switch": self.switch, "nodes": [n.__dict__ for n in self.nodes], "daemons": self.daemons,
+                       "net": self.net}, f)
 
     def _load(self) -> tuple[int, list[Node], list[int]]:
         path = os.path.join(self.state, "nodes.json")
@@ -185,6 +186,8 @@ class Cluster:
         c.switch, c.nodes, c.daemons = c._load()
         if not c.switch:
             raise ClusterError(f"no cluster {name!r} is up (no {c.state}/nodes.json); start one with `up`")
+        with open(os.path.join(c.state, "nodes.json")) as f:   # its addresses' net (up --net), not the default
+            c.net = json.load(f).get("net", c.net)
         return c
 
     # -- life --------------------------------------------------------------------
@@ -478,15 +481,17 @@ def main(argv=None) -> int:
             c = Cluster(args.name, args.net).up(args.nodes, args.slots, args.rate)
             print(_status(c))
             if args.slurm:
-                import slurm            # this folder's module (it imports this one)
+                # slurm.py's own `up`, as a command: it imports this module, so importing it
+                # back would make a cycle
                 try:
-                    why = slurm.available()
-                    if why:
-                        raise ClusterError(why)
-                    print(f"Slurm is up: export SLURM_CONF={slurm.Slurm(c).up().conf}")
+                    q = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     "slurm.py"), "--name", args.name, "up"])
                 except BaseException:
                     c.down()            # all or nothing
                     raise
+                if q.returncode:
+                    c.down()
+                    return q.returncode
         elif args.cmd == "down":
             Cluster(args.name).down()
         elif args.cmd == "status":
