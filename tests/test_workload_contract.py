@@ -103,3 +103,14 @@ def test_the_input_file_knows_exactly_the_built_workloads():
 def test_top1_ties_go_to_the_lowest_class():
     scores = np.array([[0.5, 0.5, 0.0], [0.1, 0.2, 0.7], [0.3, 0.3, 0.3]])
     assert workloads.top1(scores, np.array([0, 2, 1])) == pytest.approx(2 / 3)
+
+
+def test_a_framework_interface_missing_a_member_is_refused(monkeypatch):
+    """frameworks.get checks a package's interface against the Framework protocol, with the
+    workloads' one check (TensorFlow, which cuts no model, need not give `blocks`)."""
+    from harness import frameworks
+    torch_interface = frameworks.get("pytorch")   # plain Python at import: torch comes with the Job
+    monkeypatch.delattr(torch_interface, "blocks")
+    with pytest.raises(TypeError, match="the framework interface harness.frameworks.pytorch.interface lacks blocks"):
+        frameworks.get("pytorch")
+    assert not hasattr(frameworks.get("tensorflow"), "blocks")   # whole without it: it cuts no model

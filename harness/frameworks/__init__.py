@@ -27,6 +27,7 @@ import os
 import shutil
 from typing import Protocol
 
+from harness import workloads
 from harness.frameworks.pytorch import models as pytorch_models   # plain Python: torch is not imported
 
 # Line 35's choices: name -> (T/V code, meaning). TensorFlow's code is empty, so that the
@@ -155,7 +156,10 @@ class Framework(Protocol):
 
 def get(name: str) -> Framework:
     """The interface of framework `name` (line 35), imported now: only the frameworks a
-    run names are ever imported."""
+    run names are ever imported. Checked to give every member of `Framework` (`blocks` only
+    where the framework cuts models: NO_PIPELINE does not name it), by the one check of
+    every interface of modules (workloads.checked_module: TypeError naming what it lacks)."""
     if name not in CHOICES:
         raise KeyError(f"unknown framework {name!r} (built: {', '.join(CHOICES)})")
-    return importlib.import_module(f"harness.frameworks.{name}.interface")
+    required = tuple(m for m in workloads.required_members(Framework, {}) if m != "blocks" or name not in NO_PIPELINE)
+    return workloads.checked_module(f"harness.frameworks.{name}.interface", required, {}, "the framework interface ")
