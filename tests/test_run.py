@@ -172,10 +172,13 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     """A batch system's time limit, or a Ctrl-C of mpirun: the finished test stands, the
     current one is recorded, with the signal that reached the ranks and where such a one
     comes from. Test 2 (B 16, 8 epochs: a few seconds) is still training when the signal,
-    sent as soon as test 1's consistency line is read, arrives. The run folder is named on
-    stderr at the start: after a Ctrl-C mpirun forwards no more of the ranks' output."""
+    sent once test 1's consistency line is read and test 2 has said its first epoch, arrives
+    (sent at the consistency line alone, it reached a singleton before test 2 had begun, in
+    1 of 3 fresh-clone suites: recorded as between the tests, test None). The run folder is
+    named on stderr at the start: after a Ctrl-C mpirun forwards no more of the ranks' output."""
     import signal
     import subprocess
+    import threading
     from harness import signals
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l13=2, l14="32 16", l15=8,
                                              l30=0, l35=framework))
@@ -183,11 +186,24 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     # Open MPI forwards SIGUSR1 to the ranks (it kills them on SIGTERM); singleton: no mpirun
     cmd = mpirun_cmd(2 if launcher == "mpirun" else None, [tmp_path / "t.dat"])
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    said, begun = [], threading.Event()
+
+    def read_stderr():   # rank 0's progress lines: test 2 under way once it has said an epoch
+        for line in p.stderr:
+            said.append(line)
+            if "test 2/2 " in line and " : epoch " in line:
+                begun.set()
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     for line in p.stdout:        # wait for test 1's consistency line, then stop test 2
         if "...... PASSED" in line:
             break
+    assert begun.wait(120), "".join(said)[-3000:]
     p.send_signal(getattr(signal, sig))
-    out, err = p.communicate(timeout=120)
+    out = p.stdout.read()
+    p.wait(timeout=120)
+    reader.join(timeout=30)
+    err = "".join(said)
     assert p.returncode != 0
     res = results(tmp_path / "runs")
     assert res["status"] == "interrupted" and len(res["tests"]) == 1
