@@ -349,7 +349,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
         evaluate = _Evaluate(part, fw, model, local, evaluation)
         res = fw.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
                        world_barrier=evaluation.start_barrier,
-                       hooks=_Hooks(part, part.log, world.rank == 0, evaluation),
+                       hooks=_Hooks(part, world.rank == 0, evaluation),
                        on_step=_on_step(watchdog, fault.injector(world.origin)), evaluate=evaluate,
                        eval_every=cfg.eval_every)
     except elastic.CoordinatorLost:   # the whole test is lost (harness/driver.py): leave without a collective
@@ -547,7 +547,7 @@ class Evaluation:
             self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
                                "base_quality": [by_job.get(j) for j in range(self.M)],
                                **({"wave": self.wave} if self.wave else {})})
-            print(f"hpcai500: {progress_head(t, self.ctx.n_tests)}{f' wave {self.wave}' if self.wave else ''} :"
+            print(f"hpcai500: {progress_head(t, self.ctx.n_tests, self.wave)} :"
                   f" evaluation after epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
                   f"{f' of {self.models} of {self.M} base models' if self.models < self.M else ''}"
                   f"{', reached: stopping' if stop else ''}", file=sys.stderr, flush=True)
@@ -603,7 +603,7 @@ def measure(passes: list[Pass]) -> TestResult:
     ctx, planned, wl, data = part.ctx, part.planned, part.wl, part.data
     cfg, t, layout = ctx.cfg, planned.test, planned.layout
     workers, launch, retrained, dropped = _kept(passes)
-    records = first.records   # the test's own ranks (staging, other load: its world as laid out)
+    again = {x["job"] for x in retrained}
     roots = sorted((r for r in workers if r.quality is not None), key=lambda r: r.job)
     fc = workers[0].flops
     curve = [point for p in passes for point in p.evaluation.curve]
@@ -611,21 +611,21 @@ def measure(passes: list[Pass]) -> TestResult:
     seconds = timed["train_seconds"]
     total_flops = metrics.total_flops([r.samples for r in roots], fc.training)
     quality = curve[-1]["quality"]
-    evaluation = first.evaluation
-    target, n, higher = evaluation.target, evaluation.n, evaluation.higher
+    target, n, higher = first.evaluation.target, first.evaluation.n, first.evaluation.higher
     reached = metrics.first_reaching(metrics.counted(curve), target, higher)
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n, higher)
     tele = telemetry.reduce([r.telemetry for r in workers])
-    nodes = ctx.nodes
-    others = telemetry.other_load({r.rank: (r.telemetry or {}).get("cpu_window") for r in records},
-                                  nodes.node_of_rank, nodes.machine_of_node, nodes.hosts)
+    # other load over the test's own ranks, numbered as its world was laid out
+    others = telemetry.other_load({r.rank: (r.telemetry or {}).get("cpu_window") for r in first.records},
+                                  ctx.nodes.node_of_rank, ctx.nodes.machine_of_node, ctx.nodes.hosts)
     return TestResult(
         index=t.index, tv=t.tv(cfg), workload=t.workload, framework=t.framework, mode=t.mode, M=layout.M, P=layout.P,
         B=t.batch, precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep,
         seed=part.seed,
         epochs=cfg.epochs, eval_every=cfg.eval_every,
-        epochs_trained=next(r.epochs for r in roots if r.job not in {x["job"] for x in retrained}), stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
+        epochs_trained=next(r.epochs for r in roots if r.job not in again),   # the test's own pass's
+        stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
         warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w]
         + telemetry.other_load_warnings(others),
         data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
@@ -740,8 +740,8 @@ class _Hooks:
     lines on world rank 0 (stderr, so that stdout stays the pasteable report), the
     evaluation clock's start."""
 
-    def __init__(self, part: Part, log, progress: bool, evaluation: Evaluation):
-        self.part, self.log, self.progress, self.evaluation = part, log, progress, evaluation
+    def __init__(self, part: Part, progress: bool, evaluation: Evaluation):
+        self.part, self.log, self.progress, self.evaluation = part, part.log, progress, evaluation
 
     def recipe(self, name, config, peak_lr, warmup_steps, total_steps):
         """`config`: the optimizer's settings under Keras' names (get_config(); mllog.recipe)."""
@@ -762,15 +762,16 @@ class _Hooks:
             self.log.epoch_stop(epoch)
         if self.progress:   # world rank 0's job: job 0, or in a wave of retrain the one it trains again
             p = self.part
-            print(f"hpcai500: {progress_head(p.t, p.ctx.n_tests)}{f' wave {p.wave}' if p.wave else ''} : epoch"
-                  f" {epoch}/{epochs}  job {p.job} loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
+            print(f"hpcai500: {progress_head(p.t, p.ctx.n_tests, p.wave)} : epoch {epoch}/{epochs}  job {p.job}"
+                  f" loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
 
 
-def progress_head(t, total: int) -> str:
+def progress_head(t, total: int, wave: int = 0) -> str:
     """Which test a progress line is about: its number, framework, mode (where not data)
-    and layout; a sweep of several frameworks or modes repeats the same layouts."""
+    and layout (a sweep of several frameworks or modes repeats the same layouts), and the
+    wave of `--on-fault retrain` (_waves) where it is one."""
     mode = "" if t.mode == "data" else f" {t.mode}"
-    return f"test {t.index}/{total} {t.framework}{mode} M={t.M} P={t.P} B={t.batch}"
+    return f"test {t.index}/{total} {t.framework}{mode} M={t.M} P={t.P} B={t.batch}" + (f" wave {wave}" if wave else "")
 
 
 def _on_step(watchdog, fire):

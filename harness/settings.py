@@ -41,7 +41,6 @@ def box_columns(order: str) -> list[int]:
     return [o.index("c"), ys[0], xs[0], ys[1], xs[1]]
 
 
-
 def _int(low: int):
     def parse(text: str) -> int:
         if not text.strip().lstrip("+").isdigit() or int(text) < low:

@@ -412,8 +412,10 @@ def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool)
     curve = t.evaluations
     steps = [r["size"] // (t.P * t.B) for r in t.resample]
     due = train.evaluation_epochs(t.epochs, t.eval_every)
+    passes = _passes(t)
+    recorded = [[p["epoch"] for p in points] for points in passes]
     evaluated = []
-    for points in _passes(t):
+    for points in passes:
         stop = metrics.first_reaching(points, target, higher)
         evaluated.append([e for e in due if e <= (stop["epoch"] if t.stop_at_target and stop else t.epochs)])
     epochs_trained = evaluated[0][-1]
@@ -423,8 +425,7 @@ def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool)
     return [Check(f"{name}: steps per epoch = resample size // (P x B), per job", t.steps_per_epoch == steps,
                   t.steps_per_epoch, steps),
             Check(f"{name}: evaluated after epochs {due} (line 31), or up to the first reaching the target"
-                  " (line 32), each pass", [[p["epoch"] for p in ps] for ps in _passes(t)] == evaluated,
-                  [[p["epoch"] for p in ps] for ps in _passes(t)], evaluated),
+                  " (line 32), each pass", recorded == evaluated, recorded, evaluated),
             Check(f"{name}: epochs trained (line 15, or the epoch the target stopped training)",
                   t.epochs_trained == epochs_trained, t.epochs_trained, epochs_trained),
             _num(f"{name}: ensemble quality = the last evaluation's", t.quality, curve[-1]["quality"]),

@@ -171,23 +171,23 @@ class Cluster:
             json.dump({"switch": self.switch, "nodes": [n.__dict__ for n in self.nodes], "daemons": self.daemons,
                        "net": self.net}, f)
 
-    def _load(self) -> tuple[int, list[Node], list[int]]:
+    def _load(self) -> tuple[int, list[Node], list[int], int]:
+        """(switch, nodes, daemons, net) as `up` saved them; nothing up: (0, [], [], this net)."""
         path = os.path.join(self.state, "nodes.json")
         if not os.path.exists(path):
-            return 0, [], []
+            return 0, [], [], self.net
         with open(path) as f:
             saved = json.load(f)
-        return saved["switch"], [Node(**n) for n in saved["nodes"]], saved.get("daemons", [])
+        return saved["switch"], [Node(**n) for n in saved["nodes"]], saved.get("daemons", []), saved.get("net", self.net)
 
     @classmethod
     def attach(cls, name: str = "cluster") -> "Cluster":
         """The cluster `up` left running (command line)."""
         c = cls(name)
-        c.switch, c.nodes, c.daemons = c._load()
+        # its addresses' net is the one `up --net` chose, not the default
+        c.switch, c.nodes, c.daemons, c.net = c._load()
         if not c.switch:
             raise ClusterError(f"no cluster {name!r} is up (no {c.state}/nodes.json); start one with `up`")
-        with open(os.path.join(c.state, "nodes.json")) as f:   # its addresses' net (up --net), not the default
-            c.net = json.load(f).get("net", c.net)
         return c
 
     # -- life --------------------------------------------------------------------
@@ -300,7 +300,7 @@ class Cluster:
     def down(self) -> None:
         """Kill every node and the switch (processes, mounts, links and the bridge go with
         their namespaces) and remove the state folder. Safe to call twice, or with nothing up."""
-        switch, old, daemons = self._load()
+        switch, old, daemons, _ = self._load()
         for pid in {*self.daemons, *daemons}:
             _kill(pid)
         for node in {n.pid: n for n in [*self.nodes, *old]}.values():
