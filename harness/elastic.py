@@ -186,12 +186,13 @@ class World:
         if self.policy == "abort":
             return fn()
         while True:
-            ok = 1
+            ok, error = 1, None
             try:
                 out = fn()
             except Exception as e:  # noqa: BLE001 - an MPI error is ours to agree on; anything else goes on up
                 if not is_mpi_error(e):
                     raise
+                error = e
                 # Any MPI error: a dead peer does not always show as PROC_FAILED (an Ibarrier's
                 # schedule over a broken TCP link gave MPI_ERR_OTHER, seen 3 in 3 on two
                 # simulated nodes); the shrink below tells a loss from an error
@@ -206,7 +207,9 @@ class World:
             if ok:
                 return out
             if not self._shrink(phase):
-                raise StepFailed(f"{phase}: an MPI operation failed on some rank, and no rank was lost")
+                # the rank that saw the error names it: the agreement carries one bit, not the text
+                raise StepFailed(f"{phase}: an MPI operation failed on "
+                                 f"{f'this rank ({error})' if error else 'another rank'}, and no rank was lost")
 
     def _shrink(self, phase: str) -> tuple[int, ...]:
         """The world shrunk to the survivors; the launch ranks it lost (none: an error, not a loss)."""

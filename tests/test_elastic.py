@@ -221,9 +221,23 @@ def test_a_failed_step_with_no_rank_lost_is_an_error(monkeypatch):
     """Another rank's MPI operation failed, yet the shrink keeps every rank: not a fault."""
     world = elastic.World(_Comm(0, 2, [0]), "drop")
     monkeypatch.setattr(world, "_shrink", lambda phase: ())
-    with pytest.raises(elastic.StepFailed, match="^test 1: the start of training: an MPI operation failed on some"
+    with pytest.raises(elastic.StepFailed, match="^test 1: the start of training: an MPI operation failed on another"
                                                  " rank, and no rank was lost$"):
         world.step("test 1: the start of training", lambda: None)
+
+
+def test_the_rank_whose_operation_failed_names_the_error(monkeypatch):
+    """The agreement carries one bit: the rank that saw the MPI error says which it was."""
+    from mpi4py import MPI
+    world = elastic.World(_Comm(0, 2, [0]), "drop")
+    monkeypatch.setattr(world, "_shrink", lambda phase: ())
+
+    def fail():
+        raise MPI.Exception(MPI.ERR_TRUNCATE)
+    with pytest.raises(elastic.StepFailed, match=r"^s: an MPI operation failed on this rank \(MPI_ERR_TRUNCATE: .*\), and"
+                                                 r" no rank was lost$"):
+        world.step("s", fail)
+    assert world.comm.revoked == 1   # the others, waiting in their step, learn at once
 
 
 def test_under_abort_a_step_is_the_bare_call():
