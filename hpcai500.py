@@ -7,10 +7,12 @@
 import os
 import sys
 
-# Before TensorFlow is imported anywhere: the Keras 2 API (tf-keras) is the one Horovod's
-# DistributedGradientTape and broadcast_variables work with; quiet TF's C++ start-up log.
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from harness import frameworks
+
+# Before any framework is imported: what each needs set (its facts' ENVIRONMENT), where the
+# user has not set it (plain Python: the registry imports no framework)
+for _name, _value in frameworks.environment().items():
+    os.environ.setdefault(_name, _value)
 
 if __name__ == "__main__":
     # Before MPI starts: where PyPI Open MPI's PMIx finds its files, and the security

@@ -126,36 +126,22 @@ def job_grid(ranks, node_of_rank) -> Grid:
 
 
 # -- what carried a job's exchange, for the report and results.json ----------------------
-def library(allreduce: str, gpu: bool, nccl: bool, mpi: bool) -> str:
-    """The library that carried a job's gradients, as Horovod reports its build: NCCL where
-    the tensors live on a GPU and Horovod has NCCL (built with HOROVOD_GPU_OPERATIONS=NCCL:
-    `make venv GPU=1`), NCCL within a node and MPI across for hierarchical and Adasum;
-    otherwise Horovod's CPU path, MPI (Gloo where Horovod runs without MPI), and
-    hierarchical is then Horovod's flat all-reduce."""
-    cpu = "MPI" if mpi else "Gloo"
-    if gpu and nccl:
-        return f"NCCL within a node, {cpu} across" if allreduce in ("hierarchical", "adasum") else "NCCL"
-    return f"{cpu} (flat: hierarchical needs NCCL)" if allreduce == "hierarchical" else cpu
+# Line 21's int8 exchange in words, the same scheme in every framework (each framework's
+# conventions lines quote it)
+INT8 = ("each gradient quantised to int8 with one scale a tensor the job agrees on (max |g| over its ranks / 127),"
+        " all-gathered and summed in FP32 on every rank, then averaged: within scale / 2 of the FP32 average; a rank"
+        " receives (P - 1) x N bytes a step for N gradient elements, fewer than a ring all-reduce in fp32"
+        " (8 (P - 1) / P x N) while P < 8 and in fp16 (4 (P - 1) / P x N) while P < 4")
 
 
-def carriers(framework: str, allreduce: str) -> set[str]:
-    """Every library that can carry a job's gradients in `framework`: Horovod's as its
-    build may report (`library`), torch.distributed's backends (Gloo on CPUs, NCCL on GPUs)."""
-    if framework == "pytorch":
-        return {"Gloo", "NCCL"}
-    return {library(allreduce, gpu, nccl, mpi) for gpu in (False, True) for nccl in (False, True)
-            for mpi in (False, True)}
-
-
-def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None, carrier: str,
-             framework: str = "tensorflow") -> str:
-    """One job's gradient exchange in words: lines 21-22 as they ran in `framework` and
-    `carrier` (`library`, or torch.distributed's backend); the torus with its grid."""
+def exchange(comm_precision: str, allreduce: str, ranks: int, grid: Grid | None, carrier: str, ring: str) -> str:
+    """One job's gradient exchange in words: lines 21-22 as they ran, `ring` the framework's
+    own word for line 22's ring (its facts' RING), `carrier` the library that carried it
+    (its facts' carriers); the torus with its grid."""
     if ranks == 1:
         return "none (P = 1)"
     if comm_precision == "int8":
         return f"int8 all-gather, {carrier}"
-    ring = {"pytorch": "DDP all-reduce", "tensorflow": "Horovod all-reduce"}.get(framework, "all-reduce")
     how = {"ring": ring, "hierarchical": "hierarchical all-reduce", "adasum": "Adasum",
            "torus": f"torus {grid.describe() if grid else ''}"}[allreduce]
     return f"{how}{', fp16' if comm_precision == 'fp16' else ''}, {carrier}"
@@ -165,5 +151,5 @@ def split_exchange(comm_precision: str, allreduce: str, stages: int, replicas: i
     """A split model's exchanges in words (line 37): activations between its stages, and
     each stage's gradients over its replicas (none with one replica; a plain all-reduce
     once a step, harness/frameworks/pytorch/communication.average)."""
-    grads = "none" if replicas == 1 else exchange(comm_precision, allreduce, replicas, None, carrier, "")
+    grads = "none" if replicas == 1 else exchange(comm_precision, allreduce, replicas, None, carrier, "all-reduce")
     return f"activations point-to-point between {stages} stages, {carrier}; a stage's gradients: {grads}"

@@ -68,7 +68,7 @@ LINES = (None,  # what line N holds, 1-based (used when the file is short)
     "# of parallel modes", f"parallel modes ({parallelism.FORM})")
 # What to add to a file that predates lines 31-37: the shipped file's lines (value, then LINES' text).
 NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}", f"{'none':<13} {LINES[33]}",
-             f"{'1':<13} {LINES[34]}", f"{'tensorflow':<13} {LINES[35]}", f"{'1':<13} {LINES[36]}",
+             f"{'1':<13} {LINES[34]}", f"{frameworks.DEFAULT:<13} {LINES[35]}", f"{'1':<13} {LINES[36]}",
              f"{'data':<13} {LINES[37]}")
 # The T/V code's fields, in order (Test.tv); the report prints "T/V : Encoded variant ({TV_LEGEND})"
 # (XLA's code is empty for none, TensorFlow's for the framework, data parallelism's for the
@@ -127,7 +127,7 @@ class Config:
     stop_at_target: bool = False          # line 32: stop at the first evaluation that reaches the target
     compiler: str = "none"                # line 33: xla (TensorFlow), inductor (PyTorch's torch.compile):
     #                                       the training step's forward and backward compiled
-    frameworks: tuple[str, ...] = ("tensorflow",)  # lines 34-35
+    frameworks: tuple[str, ...] = (frameworks.DEFAULT,)  # lines 34-35
     modes: tuple[str, ...] = ("data",)    # lines 36-37: parallel modes as written (harness/parallelism.py)
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
 
@@ -141,7 +141,7 @@ class Test:
     P: int
     batch: int
     precision: str
-    framework: str = "tensorflow"
+    framework: str = frameworks.DEFAULT
     mode: str = "data"       # line 37's value, as written
 
     def tv(self, cfg: Config) -> str:

@@ -365,7 +365,8 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance
         config=dat.record(cfg), settings=plan.settings, environment=environment, roofline=ceilings,
         conventions=report.conventions(cfg, devices, notes, placement, ceilings,
                                        [line for name in cfg.frameworks
-                                        for line in frameworks.get(name).conventions(cfg, environment)]),
+                                        for line in frameworks.facts(name).conventions(
+                                            cfg, environment, results.minor(results.SCHEMA))]),
         skipped=[{"index": s.test.index, "reason": s.reason, "cause": s.cause} for s in plan.skipped],
         fault_tolerance=tolerance)
     params = (dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)

@@ -191,13 +191,13 @@ def _one_of(names) -> str:
 def framework_choice_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
     """("framework", message) when t's framework lacks its workload's model
     (frameworks.builds) or cannot carry a Table 2 choice of the input
-    (frameworks.UNSUPPORTED), or None."""
+    (its facts' REFUSES), or None."""
     fw = t.framework
     if not frameworks.builds(fw, t.workload):
         built = [w for w in dat.KNOWN["workload"] if frameworks.builds(fw, w)]
         return "framework", (f"{cfg.path}:7: found {t.workload!r} with framework {fw} (line 35), expected"
                              f" {_one_of(built)}: the workloads whose model is built in {fw}")
-    refused = frameworks.UNSUPPORTED.get(fw, {})
+    refused = frameworks.facts(fw).REFUSES
     for (field, value), why in refused.items():
         if getattr(cfg, field) == value:
             accepted = [v for v in dat.KNOWN[field] if (field, v) not in refused]
@@ -225,7 +225,7 @@ def mode_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
         return "mode", f"{found} P = 1 (line 11), expected {unfit.expected}: {unfit.why}"
     why = frameworks.split_problem(t.framework, t.workload)
     if why:
-        other = (f"framework {t.framework} (line 35)" if t.framework in frameworks.NO_PIPELINE
+        other = (f"framework {t.framework} (line 35)" if frameworks.facts(t.framework).NO_PIPELINE
                  else f"workload {t.workload} (line 7)")
         return "split", f"{found} {other}, expected data: {why}"
     if t.precision == "fp16":
@@ -339,10 +339,11 @@ def check_allreduce(cfg: dat.Config) -> None:
 
 
 def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hosts) -> str | None:
-    """Why a PyTorch job cannot start on these GPUs, or None: NCCL refuses a communicator
-    with two of its ranks on one GPU, and each rank takes GPU local_rank % GPUs of its node
-    (each framework's setup_devices). Base models of one rank share a GPU freely (each
-    job is its own group). PyTorch's jobs only: TensorFlow's exchange is Horovod's, with checks of its own.
+    """Why a job of a framework whose ranks each need a GPU of their own (its facts'
+    GPU_OF_ITS_OWN: NCCL refuses a communicator with two of its ranks on one GPU) cannot
+    start on these GPUs, or None. Each rank takes GPU local_rank % GPUs of its node (each
+    framework's setup_devices). Base models of one rank share a GPU freely (each job is
+    its own group).
     `gpus_of_rank`: the GPUs each world rank's framework sees (0: a CPU node, no NCCL).
     Pure: every rank passes the same lists and gets the same answer."""
     local, seen_on = [], {}          # each world rank's index among its node's ranks: one pass (thousands of ranks)
@@ -350,7 +351,8 @@ def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hos
         local.append(seen_on.get(node, 0))
         seen_on[node] = local[-1] + 1
     for p in planned:
-        if p.test.framework != "pytorch" or p.layout.P < 2:
+        fw = frameworks.facts(p.test.framework)
+        if not fw.GPU_OF_ITS_OWN or p.layout.P < 2:
             continue
         for j, ranks in enumerate(p.layout.jobs):
             seen = {}
@@ -362,7 +364,7 @@ def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hos
                     node = hosts[key[0]]
                     return (f"{cfg.path}:11: found '{p.layout.P}' (test {p.test.index}'s P) with world ranks"
                             f" {seen[key]} and {r} of job {j} both on GPU {key[1]} of {node} ({gpus_of_rank[r]} GPU(s)"
-                            f" there for its {node_of_rank.count(key[0])} ranks), expected each rank of a PyTorch job"
+                            f" there for its {node_of_rank.count(key[0])} ranks), expected each rank of a {fw.TITLE} job"
                             f" on a GPU of its own: NCCL refuses two ranks of one communicator on one GPU; start at"
                             f" most {gpus_of_rank[r]} rank(s) a node on {node}, or P = 1 there")
                 seen[key] = r

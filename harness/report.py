@@ -242,7 +242,7 @@ def scaling_lines(tests: list[results.TestResult], weak_scaling, mark_short: boo
     span several M (so that data parallelism, a change of P, is never mixed in); marked
     when a test of the group trained for less than metrics.SHORT_SPAN (mark_short=False:
     as reports of results schema 2.2 and before wrote it). The framework is named on every
-    line (name_framework=False: all but TensorFlow, as schema 2.8 and before wrote them)."""
+    line (name_framework=False: all but the default framework, as schema 2.8 and before wrote them)."""
     groups: dict[tuple, list[results.TestResult]] = {}
     for t in tests:
         groups.setdefault((t.workload, t.framework, t.B, t.precision, t.P, t.mode), []).append(t)
@@ -251,7 +251,7 @@ def scaling_lines(tests: list[results.TestResult], weak_scaling, mark_short: boo
         s = weak_scaling([(t.M * t.P, t.flops) for t in ts])
         if s:
             short = mark_short and any(t.train_seconds < metrics.SHORT_SPAN for t in ts)
-            named = name_framework or fw != "tensorflow"
+            named = name_framework or fw != frameworks.DEFAULT
             out.append(f"Scaling ({wl}{', ' + fw if named else ''}, B {b}, {prec}, P {p}"
                        f"{'' if mode == 'data' else ', ' + mode}): Sys_scale {s.scale_from} -> {s.scale_to} :"
                        f" FLOPS x{s.speedup:.2f}, efficiency {s.efficiency:.2f}"
@@ -352,8 +352,9 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         f" over less than {metrics.SHORT_SPAN:g} s carries a warning and marks its scaling line: on a quiet 2-core"
         " machine such FLOPS repeated within about 5 %, from 2.4 s on within 2.5 % (bench/span.py)",
         f"Warm-up: before that barrier each job runs {train.WARMUP_STEPS} training step(s) and undoes them (every"
-        " variable the step writes is restored): the framework's first-step work (TensorFlow's graph optimisation"
-        " and XLA compilation, Horovod's first negotiation; PyTorch's DDP buckets) is set-up, as MLPerf's init; the timed epochs train exactly the samples counted;"
+        " variable the step writes is restored): the framework's first-step work"
+        f" ({'; '.join(f.WARM_UP for f in frameworks.REGISTERED)}) is set-up, as MLPerf's init; the timed epochs"
+        " train exactly the samples counted;"
         " the feed (one for all epochs, built there too) reads, decodes and augments inside the clock",
         "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
         "Evaluation: "
@@ -384,137 +385,23 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
     return lines
 
 
-def build_line(build: dict) -> str:
-    """Horovod's build as it reports it, and what it means for the gradients' carrier."""
-    code = build["nccl"]
-    nccl = f"NCCL {code // 10000}.{code // 100 % 100}.{code % 100}" if code else "no NCCL"
-    ops = ", ".join(n for n, on in (("MPI", build["mpi"]), ("Gloo", build["gloo"])) if on)
-    return (f"Horovod build: {ops}, {nccl}{', CUDA' if build['cuda'] else ''}: " +
-            ("a GPU tensor's collectives go through NCCL, a CPU tensor's through " + ops if code else
-             f"every collective goes through {ops} (GPU tensors by way of host memory unless the MPI is"
-             " CUDA-aware; `make venv GPU=1` builds NCCL in)") + "; each test's Exchange line says what carried its jobs")
-
-
-# Line 21's int8 exchange in words, the same scheme in every framework
-INT8 = ("each gradient quantised to int8 with one scale a tensor the job agrees on (max |g| over its ranks / 127),"
-        " all-gathered and summed in FP32 on every rank, then averaged: within scale / 2 of the FP32 average; a rank"
-        " receives (P - 1) x N bytes a step for N gradient elements, fewer than a ring all-reduce in fp32"
-        " (8 (P - 1) / P x N) while P < 8 and in fp16 (4 (P - 1) / P x N) while P < 4")
-
-
-def option_lines(cfg, nccl: bool) -> list[str]:
-    """What the Table 2 choices of this input mean in TensorFlow with Horovod (`nccl`: its
-    build has NCCL), stated in the report."""
-    lines = []
-    if set(cfg.precisions) - {"fp32"}:
-        lines.append("Mixed precision (fp16, bf16): Keras policy, FP32 master weights, logits/softmax/loss"
-                     " in FP32, fp16 with dynamic loss scaling; FLOPs counted as for fp32")
-    if cfg.comm_precision == "fp16":
-        lines.append("Communication fp16: gradients cast to FP16 for the all-reduce (Horovod Compression.fp16)")
-    if cfg.comm_precision == "int8":
-        lines.append("Communication int8: " + INT8 + " (harness/frameworks/tensorflow/communication.py)")
-    if cfg.allreduce == "hierarchical":
-        lines.append("All-reduce hierarchical: HOROVOD_HIERARCHICAL_ALLREDUCE=1; Horovod implements it with NCCL"
-                     " (intra-node NCCL, inter-node MPI) " + ("and this build has NCCL" if nccl else
-                     "and this build has none: its flat MPI all-reduce ran"))
-    if cfg.allreduce == "torus":
-        lines.append("All-reduce torus: the 2D-torus all-reduce (Mikami et al.) over an X x Y grid of each job's ranks,"
-                     " on Horovod process sets: the gradients flattened into one buffer (padded to a multiple of X),"
-                     " reduce-scatter along the row, all-reduce along the column, all-gather along the row, each an"
-                     " average: the job's mean, as the ring's. Grid: a row is a node's ranks where the job has the"
-                     " same number (2 or more) on each of 2 or more nodes, else the most-square X x Y = P (X >= Y)"
-                     " over consecutive ranks; a prime P is one row (reduce-scatter and all-gather: the ring's two"
-                     " halves). Each test's Exchange line gives the grids")
-    if cfg.allreduce == "adasum":
-        lines.append("All-reduce adasum: Horovod's Adasum (op=hvd.Adasum) combines the job's gradients by adaptive"
-                     " summation instead of averaging them; the LR follows Horovod's convention: the base LR x 1"
-                     " where MPI reduces on the CPU, x the ranks of a node with NCCL (train.lr_scale), not x P; P"
-                     " must be a power of 2")
-    if cfg.optimizer != "sgd":
-        lines.append(f"Optimizer {cfg.optimizer}: see harness/frameworks/tensorflow/optimizers.py (LARS/LAMB"
-                     " exclude rank <= 1 variables, i.e. biases and batch-norm, from trust ratio and weight decay)")
-    return lines
-
-
 def input_line(cfg, devices: dict) -> str:
     """Where the feed runs, in each framework of the run, and on which cores."""
-    where = {"tensorflow": "in TensorFlow on tf.data's threads where the feed is a tf.data pipeline",
-             "pytorch": "in PyTorch on the rank's own threads, no DataLoader workers (ic: Pillow decodes in as many"
-                        " threads as the step has, that many batches ahead; the other workloads' batches are made"
-                        " between steps)"}
-    return ("input (read, decode, augment: the workload's feed) runs " + "; ".join(where[f] for f in cfg.frameworks)
+    return ("input (read, decode, augment: the workload's feed) runs "
+            + "; ".join(frameworks.facts(f).FEED for f in cfg.frameworks)
             + (", on the same cores, none set aside: on a CPU-only node it shares them with the step"
                if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"))
 
 
-# The layout clause of the PyTorch line, by the results schema that wrote it (--verify
-# reads a run against its own): 2.8 states the CPUs' layout (models.channels_last_on).
-TORCH_LAYOUT = {(2, 0): "on a GPU the models and their 4-D inputs are channels-last in memory (cuDNN's fast layout for"
-                        " convolutions, as NVIDIA's PyTorch references train)",
-                (2, 8): "on a GPU the 2-D models and their 4-D inputs are channels-last in memory (cuDNN's fast layout"
-                        " for convolutions, as NVIDIA's PyTorch references train); on CPUs channels-first, but digits"
-                        " channels-last (oneDNN trains its small convolutions faster so: bench/layout.py)"}
-
-
-def torch_lines(cfg, schema: tuple[int, int] = results.minor(results.SCHEMA)) -> list[str]:
-    """What the Table 2 choices of this input mean in PyTorch, stated in the report (as
-    results schema `schema` stated them)."""
-    layout = TORCH_LAYOUT[max(v for v in TORCH_LAYOUT if v <= schema)]
-    lines = ["PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs, NCCL on GPUs), wired"
-             " from MPI (the job root's TCPStore, its address broadcast over the job's communicator; no torchrun);"
-             " DistributedDataParallel averages the gradients in buckets during the backward pass; the optimizers"
-             " are torch.optim's with Keras' defaults (Adam's and AdaGrad's epsilon 1e-7, AdaGrad's initial"
-             " accumulator 0.1; SGD's momentum applied as PyTorch does, v = m v + g); weight decay on kernels only"
-             f" (never biases or batch norm); {layout}"]
-    if set(cfg.precisions) - {"fp32"}:
-        lines.append("Mixed precision in PyTorch (fp16, bf16): torch.autocast, FP32 master weights, the loss in FP32,"
-                     " fp16 with a dynamic gradient scaler (torch.amp.GradScaler); FLOPs counted as for fp32")
-    if cfg.comm_precision == "fp16":
-        lines.append("Communication fp16 in PyTorch: DDP's fp16_compress_hook (gradients cast to FP16 for the"
-                     " all-reduce, back to FP32 after)")
-    if cfg.comm_precision == "int8":
-        lines.append("Communication int8 in PyTorch, a DDP communication hook"
-                     " (harness/frameworks/pytorch/communication.py): " + INT8)
-    if set(cfg.modes) - {"data"}:
-        lines.append("Parallel modes in PyTorch (line 37): the model's chain of blocks cut into S consecutive stages"
-                     " where the costliest stage's Table 3 FLOPs are least; job rank r is stage r // R, replica r % R;"
-                     " torch.distributed.pipelining runs a pipeline's batch (B x S samples) in m micro-batches on"
-                     " 1F1B or GPipe (model: one), activations and their gradients point-to-point between stages, the"
-                     " loss the mean over the pipeline's batch; mixed: a stage's R replicas average its gradients"
-                     " (one all-reduce after the schedule, line 21's precision). The FLOPs are the whole model's"
-                     " (Eq. 6) x the samples trained, as for data parallelism. Idle: per stage, 1 - its forward and"
-                     " backward compute seconds / the seconds of its schedule's steps (the replicas' average and the"
-                     " update apart)"
-                     " (the bubble and the waits for its neighbours), mean over its ranks, beside the theory (S - 1) /"
-                     " (m + S - 1) for equal stages; bytes between stages: activations forward and gradients back,"
-                     " FP32, a pipeline a step; batch norm sees one micro-batch at a time; the evaluation predicts with"
-                     " the whole model, its stages assembled on every rank; replica consistency compares a stage's"
-                     " replicas (none to compare with one replica)")
-    if cfg.optimizer in ("lars", "lamb"):
-        lines.append(f"Optimizer {cfg.optimizer} in PyTorch: harness/frameworks/pytorch/optimizers.py, TensorFlow's"
-                     " update rule (harness/frameworks/tensorflow/optimizers.py) step for step, the same exclusions;"
-                     " a workload's global gradient clipping by torch.nn.utils.clip_grad_norm_ on the job's averaged"
-                     " gradients")
-    if cfg.compiler == "inductor":
-        lines.append("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on CPUs, Triton on"
-                     " GPUs); forward and backward pass compiled, graphs split at DDP's buckets so each bucket's"
-                     " all-reduce starts during the backward pass; loss, update and evaluation run eagerly;"
-                     " compilation happens in the warm-up, before the clock")
-    return lines
-
-
 def run_lines(cfg) -> list[str]:
-    """The input's choices that mean the same in every framework: staging, repetitions."""
+    """The input's choices that mean the same in every framework: staging, repetitions (a
+    framework's own: its facts' conventions)."""
     lines = []
     if cfg.staging != "none":
         lines.append(f"Staging to {cfg.staging}: one writer per node copies the union of the distinct resampled"
                      " samples of the jobs the node serves and the validation set, in the workload's format; each"
                      " job trains its own resample from the copy. Staging time = node barrier to the end of the"
                      " read-back, max over ranks, counted in the time to solution; Tflops use Time only")
-    if cfg.compiler == "xla":
-        lines.append("Compiler xla: each step's forward and backward pass is one XLA cluster"
-                     " (tf.function(jit_compile=True)); Horovod's all-reduce (no XLA kernel) and the update run"
-                     " outside it; its compilation happens in the warm-up, before the clock")
     if cfg.repetitions > 1:
         lines.append(f"Repetitions: {cfg.repetitions} runs of each test with seeds {cfg.seed}..{cfg.seed + cfg.repetitions - 1};"
                      " summary = mean without the fastest and slowest run (3 or more), CV over all runs")
@@ -524,7 +411,7 @@ def run_lines(cfg) -> list[str]:
 def roofline_lines(c: dict) -> list[str]:
     """The conventions block's roofline lines for one precision."""
     n = sum(r is not None for r in c["per_rank"])   # a rank lost in the roofline: None (harness/driver.py)
-    fw = "" if c.get("framework", "tensorflow") == "tensorflow" else f"{c['framework']}, "
+    fw = "" if c.get("framework", frameworks.DEFAULT) == frameworks.DEFAULT else f"{c['framework']}, "
     lines = [f"Roofline ({fw}{c['precision']}, per rank, median of {n} ranks run at once): GEMM "
              f"{c['gemm_flops'] / 1e12:.4f} Tflops, CONV {c['conv_flops'] / 1e12:.4f} Tflops,"
              f" triad {c['bandwidth'] / 1e9:.1f} GB/s; first call excluded, median of repeats",

@@ -17,6 +17,7 @@ import json
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
+from harness.frameworks import DEFAULT as DEFAULT_FRAMEWORK
 from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
@@ -30,7 +31,7 @@ SCHEMA = "2.12"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  # 2.6: TestResult.framework (lines 34-35)
                  # 2.7: TestResult.mode (lines 36-37)
                  # 2.8: Record.skipped[].cause ("ranks" or "mode"; absent: "ranks", as before);
-                 #   the PyTorch conventions line states the CPUs' layout (report.TORCH_LAYOUT)
+                 #   the PyTorch conventions line states the CPUs' layout (its facts' LAYOUT)
                  # 2.9: TestResult.invocation; the report's test blocks begin with a `Test N :` line
                  #   (framework, mode, repetition, earlier invocation), its T/V columns fit the code,
                  #   every Scaling line names its framework, the Parallel modes block reads its
@@ -160,7 +161,7 @@ class TestResult:
     other_load: list = field(default_factory=list)  # per machine of the test (telemetry.other_load): hosts, ranks,
     #                                 seconds (mean timed span, s), busy_cores, ranks_cores, other_cores (cores
     #                                 busy in the span: the machine's, the ranks', the rest); a 2.4 file: []
-    framework: str = "tensorflow"     # line 35: the framework that trained it; a 2.5 file ran TensorFlow, the only one
+    framework: str = DEFAULT_FRAMEWORK   # line 35: the framework that trained it; a 2.5 file ran the default, the only one
     mode: str = "data"                # line 37: the parallel mode inside each base model, as written
     #                                 (harness/parallelism.py); a 2.6 file trained data-parallel, the only mode
     pipeline: dict | None = None      # a split mode's stages (parallelism.summary): the cut, each stage's measured

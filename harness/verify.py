@@ -229,18 +229,14 @@ def conventions_checks(conv: list, cfg, roofline: dict, schema: str) -> list[Che
     roofline figures that the run recorded (the device and FLOP-note lines are facts of
     the run that results.json holds only there), as results schema `schema` stated them."""
     want = [flops.CONVENTION, *[ln for c in roofline.values() for ln in report.roofline_lines(c)],
-            *report.run_lines(cfg),
-            *(report.torch_lines(cfg, results.minor(schema)) if "pytorch" in cfg.frameworks else [])]
+            *report.run_lines(cfg)]
     missing = [ln for ln in want if ln not in conv]
-    options = [report.option_lines(cfg, nccl) for nccl in (False, True)]
-    if "tensorflow" in cfg.frameworks and not any(_contains(conv, o) for o in options):
-        missing += options[0]
+    for name in cfg.frameworks:   # each framework's lines, as stated for one of the builds it may have had
+        stated = frameworks.facts(name).stated(cfg, results.minor(schema))
+        if not any(all(ln in conv for ln in lines) for lines in stated):
+            missing += [ln for ln in stated[0] if ln not in conv]
     return [Check("conventions: the FLOP rule, the options and the roofline lines", not missing,
                   note="all stated" if not missing else "missing: " + " | ".join(missing))]
-
-
-def _contains(seq, sub) -> bool:
-    return not sub or any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
 def _name(t: results.TestResult) -> str:
@@ -341,19 +337,20 @@ def pipeline_check(t: results.TestResult) -> Check:
 def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     """Each job's recorded exchange is what lines 21-22 make of a job of P ranks, its torus
     grid drawn again from the recorded node of each rank (communication.grid), carried by
-    one of the libraries its framework can report (communication.carriers)."""
+    one of the libraries its framework can report (its facts' carriers)."""
     what = f"{_name(t)}: each job's exchange (lines 21-22 and 37, the torus grid from the node map)"
     if not t.exchange and results.minor(res.schema) < (2, 4):
         return Check(what, True, note=f"not recorded: results schema {res.schema}")
     nodes = res.environment.get("node_of_rank")
     derived, split = [], t.mode != "data" and parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
+    fw = frameworks.facts(t.framework)
     for ranks in _trained_by(t).values():
         grid = communication.job_grid(ranks, nodes) if cfg.allreduce == "torus" else None
         derived.append(sorted({communication.split_exchange(cfg.comm_precision, cfg.allreduce, split.stages,
                                                             split.replicas, carrier) if split else
                                communication.exchange(cfg.comm_precision, cfg.allreduce, len(ranks), grid, carrier,
-                                                      t.framework)
-                               for carrier in communication.carriers(t.framework, cfg.allreduce)}))
+                                                      fw.RING)
+                               for carrier in fw.carriers(cfg.allreduce)}))
     ok = len(t.exchange) == len(derived) and all(e in d for e, d in zip(t.exchange, derived))
     return Check(what, ok, None if ok else t.exchange, None if ok else derived,
                  note=f"{len(derived)} job(s)" if ok else "")

@@ -104,7 +104,7 @@ REFUSED = {  # id -> (edits, what the message must hold besides the format)
     "jax-on-35": ({35: "jax"}, "bad.dat:35: found 'jax', expected a framework (tensorflow, pytorch)"),
     "mixed-1": ({37: "mixed:1"}, "bad.dat:37: found 'mixed:1', expected a parallel mode (" + dat.parallelism.FORM),
     "adasum-pytorch": ({22: "adasum", 35: "pytorch"}, "bad.dat:22: found 'adasum' with framework pytorch (line 35),"
-                       " expected ring: " + frameworks.UNSUPPORTED["pytorch"]["allreduce", "adasum"] + " (tests 1-3)"),
+                       " expected ring: " + frameworks.facts("pytorch").REFUSES["allreduce", "adasum"] + " (tests 1-3)"),
     "xla-pytorch": ({33: "xla", 35: "pytorch"}, "bad.dat:33: found 'xla' with framework pytorch (line 35), expected"
                     " one of none, inductor: "),
     "int8-adasum": ({21: "int8", 22: "adasum"}, "bad.dat:21: found 'int8' with all-reduce adasum (line 22), expected"
@@ -123,7 +123,7 @@ REFUSED = {  # id -> (edits, what the message must hold besides the format)
                    " mixed:STAGES with STAGES 2: STAGES must be at least 2 and divide P"),
     "tensorflow-pipeline": ({**PYTORCH_P2, 35: "tensorflow", 37: "pipeline:4"},
                             "bad.dat:37: found 'pipeline:4' with framework tensorflow (line 35), expected data: "
-                            + frameworks.NO_PIPELINE["tensorflow"]),
+                            + frameworks.facts("tensorflow").NO_PIPELINE),
     "ewa-pipeline": ({**PYTORCH_P2, 7: "ewa", 8: "synthetic", 37: "model"},
                      "bad.dat:37: found 'model' with workload ewa (line 7), expected data: "),
     "fp16-pipeline": ({**PYTORCH_P2, 17: "fp16", 37: "pipeline"}, "bad.dat:37: found 'pipeline' with precision fp16"
@@ -158,9 +158,9 @@ def test_refusals_that_need_the_node_or_the_data_are_in_the_format_too(monkeypat
     messages.append(str(info.value))
     monkeypatch.setenv("CXX", "no-such-c++")
     messages.append(plan.framework_problem(dat.parse_text(_lines({33: "inductor", 35: "pytorch"}), "bad.dat")))
-    monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
+    monkeypatch.setattr(frameworks.facts("pytorch"), "REQUIRES", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
     messages.append(plan.framework_problem(cfg))
-    monkeypatch.setattr(frameworks.pytorch_models, "BUILT", ("digits",))
+    monkeypatch.setattr(frameworks.facts("pytorch"), "BUILT", ("digits",))
     messages.append(plan.framework_choice_problem(cfg, dat.Test(1, "ic", 1, 1, 32, "fp32", "pytorch"))[1])
     for msg in messages:
         assert FORMAT.match(msg) and "\n" not in msg, msg

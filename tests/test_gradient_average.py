@@ -264,7 +264,7 @@ def test_each_rank_gets_its_row_and_column_and_every_rank_registers_the_same_set
 
 
 def test_the_library_that_carried_the_exchange_is_what_horovods_build_says():
-    from harness import communication as c
+    from harness.frameworks.tensorflow import facts as c
     assert c.library("ring", gpu=False, nccl=True, mpi=True) == "MPI"        # CPU tensors: MPI, NCCL or not
     assert c.library("ring", gpu=True, nccl=True, mpi=True) == "NCCL"
     assert c.library("torus", gpu=True, nccl=False, mpi=True) == "MPI"       # GPU tensors, no NCCL: MPI
@@ -278,16 +278,17 @@ def test_the_exchange_in_words_and_the_report_line_counting_alike_jobs():
     from harness.report import exchange_line
     from tests.conftest import result
     g = c.grid([0, 0, 1, 1])
-    assert c.exchange("fp16", "torus", 4, g, "MPI") == "torus 2 x 2 (rows: a node's ranks), fp16, MPI"
-    assert c.exchange("int8", "torus", 4, None, "NCCL") == "int8 all-gather, NCCL"
-    assert c.exchange("fp32", "adasum", 1, None, "MPI") == "none (P = 1)"
+    assert c.exchange("fp16", "torus", 4, g, "MPI", "ring's word") == "torus 2 x 2 (rows: a node's ranks), fp16, MPI"
+    assert c.exchange("int8", "torus", 4, None, "NCCL", "ring's word") == "int8 all-gather, NCCL"
+    assert c.exchange("fp32", "adasum", 1, None, "MPI", "ring's word") == "none (P = 1)"
+    assert c.exchange("fp16", "ring", 2, None, "Gloo", "DDP all-reduce") == "DDP all-reduce, fp16, Gloo"   # the framework's word
     t = result(M=3, exchange=["a", "b", "a"])
     assert exchange_line(t) == "Exchange    : a (2 of 3 jobs); b (1 of 3 jobs)"
     assert exchange_line(result(M=2, exchange=["a", "a"])) == "Exchange    : a"
 
 
 def test_the_report_states_horovods_build():
-    from harness.report import build_line
+    from harness.frameworks.tensorflow.facts import build_line
     gpu = build_line({"mpi": True, "gloo": False, "cuda": True, "nccl": 22105})
     assert gpu.startswith("Horovod build: MPI, NCCL 2.21.5, CUDA: a GPU tensor's collectives go through NCCL,"
                           " a CPU tensor's through MPI")

@@ -153,7 +153,7 @@ def test_a_stage_hands_its_neighbours_dense_tensors_both_ways():
     ("deepcam", {"height": 32, "width": 48}, {"HPCAI500_DEEPCAM_WIDTH": 8, "HPCAI500_DEEPCAM_MIDDLE": 2}),
 ])
 def test_each_split_workloads_chain_is_its_model(monkeypatch, workload, data, settings):
-    """Every workload line 37 may split (models.SPLIT): its chain of blocks composes to the
+    """Every workload line 37 may split (facts.SPLIT): its chain of blocks composes to the
     model's forward pass (deepcam: the low-level feature carried beside the deep path to
     the join), and its blocks' FLOPs and weights sum to the whole model's Table 3 count,
     so the cut divides exactly what Eq. 6 counts."""
@@ -161,8 +161,8 @@ def test_each_split_workloads_chain_is_its_model(monkeypatch, workload, data, se
 
     from harness import settings as hs
     from harness.frameworks.pytorch import flops as tflops
-    from harness.frameworks.pytorch import models, pipeline
-    assert workload in models.SPLIT
+    from harness.frameworks.pytorch import facts, models, pipeline
+    assert workload in facts.SPLIT
     monkeypatch.setattr(hs, "value", lambda name: settings.get(name))
     module, data = models.get(workload), types.SimpleNamespace(**data)
     torch.manual_seed(0)

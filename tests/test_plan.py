@@ -110,7 +110,7 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     ewa = dat.parse_text(dat_text(l7="ewa", l8="synthetic", l34=2, l35="tensorflow pytorch"), "x.dat")
     tf_ewa, pt_ewa = dat.expand(ewa)[:2]
     assert plan.framework_choice_problem(ewa, pt_ewa) is None        # every workload is built in both
-    monkeypatch.setattr(frameworks.pytorch_models, "BUILT", ("digits", "ic"))   # a framework still being built
+    monkeypatch.setattr(frameworks.facts("pytorch"), "BUILT", ("digits", "ic"))   # a framework still being built
     assert plan.framework_choice_problem(ewa, pt_ewa) == ("framework", (
         "x.dat:7: found 'ewa' with framework pytorch (line 35), expected one of digits, ic: the workloads whose model"
         " is built in pytorch"))
@@ -121,7 +121,7 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     assert [p.test.framework for p in planned] == ["tensorflow"]
     assert [(s.test.index, s.cause, s.reason) for s in skipped] == [(2, "framework", (
         "x.dat:22: found 'adasum' with framework pytorch (line 35), expected ring: "
-        + frameworks.UNSUPPORTED["pytorch"]["allreduce", "adasum"]))]
+        + frameworks.facts("pytorch").REFUSES["allreduce", "adasum"]))]
     assert plan.framework_choice_problem(dataclasses.replace(adasum, allreduce="ring", compiler="inductor"),
                                          planned[0].test)[1].startswith(
         "x.dat:33: found 'inductor' with framework tensorflow (line 35), expected one of none, xla: ")
@@ -133,7 +133,7 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
         " no-such-c++ (TorchInductor's C++ compiler: $CXX, else g++) is not on PATH on this rank's node")
     assert frameworks.compiler_missing("pytorch", "none") is None and frameworks.compiler_missing("tensorflow", "xla") is None
     monkeypatch.delenv("CXX")
-    monkeypatch.setitem(frameworks.REQUIRES, "pytorch", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
+    monkeypatch.setattr(frameworks.facts("pytorch"), "REQUIRES", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
     assert plan.framework_problem(cfg) == ("x.dat:35: found 'pytorch', expected a framework installed on every node:"
                                            " torch (requirements-pytorch.txt) cannot be imported on this rank's node"
                                            " (README.md, Frameworks)")
@@ -173,7 +173,7 @@ def test_a_parallel_mode_needs_pytorch_a_chain_and_a_layout_it_takes(monkeypatch
     from harness import frameworks
     cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=2, l35="pytorch", l36=2, l37="data pipeline:4"), "x.dat")
     data, pipe = dat.expand(cfg)
-    monkeypatch.setattr(frameworks.pytorch_models, "SPLIT", ("digits",))
+    monkeypatch.setattr(frameworks.facts("pytorch"), "SPLIT", ("digits",))
     assert plan.mode_problem(cfg, data) is None and plan.mode_problem(cfg, pipe) is None   # 64 samples in 4
     at = "x.dat:37: found 'pipeline:4' with"
     assert plan.mode_problem(cfg, dataclasses.replace(pipe, framework="tensorflow")) == ("split", (
@@ -220,7 +220,7 @@ def test_tests_the_sweep_forces_that_cannot_run_are_skipped_the_rest_run():
     assert [(s.test.index, s.cause, s.reason) for s in skipped] == [
         (2, "mode", one), (4, "mode", one),
         (6, "split", "x.dat:37: found 'pipeline:4' with framework tensorflow (line 35), expected data: "
-                     + frameworks.NO_PIPELINE["tensorflow"])]
+                     + frameworks.facts("tensorflow").NO_PIPELINE)]
     text = plan.describe(plan.Plan(cfg, {}, (), skipped, (), topology.Nodes((0, 0), ("h",), 0, 2), {}, None), 2)
     assert text[-3:] == [f"test 2: skipped, {one}", f"test 4: skipped, {one}", f"test 6: skipped, {skipped[2].reason}"]
     from harness import results

@@ -146,13 +146,13 @@ def test_channels_last_for_2d_models_only():
     assert train.channels_last(conv3d) is conv3d and conv3d[0].weight.is_contiguous()
     assert [models.channels_last_on(d, c) for d, c in (("cpu", False), ("cpu", True), ("cuda", False))] == [
         False, True, True]
-    assert [models.get(w).CPU_CHANNELS_LAST for w in models.BUILT] == [True, False, False, False, False]
+    from harness.frameworks.pytorch import facts as pytorch_facts
+    assert [models.get(w).CPU_CHANNELS_LAST for w in pytorch_facts.BUILT] == [True, False, False, False, False]
     import numpy as np
     for w, channels in (("digits", 1), ("ic", 3), ("deepcam", 16)):   # each module's batches follow its flag
         batch = models.get(w).inputs(np.zeros((2, 4, 4, channels), np.float32), "cpu")
         assert (batch.stride()[1] == 1) == models.get(w).CPU_CHANNELS_LAST, (w, batch.stride())
-    from harness import report
-    assert "on CPUs channels-first, but digits channels-last" in report.TORCH_LAYOUT[(2, 8)]   # the report says so
+    assert "on CPUs channels-first, but digits channels-last" in pytorch_facts.LAYOUT[(2, 8)]   # the report says so
 
 
 def test_a_batch_has_its_models_layout_and_each_gradient_its_weights(digits_data):

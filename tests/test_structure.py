@@ -134,12 +134,12 @@ def test_torch_is_imported_only_by_the_pytorch_package_which_imports_no_tensorfl
     pytorch = {n: _frameworks_imported(t) for n, t in modules.items() if n.startswith("harness.frameworks.pytorch")}
     assert all(found <= {"torch"} for found in pytorch.values()), pytorch
     assert not _frameworks_imported(modules["harness.frameworks"])
-    # outside the package only the registry reaches in, for the plain-Python list of what PyTorch builds
+    # outside the package only the registry reaches in, for its plain-Python facts
     package = "harness.frameworks.pytorch"
     graph, _ = _imports(modules)
     reaching = {(n, t) for n, targets in graph.items() if not n.startswith(package) for t in targets
                 if t == package or t.startswith(package + ".")}
-    assert reaching == {("harness.frameworks", package), ("harness.frameworks", package + ".models")}, sorted(reaching)
+    assert reaching == {("harness.frameworks", package), ("harness.frameworks", package + ".facts")}, sorted(reaching)
 
 
 def test_tensorflow_and_horovod_are_imported_only_by_the_tensorflow_package():
@@ -156,6 +156,71 @@ def test_tensorflow_and_horovod_are_imported_only_by_the_tensorflow_package():
     assert not any(_frameworks_imported(modules[n]) for n in ("harness.train", "harness.flops",
                                                               "harness.communication"))
     graph, _ = _imports(modules)
-    reaching = {n for n, targets in graph.items() if not n.startswith(tensorflow)
-                and any(t == tensorflow or t.startswith(tensorflow + ".") for t in targets)}
-    assert not reaching, sorted(reaching)
+    reaching = {(n, t) for n, targets in graph.items() if not n.startswith(tensorflow) for t in targets
+                if t == tensorflow or t.startswith(tensorflow + ".")}
+    # the registry alone reaches in, for its plain-Python facts
+    assert reaching == {("harness.frameworks", tensorflow), ("harness.frameworks", tensorflow + ".facts")}, \
+        sorted(reaching)
+
+
+# -- issue 47: the seam one package deep ---------------------------------------------
+def _packages(modules) -> set[str]:
+    """The framework packages: harness/frameworks/<name>/ (each with its facts.py)."""
+    return {n.rsplit(".", 1)[0] for n in modules if n.startswith("harness.frameworks.") and n.endswith(".facts")}
+
+
+def _core(modules) -> dict:
+    """The modules of the core: every harness module outside the framework packages and the registry."""
+    packages = _packages(modules)
+    return {n: t for n, t in modules.items() if n != "harness.frameworks"
+            and not any(n == p or n.startswith(p + ".") for p in packages)}
+
+
+def _code_strings(tree):
+    """(line, text) of every string constant of a module's code: docstrings are prose, left out."""
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_the_core_never_names_a_framework():
+    """The core asks the registry (harness/frameworks/__init__.py) and each framework's facts,
+    and never compares, keys or defaults by a framework's keyword: no string of its code
+    holds one as a word (its prose may name a library: "Horovod's Adasum")."""
+    import re
+    modules = _modules()
+    names = {p.rsplit(".", 1)[1] for p in _packages(modules)}
+    assert {"tensorflow", "pytorch"} <= names, names          # the scan found the packages
+    word = re.compile(r"(?<![\w./])(" + "|".join(sorted(names)) + r")(?![\w/])")
+    core = _core(modules)
+    assert "harness.report" in core and "harness.plan" in core
+    named = [f"{n}:{line} {text[:60]!r}" for n, tree in core.items() for line, text in _code_strings(tree)
+             if word.search(text)]
+    assert not named, named
+    assert _code_strings(ast.parse('x = {"tensorflow": 1}')) and word.search("tensorflow")   # the check can fail
+
+
+def _reach(graph, start) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for t in graph.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def test_no_framework_package_imports_up_into_the_core_that_uses_it():
+    """A framework's package sits below every core module that reaches the registry (report,
+    run, plan, verify, ...): it imports only core modules that do not, so that its report
+    lines, its facts and its training are its own and the layers run one way."""
+    modules = _modules()
+    graph, _ = _imports(modules)
+    packages = _packages(modules)
+    above = {n for n in _core(modules) if "harness.frameworks" in _reach(graph, n)}
+    assert {"harness.report", "harness.run", "harness.plan"} <= above, sorted(above)   # the scan sees the layers
+    up = sorted((n, t) for n, targets in graph.items() if any(n.startswith(p) for p in packages)
+                for t in targets if t in above)
+    assert not up, up

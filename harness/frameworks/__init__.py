@@ -1,74 +1,100 @@
-"""The training frameworks, one package each behind one interface (issue 34).
+"""The training frameworks, one package each behind one interface (issues 34, 47).
 
-Table 2 of HPC AI500 V3.0 lets a user choose the framework: TensorFlow by default, PyTorch
-beside it (lines 34-35 of the input file, a sweep like the workloads). This module is
-the registry: CHOICES (the input file's keywords, their T/V codes and meanings), what
-each framework needs installed (`missing`, found without importing anything, so that
-`--check` refuses the input before any rank imports a framework), which workloads and
-Table 2 choices it carries (`builds`, UNSUPPORTED: harness/plan.py refuses the rest on
-their line), the interface every framework's package gives (`Framework`) and `get`,
-which imports one. No framework is imported by this file.
+Table 2 of HPC AI500 V3.0 lets a user choose the framework (lines 34-35 of the input
+file, a sweep like the workloads). This module is the registry: REGISTERED, each
+framework's facts (harness/frameworks/<name>/facts.py, plain Python: its keyword, T/V code,
+requirements, the Table 2 choices it refuses and why, the workloads it builds and cuts into
+stages, its report lines, the environment it needs before import; `Facts` names them all),
+the rules the core derives from them (`missing`, found without importing anything, so that
+`--check` refuses the input before any rank imports a framework; `builds`,
+`split_problem`, `roofline_key`, ...), the interface every framework's package gives
+(`Framework`) and `get`, which imports one. The core asks here and never compares a
+framework's name (tests/test_structure.py keeps it so). No framework is imported by this file.
 
 Each package holds everything its framework trains with, the workloads' models included
 (one module a workload, behind <name>/models.py's interface), while harness/workloads/
-holds each workload's data, numpy feed and quality once for both. PyTorch trains the
-workloads of pytorch/models.BUILT (all five). TensorFlow's package holds its training
-step, optimizers, int8/torus ops, Keras walker and the workloads' Keras models, losses,
-tf.data feeds and predictions; its roofline micro-kernels stay in the top-level kernels/
-(the benchmark's own folder, with its command line), which its interface reaches. No
-module outside harness/frameworks/tensorflow/ imports TensorFlow or Horovod, none outside
-harness/frameworks/pytorch/ torch.
+holds each workload's data, numpy feed and quality once for every framework. TensorFlow's
+package holds its training step, optimizers, int8/torus ops, Keras walker and the workloads'
+Keras models, losses, tf.data feeds and predictions; its roofline micro-kernels stay in the
+top-level kernels/ (the benchmark's own folder, with its command line), which its interface
+reaches. No module outside harness/frameworks/tensorflow/ imports TensorFlow or Horovod,
+none outside harness/frameworks/pytorch/ torch.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
-import shutil
 from typing import Protocol
 
 from harness import workloads
-from harness.frameworks.pytorch import models as pytorch_models   # plain Python: torch is not imported
+from harness.frameworks.pytorch import facts as pytorch_facts
+from harness.frameworks.tensorflow import facts as tensorflow_facts
 
-# Line 35's choices: name -> (T/V code, meaning). TensorFlow's code is empty, so that the
-# T/V codes of every run from before the framework line read as they did.
-CHOICES = {"tensorflow": ("", "TensorFlow 2 (tf.keras) with Horovod for the gradient exchange"),
-           "pytorch": ("PT", "PyTorch with torch.distributed (DistributedDataParallel)")}
 
-# What each framework's training imports: name -> (module, the pip requirement that brings it).
-REQUIRES = {"tensorflow": (("tensorflow", "tensorflow (requirements.txt)"),
-                           ("horovod", "horovod (requirements.txt, built by make venv)")),
-            "pytorch": (("torch", "torch (requirements-pytorch.txt)"),)}
+class Facts(Protocol):
+    """What each framework's package states about itself in <name>/facts.py, plain Python
+    (no framework imported): the core reads these and never names a framework."""
+    NAME: str                   # line 35's keyword
+    TITLE: str                  # its name in the report's sentences
+    CODE: str                   # its T/V code
+    MEANING: str                # line 35's choice in words
+    REQUIRES: tuple             # ((module, the pip requirement that brings it), ...): what training imports
+    OWN_VARIABLES: tuple        # prefixes of the environment variables only its libraries read
+    ENVIRONMENT: dict           # variables hpcai500.py sets (where unset) before any framework is imported
+    REFUSES: dict               # {(Config field, value): why}: the Table 2 choices it cannot carry
+    NO_PIPELINE: object         # why it cuts no model into stages (line 37), or None
+    BUILT: tuple                # the workloads whose model it builds
+    SPLIT: tuple                # those it cuts into stages
+    RING: str                   # line 22's ring in a job's Exchange line
+    FEED: str                   # where the workloads' feed runs (the conventions' Devices line)
+    WARM_UP: str                # what its warm-up step takes out of the clock (the Warm-up line)
+    GPU_OF_ITS_OWN: bool        # each rank of a job needs a GPU of its own (NCCL's rule)
 
-# The environment variables only a framework's own libraries read (settings.LIBRARY_PREFIXES
-# holds them with the shared ones: NCCL_, OMP_, ...): a run without that framework imports
-# none of them, so they cannot change its figures and its record leaves them out
-# (hpcai500.py and `make` set TF_USE_LEGACY_KERAS and TF_CPP_MIN_LOG_LEVEL for every run).
-OWN_VARIABLES = {"tensorflow": ("TF_", "XLA_", "HOROVOD_"), "pytorch": ("TORCH", "PYTORCH_")}
+    def compiler_missing(self, compiler: str, environ) -> str | None:
+        """What line 33's compiler needs on this node that is not here (PATH only), or None."""
+
+    def carriers(self, allreduce: str) -> set:
+        """Every library that can carry a job's gradients (a job's Exchange line names one)."""
+
+    def conventions(self, cfg, environment: dict, schema: tuple) -> list:
+        """The report's lines on how it trains this input (results.json's environment: its
+        build), as results schema `schema` (the run's) states them."""
+
+    def stated(self, cfg, schema: tuple) -> list:
+        """For --verify: the lines of conventions() that follow from the input alone, a list
+        for each build they may have been stated for, as results schema `schema` stated them."""
+
+
+# The registry: every framework's facts, line 35's keywords in this order. The first is the
+# default: every run before line 35 trained it, so its T/V code is empty, its roofline keys
+# bare and its scaling lines unnamed. A framework is one more package and one more entry here.
+REGISTERED = tuple(workloads.checked_module(f.__name__, workloads.required_members(Facts, {}), {},
+                                            "the framework facts ") for f in (tensorflow_facts, pytorch_facts))
+FACTS = {f.NAME: f for f in REGISTERED}
+DEFAULT = REGISTERED[0].NAME
+# Line 35's choices: name -> (T/V code, meaning)
+CHOICES = {f.NAME: (f.CODE, f.MEANING) for f in REGISTERED}
+
+
+def facts(name: str) -> Facts:
+    """The facts of framework `name` (line 35's keyword)."""
+    if name not in FACTS:
+        raise KeyError(f"unknown framework {name!r} (built: {', '.join(FACTS)})")
+    return FACTS[name]
+
+
+def environment() -> dict:
+    """The variables every framework sets before any is imported (hpcai500.py sets them where unset)."""
+    return {k: v for f in REGISTERED for k, v in f.ENVIRONMENT.items()}
 
 
 def unread_variables(names) -> tuple[str, ...]:
-    """The prefixes of OWN_VARIABLES of the frameworks not in `names` (line 35's)."""
-    return tuple(p for name, prefixes in OWN_VARIABLES.items() if name not in names for p in prefixes)
+    """The prefixes of the OWN_VARIABLES of the frameworks not in `names` (line 35's)."""
+    return tuple(p for f in REGISTERED if f.NAME not in names for p in f.OWN_VARIABLES)
 
 
-# The Table 2 choices a framework cannot carry (yet): framework -> {(Config field, value): why}.
-# harness/plan.py refuses them on their line, with the reason.
-UNSUPPORTED = {"pytorch": {
-    ("allreduce", "hierarchical"): "torch.distributed has no hierarchical mode of its own (NCCL picks its"
-                                   " algorithm inside a node); use ring",
-    ("allreduce", "adasum"): "Adasum is Horovod's; PyTorch's DDP averages",
-    ("allreduce", "torus"): "the 2D torus is built on Horovod's process sets; not yet in PyTorch",
-    ("compiler", "xla"): "XLA is TensorFlow's compiler; PyTorch's (torch.compile) is line 33's inductor"},
-    "tensorflow": {
-    ("compiler", "inductor"): "torch.compile (TorchInductor) is PyTorch's compiler; TensorFlow's is line 33's xla"}}
-
-
-# Why a framework cannot cut any model into stages (line 37's model, pipeline and mixed modes).
-NO_PIPELINE = {"tensorflow": "TensorFlow 2 has no pipeline-parallel machinery (a home-made one would be a toy);"
-                             " PyTorch's torch.distributed.pipelining carries the model, pipeline and mixed modes:"
-                             " name pytorch on line 35"}
-# Why a workload's model cannot be cut into stages.
+# Why a workload's model cannot be cut into stages in any framework.
 UNSPLIT = {"ewa": "ewa's Faster-RCNN is not a chain of layers: the RPN's proposals and the backbone's features"
                   " meet again in the ROI head, with the proposals' NMS on the host between them"}
 
@@ -76,46 +102,40 @@ UNSPLIT = {"ewa": "ewa's Faster-RCNN is not a chain of layers: the RPN's proposa
 def split_problem(framework: str, workload: str) -> str | None:
     """Why `workload`'s model cannot train cut into stages in `framework`, or None (the
     framework's reason first: NO_PIPELINE; then the workload's)."""
-    if framework in NO_PIPELINE:
-        return NO_PIPELINE[framework]
+    f = facts(framework)
+    if f.NO_PIPELINE:
+        return f.NO_PIPELINE
     if workload in UNSPLIT:
         return UNSPLIT[workload]
-    if workload not in pytorch_models.SPLIT:
-        return (f"{workload}'s PyTorch model is not yet cut into stages (cut so far:"
-                f" {', '.join(pytorch_models.SPLIT) or 'none'})")
+    if workload not in f.SPLIT:
+        return (f"{workload}'s {f.TITLE} model is not yet cut into stages (cut so far:"
+                f" {', '.join(f.SPLIT) or 'none'})")
     return None
 
 
 def builds(framework: str, workload: str) -> bool:
-    """Whether `workload`'s model is built in `framework` (TensorFlow: every workload)."""
-    return framework == "tensorflow" or workload in pytorch_models.BUILT
+    """Whether `workload`'s model is built in `framework`."""
+    return workload in facts(framework).BUILT
 
 
 def missing(name: str) -> list[str]:
     """The requirements of framework `name` that this Python cannot import (found
     without importing them: importlib's finder only), e.g. ['torch (requirements-
     pytorch.txt)']; [] where it can run."""
-    return [need for module, need in REQUIRES[name] if importlib.util.find_spec(module) is None]
+    return [need for module, need in facts(name).REQUIRES if importlib.util.find_spec(module) is None]
 
 
 def compiler_missing(framework: str, compiler: str, environ=None) -> str | None:
-    """What line 33's compiler needs on this node that is not here, or None: torch.compile's
-    TorchInductor builds its kernels with a C++ compiler (TorchInductor's own choice: $CXX,
-    else g++), on GPU nodes too (its host-side code); found by PATH alone, nothing run."""
-    if framework != "pytorch" or compiler != "inductor":
-        return None
-    environ = os.environ if environ is None else environ
-    cxx = environ.get("CXX") or "g++"
-    if shutil.which(cxx, path=environ.get("PATH")):
-        return None
-    return f"{cxx} (TorchInductor's C++ compiler: $CXX, else g++)"
+    """What line 33's compiler needs in `framework` on this node that is not here, or None
+    (the framework's facts: found by PATH alone, nothing run)."""
+    return facts(framework).compiler_missing(compiler, os.environ if environ is None else environ)
 
 
 def roofline_key(framework: str, precision: str) -> str:
     """The key of results.json's `roofline` (and the run's ceilings) for the micro-kernels
-    of one framework in one precision: the precision alone for TensorFlow (as every run
-    before the framework line keyed them), "pytorch/fp32" for another framework."""
-    return precision if framework == "tensorflow" else f"{framework}/{precision}"
+    of one framework in one precision: the precision alone for the default framework (as
+    every run before the framework line keyed them), "<framework>/<precision>" for another."""
+    return precision if framework == DEFAULT else f"{framework}/{precision}"
 
 
 class Framework(Protocol):
@@ -132,10 +152,6 @@ class Framework(Protocol):
 
     def software(self) -> dict:
         """The framework's versions and build, for results.json's environment."""
-
-    def conventions(self, cfg, environment: dict) -> list:
-        """The report's lines on how this framework trains: its gradient exchange and the
-        Table 2 options of the input as it carries them."""
 
     def roofline(self, precision: str, quick: bool) -> dict:
         """The GEMM, convolution and triad micro-kernels in this framework (kernels.roofline's dict)."""
@@ -157,9 +173,8 @@ class Framework(Protocol):
 def get(name: str) -> Framework:
     """The interface of framework `name` (line 35), imported now: only the frameworks a
     run names are ever imported. Checked to give every member of `Framework` (`blocks` only
-    where the framework cuts models: NO_PIPELINE does not name it), by the one check of
+    where the framework cuts models: its NO_PIPELINE is None), by the one check of
     every interface of modules (workloads.checked_module: TypeError naming what it lacks)."""
-    if name not in CHOICES:
-        raise KeyError(f"unknown framework {name!r} (built: {', '.join(CHOICES)})")
-    required = tuple(m for m in workloads.required_members(Framework, {}) if m != "blocks" or name not in NO_PIPELINE)
+    cuts = facts(name).NO_PIPELINE is None
+    required = tuple(m for m in workloads.required_members(Framework, {}) if m != "blocks" or cuts)
     return workloads.checked_module(f"harness.frameworks.{name}.interface", required, {}, "the framework interface ")

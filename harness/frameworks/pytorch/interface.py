@@ -11,10 +11,10 @@ import gc
 import torch
 import torch.distributed as dist
 
-from harness import communication, parallelism, report
-from harness.frameworks.pytorch import distributed, flops, kernels, models, pipeline, train
+from harness import communication, parallelism
+from harness.frameworks.pytorch import distributed, facts, flops, kernels, models, pipeline, train
 
-NAME = "pytorch"
+NAME = facts.NAME
 
 
 def setup_devices(local_rank: int, sharing: int) -> dict:
@@ -25,10 +25,6 @@ def software() -> dict:
     return {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
             "torch_nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
             "torch_gloo": bool(dist.is_gloo_available())}
-
-
-def conventions(cfg, environment: dict) -> list[str]:
-    return report.torch_lines(cfg)
 
 
 def roofline(precision: str, quick: bool) -> dict:
@@ -71,7 +67,7 @@ class Job:
         carrier = {"gloo": "Gloo", "nccl": "NCCL"}[self.group.backend]
         if t.mode == "data":
             return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size, None, carrier,
-                                          "pytorch")
+                                          facts.RING)
         r = parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
         return communication.split_exchange(cfg.comm_precision, cfg.allreduce, r.stages, r.replicas, carrier)
 

@@ -9,12 +9,8 @@ from typing import Protocol
 import numpy as np
 
 from harness import workloads
+from harness.frameworks.pytorch import facts
 
-# The workloads whose model is built in PyTorch (harness/frameworks.BUILT reads it).
-BUILT = ("digits", "ic", "cosmoflow", "deepcam", "ewa")
-# The workloads whose PyTorch model is a chain of blocks that line 37's model, pipeline and
-# mixed modes cut into stages (harness/frameworks.split_problem reads it).
-SPLIT = ("digits", "ic", "cosmoflow", "deepcam")
 
 
 class Model(Protocol):
@@ -88,6 +84,6 @@ REQUIRED = workloads.required_members(Model, DEFAULTS)
 
 def get(workload: str) -> Model:
     """The PyTorch module of `workload`, checked against the interface."""
-    if workload not in BUILT:
-        raise KeyError(f"workload {workload!r} has no PyTorch model yet (built: {', '.join(BUILT)})")
+    if workload not in facts.BUILT:
+        raise KeyError(f"workload {workload!r} has no PyTorch model yet (built: {', '.join(facts.BUILT)})")
     return workloads.checked_module(f"harness.frameworks.pytorch.{workload}", REQUIRED, DEFAULTS)

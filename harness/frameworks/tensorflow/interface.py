@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 
-from harness import communication, report
+from harness import communication
 from harness.frameworks.tensorflow import communication as tf_communication
-from harness.frameworks.tensorflow import flops, models, train
+from harness.frameworks.tensorflow import facts, flops, models, train
 
-NAME = "tensorflow"
+NAME = facts.NAME
 setup_devices = train.setup_devices
 
 
@@ -33,15 +33,10 @@ def software() -> dict:
 def horovod_build() -> dict:
     """What Horovod says it was built with (`horovodrun --check-build`'s answers): its
     controllers, CUDA, and NCCL's version code (0: no NCCL; 22105 = 2.21.5), which decide
-    what carries a GPU tensor's all-reduce (communication.library)."""
+    what carries a GPU tensor's all-reduce (facts.library)."""
     import horovod.tensorflow as hvd
     return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "cuda": bool(hvd.cuda_built()),
             "nccl": int(hvd.nccl_built() or 0)}
-
-
-def conventions(cfg, environment: dict) -> list[str]:
-    build = environment["horovod_build"]
-    return [report.build_line(build), *report.option_lines(cfg, bool(build["nccl"]))]
 
 
 def roofline(precision: str, quick: bool) -> dict:
@@ -85,8 +80,8 @@ class Job:
         gpu = bool(self.part.ctx.devices["gpus_on_node"])
         return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size,
                                       self.torus and self.torus.grid,
-                                      communication.library(cfg.allreduce, gpu, bool(hvd.nccl_built()),
-                                                            hvd.mpi_enabled()))
+                                      facts.library(cfg.allreduce, gpu, bool(hvd.nccl_built()), hvd.mpi_enabled()),
+                                      facts.RING)
 
     def close(self) -> None:
         import tensorflow as tf
