@@ -7,19 +7,18 @@
 import os
 import sys
 
-from harness import frameworks
-
-# Before any framework is imported: what each needs set (its facts' ENVIRONMENT), where the
-# user has not set it (plain Python: the registry imports no framework)
-for _name, _value in frameworks.environment().items():
-    os.environ.setdefault(_name, _value)
-
 if __name__ == "__main__":
     # Before MPI starts: where PyPI Open MPI's PMIx finds its files, and the security
     # mode it has, when srun (not mpirun) started this rank; see harness/launcher.py.
     from harness import launcher
     launcher.prepare()
     from harness import signals
-    signals.block()  # before MPI and TensorFlow start threads: see harness/signals.py
+    signals.block()  # before MPI, numpy's BLAS and TensorFlow start threads: see harness/signals.py
+    # Before any framework is imported: what each needs set (its facts' ENVIRONMENT), where
+    # the user has not set it (plain Python: the registry imports no framework; numpy, whose
+    # BLAS threads must inherit the blocked signals, so after signals.block)
+    from harness import frameworks
+    for name, value in frameworks.environment().items():
+        os.environ.setdefault(name, value)
     from harness.driver import main
     sys.exit(main())

@@ -338,7 +338,9 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     fw = None
     try:
         probe = None
-        fw = frameworks.get(t.framework).open_job(part)
+        fw = frameworks.get(t.framework).open_job(frameworks.JobSpec(
+            part.comm, tuple(part.planned.layout.jobs[job]), tuple(ctx.nodes.node_of_rank), cfg.comm_precision,
+            cfg.allreduce, t.mode, t.P, t.batch, ctx.devices["gpus_on_node"]))
         model = fw.build(wl, local, part.seed, job, t.precision)
         watchdog.beat(f"training, test {t.index}")
         gpus = ctx.devices["gpus_on_node"]

@@ -221,9 +221,10 @@ def describe(values: dict[str, str]) -> list[str]:
 # parameters (num_procs, initial_wdir, ...) into every rank's environment, where a user's
 # cannot be told from them (the MPI library's version is in results.json; its parameters
 # are ompi_info's to tell).
-LIBRARY_PREFIXES = ("NCCL_", "GLOO_", "HOROVOD_", "TF_", "XLA_", "TORCH", "PYTORCH_", "CUDA_", "CUBLAS", "CUDNN_",
-                    "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "UCX_", "FI_", "MALLOC_",
-                    "LD_PRELOAD")
+# These are the libraries every framework may load; each framework's own (its facts'
+# OWN_VARIABLES: TF_, HOROVOD_, TORCH, ...) come from the registry (frameworks.own_variables).
+LIBRARY_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "CUBLAS", "CUDNN_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_",
+                    "DNNL_", "ONEDNN_", "UCX_", "FI_", "MALLOC_", "LD_PRELOAD")
 # Terraform's variables share TensorFlow's TF_ prefix (its CLI configuration, input
 # variables, tokens, plugin cache, logs): none of these prefixes occurs anywhere in the
 # files of TensorFlow 2.18, Keras or Horovod (grepped, libtensorflow_cc.so.2 included), so
@@ -235,13 +236,14 @@ NOT_LIBRARY_PREFIXES = ("TF_CLI_", "TF_VAR_", "TF_TOKEN_", "TF_REGISTRY_", "TF_P
                         "TF_IGNORE", "TF_STATE_PERSIST")
 
 
-def library(environ=None, unread: tuple[str, ...] = ()) -> dict[str, str]:
-    """The libraries' variables of LIBRARY_PREFIXES that are set, Terraform's apart
-    (NOT_LIBRARY_PREFIXES) and those of the prefixes `unread` (the variables of a framework
-    the run does not import: frameworks.unread_variables): {name: value}, sorted. Pure."""
+def library(environ=None, own: tuple[str, ...] = (), unread: tuple[str, ...] = ()) -> dict[str, str]:
+    """The libraries' variables that are set: of LIBRARY_PREFIXES and the frameworks' `own`
+    prefixes (frameworks.own_variables), Terraform's apart (NOT_LIBRARY_PREFIXES) and those
+    of the prefixes `unread` (the variables of a framework the run does not import:
+    frameworks.unread_variables): {name: value}, sorted. Pure."""
     environ = os.environ if environ is None else environ
     return {n: environ[n] for n in sorted(environ)
-            if n.startswith(LIBRARY_PREFIXES) and not n.startswith(NOT_LIBRARY_PREFIXES + unread)}
+            if n.startswith(LIBRARY_PREFIXES + own) and not n.startswith(NOT_LIBRARY_PREFIXES + unread)}
 
 
 def describe_library(environment: dict) -> list[str]:

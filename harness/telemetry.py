@@ -447,7 +447,8 @@ def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
             if nodes.local_rank == 0 else None)
     inventory = world.gather(mine, root=0)
     started = world.gather(startup_seconds(), root=0)
-    libraries = world.gather(settings.library(unread=frameworks.unread_variables(names)), root=0) or [{}]
+    libraries = world.gather(settings.library(own=frameworks.own_variables(),
+                                              unread=frameworks.unread_variables(names)), root=0) or [{}]
     differ = [r for r, v in enumerate(libraries) if v != libraries[0]]
     return {**software(names), "world_size": world.size, "nodes": len(nodes.hosts), "hosts": list(nodes.hosts),
             "library_settings": libraries[0], "library_settings_differ_on_ranks": differ,

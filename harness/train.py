@@ -1,10 +1,12 @@
 """Base-model training, the part every framework shares: the Table 2 choices of a test
 (`Recipe`, the T/V tables), threads per rank, the LR schedule (`lr_at`: linear warm-up,
-cosine decay, the linear scaling rule `lr_scale`), the steps of an epoch, the timed epochs
-(`epochs_loop`: hooks, heartbeats, evaluations outside the clock) and the replica check.
-Each framework's training step and its Horovod or torch.distributed edges are its
-package's (harness/frameworks/tensorflow/train.py, harness/frameworks/pytorch/train.py).
-Pure, but for the clock in epochs_loop; no framework imported.
+cosine decay, the linear scaling rule `lr_scale`; `Schedule`), the steps of an epoch, the
+recipe of one base model's training (`run`: the schedule, the feed's seeds, the undone
+warm-up, the start barrier, the timed epochs, the replica check, the result) and its timed
+epochs (`epochs_loop`: hooks, heartbeats, evaluations outside the clock). A framework
+gives `run` a `Trainer`: its step, feed, warm-up and Horovod or torch.distributed edges,
+its package's (harness/frameworks/<name>/train.py). The math is pure; `run` drives the
+framework's object and the clock; no framework imported.
 """
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+from harness import sampler
 
 
 
@@ -38,24 +43,24 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, peak: float) -> float:
     return 0.5 * peak * (1.0 + math.cos(math.pi * min(frac, 1.0)))
 
 
-# The Table 2 choices this module implements: name -> (T/V code, meaning). harness/dat.py
-# reads the input file's keywords and the T/V code from these tables.
-PRECISIONS = {"fp32": ("32", "float32"), "fp16": ("16", "mixed_float16"), "bf16": ("BF", "mixed_bfloat16")}
-COMMUNICATION = {"fp32": ("C32", "gradients all-reduced in FP32"), "fp16": ("C16", "Horovod Compression.fp16"),
+# The Table 2 choices: name -> (T/V code, meaning). harness/dat.py reads the input file's
+# keywords and the T/V code from these tables; what a choice means in a framework, and
+# which it refuses, are the framework's (its facts: conventions lines, REFUSES).
+PRECISIONS = {"fp32": ("32", "FP32 throughout"), "fp16": ("16", "FP16 compute, FP32 master weights"),
+              "bf16": ("BF", "BF16 compute, FP32 master weights")}
+COMMUNICATION = {"fp32": ("C32", "gradients exchanged in FP32"), "fp16": ("C16", "gradients cast to FP16 for the exchange"),
                  "int8": ("C8", "gradients quantised to int8 (a job-wide scale a tensor), all-gathered, summed in"
                                 " FP32: harness/communication.py")}
-ALLREDUCE = {"ring": ("R", "Horovod's default all-reduce: NCCL's ring for GPU tensors in an NCCL build, else"
-                           " MPI_Allreduce (the algorithm the MPI library picks)"),
-             "hierarchical": ("H", "HOROVOD_HIERARCHICAL_ALLREDUCE=1 (NCCL inside a node)"),
-             "adasum": ("A", "Horovod's Adasum (op=hvd.Adasum), adaptive summation; P a power of 2"),
-             "torus": ("T", "2D-torus all-reduce over Horovod process sets: harness/communication.py")}
-COMPILERS = {"none": ("", "TensorFlow graph (tf.function), no XLA"),
-             "xla": ("X", "XLA: forward and backward pass jit_compiled; all-reduce and update outside"),
-             "inductor": ("I", "torch.compile (TorchInductor), PyTorch's: forward and backward pass compiled,"
-                               " DDP's all-reduce between its graphs; loss and update outside")}
-OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Keras Adam"), "adagrad": ("G", "Keras AdaGrad"),
-              "lars": ("L", "LARS, harness/frameworks/*/optimizers.py"),
-              "lamb": ("M", "LAMB, harness/frameworks/*/optimizers.py")}
+ALLREDUCE = {"ring": ("R", "the framework's own all-reduce (a ring for GPU tensors, else the library's pick)"),
+             "hierarchical": ("H", "within a node first, then across nodes"),
+             "adasum": ("A", "adaptive summation instead of averaging; P a power of 2"),
+             "torus": ("T", "the 2D-torus all-reduce over the job's grid: harness/communication.py")}
+COMPILERS = {"none": ("", "the framework's default execution, no compiler"),
+             "xla": ("X", "XLA: forward and backward pass compiled; exchange and update outside"),
+             "inductor": ("I", "TorchInductor: forward and backward pass compiled; loss and update outside")}
+OPTIMIZERS = {"sgd": ("S", "SGD with momentum"), "adam": ("A", "Adam"), "adagrad": ("G", "AdaGrad"),
+              "lars": ("L", "LARS, harness/optimizers.py's rule"),
+              "lamb": ("M", "LAMB, harness/optimizers.py's rule")}
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,10 @@ class Recipe:
     base_lr: float              # per rank; the job uses base_lr x lr_scale (P: the linear scaling rule)
     warmup_epochs: float
     optimizer: str = "sgd"
-    precision: str = "fp32"     # fp16/bf16: Keras mixed precision, FP32 master weights
+    precision: str = "fp32"     # fp16/bf16: mixed precision, FP32 master weights
     comm_precision: str = "fp32"  # fp16: gradients cast to FP16 for the all-reduce
-    compiler: str = "none"      # line 33: xla (TensorFlow) or inductor (PyTorch): the forward and backward pass compiled
-    allreduce: str = "ring"     # line 22: adasum reduces by Horovod's Adasum instead of averaging; torus
+    compiler: str = "none"      # line 33: xla or inductor: the forward and backward pass compiled
+    allreduce: str = "ring"     # line 22: adasum reduces by adaptive summation instead of averaging; torus
     #                             averages over the job's grid (harness/communication.py)
     mode: str = "data"          # line 37: the parallel mode inside the base model, as written (harness/parallelism.py)
 
@@ -84,10 +89,12 @@ def lr_scale(allreduce: str, size: int, local_size: int, nccl: bool) -> int:
     return local_size if nccl else 1
 
 
-# Steps run before the clock and undone (each framework's train): enough for graph
+# Steps run before the clock and undone (run, each framework's Trainer.warm_up): enough for graph
 # optimisation, compilation and the first negotiation of the exchange, which all happen at
 # the first call.
 WARMUP_STEPS = 1
+
+
 @dataclass
 class TrainResult:
     seconds: float            # this rank's wall time, barrier to end of the last epoch, evaluations excluded
@@ -164,6 +171,89 @@ def epochs_loop(step, feed, steps: int, epochs: int, job: int, hooks, on_step, e
                 break
     stop = time.perf_counter()
     return Loop(stop - start - paused, trained, mean_loss, (start, stop))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One base model's LR schedule (lr_at): warm-up to `peak`, cosine decay to 0 at `total`."""
+    peak: float     # LR at the end of the warm-up: the base LR x lr_scale
+    warmup: int     # steps of linear warm-up
+    total: int      # steps of training, all epochs
+
+    def at(self, step: int) -> float:
+        return lr_at(step, self.total, self.warmup, self.peak)
+
+
+class Trainer(Protocol):
+    """A framework's side of one base model's training on this rank, which `run` drives:
+    what only the framework knows (its step, its feed, how to undo a step, its
+    collectives), never the recipe."""
+    size: int           # the job's ranks
+    share: int          # this rank's share of each step's batches (data parallelism: its rank in the job)
+    shares: int         # the shares of a step (P; a split model: its replicas)
+    step_batch: int     # samples of a share a step (B; a split model: B x S, the pipeline's batch)
+    lr_factor: float    # the base LR's factor (lr_scale: P by the linear scaling rule)
+    mean_of: object     # an epoch's mean loss from its steps' returns (epochs_loop), or None: their mean
+
+    def prepare(self, schedule: Schedule) -> tuple:
+        """(step(x, y) -> loss, the optimizer's settings under Keras' names for the MLLOG),
+        the step updating at schedule.at(its step number)."""
+
+    def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
+        """`steps` real steps on the batches of `rows`, every state they write put back."""
+
+    def feed(self, shards, epochs: int, steps: int, feed_seed: int):
+        """One iterator of (x, y) batches for every epoch, epoch e's rows `shards(e)`."""
+
+    def sync(self) -> None:
+        """Collective in the job: the root's non-trainable state (batch-norm statistics) on
+        every rank, and a split model's stages assembled, so every rank predicts with the root's model."""
+
+    def consistency(self) -> tuple:
+        """(the replica check's largest difference, this rank's weights' digest): replica_check."""
+
+    def stage(self) -> dict | None:
+        """TrainResult.stage: a split model's record of this rank, else None."""
+
+
+def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int, world_barrier,
+        hooks=None, on_step=None, evaluate=None, eval_every: int = 0, warmup_steps: int = WARMUP_STEPS) -> TrainResult:
+    """Train one base model, every framework's recipe, on the job's resample `indices`.
+    `hooks` (optional) gets recipe(name, optimizer settings, peak_lr, warmup_steps,
+    total_steps) once the step is built, then run_start(), epoch_start(epoch) and
+    epoch_stop(epoch, epochs, loss, elapsed), epochs counted from 1; `on_step(step)`
+    (optional) runs before every step (watchdog heartbeat, fault injection).
+    `evaluate(epoch) -> stop` (optional) runs after each of evaluation_epochs(epochs,
+    eval_every), on every rank of the job, the root's statistics synced first, with the
+    training clock stopped; True ends training there (the target reached)."""
+    steps = steps_per_epoch(len(indices), trainer.shares, trainer.step_batch, job)   # P x B samples a step in every mode
+    schedule = Schedule(recipe.base_lr * trainer.lr_factor, int(round(recipe.warmup_epochs * steps)),
+                        steps * recipe.epochs)
+    step, config = trainer.prepare(schedule)
+    if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
+        hooks.recipe(recipe.optimizer, config, schedule.peak, schedule.warmup, schedule.total)
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, trainer.share, trainer.shares,  # noqa: E731
+                                           trainer.step_batch)
+    feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
+    if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
+        trainer.warm_up(shards(0)[:warmup_steps * trainer.step_batch], warmup_steps, feed_seed)
+    # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
+    # feed reaches it; reading, decoding and augmenting are the workload's, inside the
+    # clock (MLPerf).
+    feed = trainer.feed(shards, recipe.epochs, steps, feed_seed)
+    world_barrier()   # every job starts the clock together: FLOPS divides by the slowest
+
+    def evaluation(epoch: int) -> bool:   # every rank predicts with the whole model, the root's statistics
+        trainer.sync()
+        return evaluate(epoch)
+    loop = epochs_loop(step, feed, steps, recipe.epochs, job, hooks, on_step, evaluate and evaluation, eval_every,
+                       trainer.mean_of)
+    del feed   # tearing a pipeline down can take seconds (ic's tf.data): after the clock
+    diff, digest = trainer.consistency()
+    if evaluate is None:   # else the last evaluation has synced it: the model is the root's already
+        trainer.sync()
+    return TrainResult(loop.seconds, steps, steps * loop.trained * recipe.batch * trainer.size, loop.mean_loss,
+                       diff, digest, loop.clock, loop.trained, trainer.stage())
 
 
 def replica_check(mine: np.ndarray, root: np.ndarray) -> tuple[float, str]:

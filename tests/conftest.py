@@ -64,6 +64,14 @@ def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = HANG, quick: boo
                           text=True, timeout=timeout)
 
 
+def said(stderr: str, tail: int = 2000) -> str:
+    """What a failed run's ranks said, for an assertion's message: every rank's closing
+    `hpcai500: rank R failed during ...` line (errors.crash: the error itself, where a
+    whole traceback of another rank would push it out of a plain tail), then the tail."""
+    closing = [line for line in stderr.splitlines() if line.startswith("hpcai500: rank ")]
+    return "\n".join(closing + ["...", stderr[-tail:]])
+
+
 # hpcai500.py with some packages absent, as on a node where they are not installed: a None
 # in sys.modules makes `import` raise ModuleNotFoundError and importlib.util.find_spec
 # answer None (PyTorch's own probes of what is installed then see them absent).

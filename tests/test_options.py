@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.conftest import results
+from tests.conftest import results, said
 
 
 # each case's exchange as the report and results.json name it: Horovod built without NCCL, on CPUs
@@ -35,11 +35,11 @@ def test_option_trains_and_keeps_replicas_equal(run_dat, tmp_path, prec, comm, a
     p = run_dat(2, timeout=600, env={"HOROVOD_TIMELINE": str(tmp_path / "timeline.json")}, l23=sampler, l8=data,
                 l9=1, l10=1, l11=2, l14=batch, l15=epochs, l17=prec, l18=opt, l19=lr, l21=comm,
                 l22=allreduce, l25=target, l27=reps, l30=0, l31=every)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, said(p.stderr)
     res = results(tmp_path / "runs")
     # under ULFM mpirun exits 0 when every rank died by a signal (seen once, cause unknown):
     # the ranks' own words are then the only clue
-    assert len(res["tests"]) == reps, (res["status"], p.stderr[-3000:])
+    assert len(res["tests"]) == reps, (res["status"], said(p.stderr))
     code = {"fp16": "16", "bf16": "BF", "fp32": "32"}[prec] + {"fp16": "C16", "fp32": "C32", "int8": "C8"}[comm]
     for t in res["tests"]:
         assert t["tv"] == f"{sampler[0].upper()}{code}{'SAGLM'['sgd adam adagrad lars lamb'.split().index(opt)]}" \

@@ -61,7 +61,8 @@ def test_the_libraries_variables_are_recorded_but_the_launchers_are_not():
     environ = {"NCCL_DEBUG": "INFO", "OMPI_MCA_num_procs": "4", "OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0",
                "TORCHINDUCTOR_CACHE_DIR": "/c", "OMP_NUM_THREADS": "4", "HPCAI500_SEED": "1", "PATH": "/bin",
                "TF_CLI_CONFIG_FILE": "/root/.terraformrc", "TF_VAR_region": "eu", "TF_XLA_FLAGS": "--x"}
-    values = settings.library(environ)     # Terraform's TF_CLI_*, TF_VAR_* are not TensorFlow's
+    from harness import frameworks
+    values = settings.library(environ, frameworks.own_variables())   # Terraform's TF_CLI_*, TF_VAR_*: not TensorFlow's
     assert values == {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "TF_XLA_FLAGS": "--x",
                       "TORCHINDUCTOR_CACHE_DIR": "/c"}
     assert list(values) == sorted(values)
@@ -75,17 +76,21 @@ def test_the_libraries_variables_are_recorded_but_the_launchers_are_not():
 
 def test_a_framework_the_run_does_not_import_leaves_its_variables_out():
     """hpcai500.py and `make` set TF_USE_LEGACY_KERAS and TF_CPP_MIN_LOG_LEVEL for every run:
-    a PyTorch-only run imports no TensorFlow, so they cannot change its figures."""
+    a PyTorch-only run imports no TensorFlow, so they cannot change its figures. Each
+    framework's prefixes are its own (its facts' OWN_VARIABLES): without them no TF_ or
+    TORCH variable is a library's."""
     from harness import frameworks
     environ = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": "--x", "HOROVOD_CYCLE_TIME": "1",
                "TORCH_NCCL_BLOCKING_WAIT": "1", "PYTORCH_CUDA_ALLOC_CONF": "a", "NCCL_DEBUG": "INFO",
                "OMP_NUM_THREADS": "4"}
-    assert settings.library(environ, frameworks.unread_variables(("pytorch",))) == {
+    own = frameworks.own_variables()
+    assert settings.library(environ, own, frameworks.unread_variables(("pytorch",))) == {
         "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "PYTORCH_CUDA_ALLOC_CONF": "a", "TORCH_NCCL_BLOCKING_WAIT": "1"}
-    assert settings.library(environ, frameworks.unread_variables(("tensorflow",))) == {
+    assert settings.library(environ, own, frameworks.unread_variables(("tensorflow",))) == {
         "HOROVOD_CYCLE_TIME": "1", "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "TF_CPP_MIN_LOG_LEVEL": "2",
         "TF_USE_LEGACY_KERAS": "1", "XLA_FLAGS": "--x"}
-    assert settings.library(environ, frameworks.unread_variables(("tensorflow", "pytorch"))) == environ
+    assert settings.library(environ, own, frameworks.unread_variables(("tensorflow", "pytorch"))) == environ
+    assert settings.library(environ) == {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4"}
 
 
 def test_every_setting_the_code_names_is_in_the_table():

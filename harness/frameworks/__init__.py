@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from dataclasses import dataclass
 from typing import Protocol
 
 from harness import workloads
@@ -89,6 +90,11 @@ def environment() -> dict:
     return {k: v for f in REGISTERED for k, v in f.ENVIRONMENT.items()}
 
 
+def own_variables() -> tuple[str, ...]:
+    """The prefixes of every framework's OWN_VARIABLES (the libraries' variables a run records)."""
+    return tuple(p for f in REGISTERED for p in f.OWN_VARIABLES)
+
+
 def unread_variables(names) -> tuple[str, ...]:
     """The prefixes of the OWN_VARIABLES of the frameworks not in `names` (line 35's)."""
     return tuple(p for f in REGISTERED if f.NAME not in names for p in f.OWN_VARIABLES)
@@ -138,6 +144,21 @@ def roofline_key(framework: str, precision: str) -> str:
     return precision if framework == DEFAULT else f"{framework}/{precision}"
 
 
+@dataclass(frozen=True)
+class JobSpec:
+    """What a framework's Job is told of its job (Framework.open_job): its ranks, group,
+    options and device; nothing of the run's internals."""
+    comm: object                    # the job's MPI communicator (mpi4py): this rank's rank in it, the job's size
+    ranks: tuple[int, ...]          # the job's ranks in the test's world, its root first
+    node_of_rank: tuple[int, ...]   # the node index of each rank of the test's world (line 22's torus grid)
+    comm_precision: str             # line 21
+    allreduce: str                  # line 22
+    mode: str                       # line 37, as written (harness/parallelism.py)
+    P: int                          # the job's ranks as the test asks (line 11)
+    batch: int                      # per-rank batch (line 14)
+    gpus_on_node: int               # GPUs of this rank's node (0: CPUs only)
+
+
 class Framework(Protocol):
     """What a framework's package provides in its interface module
     (harness/frameworks/<name>/interface.py): the seam between
@@ -160,8 +181,8 @@ class Framework(Protocol):
         """Only a framework that cuts models (split_problem None for it): the model's chain
         of harness/parallelism.Block, for --check's stages (line 37)."""
 
-    def open_job(self, part):
-        """This rank's part of a job (harness/run.Part): the framework's group of the job's
+    def open_job(self, spec: JobSpec):
+        """This rank's part of a job (`spec`): the framework's group of the job's
         ranks (Horovod's world, a torch.distributed process group), and what trains on it: a
         `Job` with build(workload, data, seed, job, precision) -> model; train(workload, data,
         model, indices, recipe, **hooks) -> harness/train.TrainResult; predict(workload, model,

@@ -37,23 +37,23 @@ def blocks(workload, data) -> list:
     return pipeline.blocks(models.get(workload.NAME), data)
 
 
-def open_job(part) -> "Job":
-    return Job(part)
+def open_job(spec) -> "Job":
+    return Job(spec)
 
 
 class Job:
     """One job's process group (Gloo on CPUs, NCCL on GPUs) and what trains on it."""
 
-    def __init__(self, part):
-        self.part, self.device = part, train.device()
-        self._group = distributed.job_group(part.comm, "nccl" if self.device.type == "cuda" else "gloo")
+    def __init__(self, spec):
+        self.spec, self.device = spec, train.device()
+        self._group = distributed.job_group(spec.comm, "nccl" if self.device.type == "cuda" else "gloo")
         self.group = self._group.__enter__()
 
     def build(self, workload, data, seed: int, job: int, precision: str):
         return train.build(workload, data, seed, job, self.device)
 
     def train(self, workload, data, model, indices, recipe, **hooks):
-        return train.train_base_model(workload, data, model, indices, recipe, comm=self.part.comm, dev=self.device,
+        return train.train_base_model(workload, data, model, indices, recipe, comm=self.spec.comm, dev=self.device,
                                       **hooks)
 
     def predict(self, workload, model, data, rows):
@@ -63,13 +63,13 @@ class Job:
         return flops.count_built(models.get(workload.NAME), data)
 
     def exchange(self) -> str:
-        cfg, t = self.part.ctx.cfg, self.part.t
+        spec = self.spec
         carrier = {"gloo": "Gloo", "nccl": "NCCL"}[self.group.backend]
-        if t.mode == "data":
-            return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size, None, carrier,
+        if spec.mode == "data":
+            return communication.exchange(spec.comm_precision, spec.allreduce, spec.comm.size, None, carrier,
                                           facts.RING)
-        r = parallelism.resolve(parallelism.parse(t.mode), t.P, t.batch)
-        return communication.split_exchange(cfg.comm_precision, cfg.allreduce, r.stages, r.replicas, carrier)
+        r = parallelism.resolve(parallelism.parse(spec.mode), spec.P, spec.batch)
+        return communication.split_exchange(spec.comm_precision, spec.allreduce, r.stages, r.replicas, carrier)
 
     def close(self) -> None:
         # the job's DDP wrappers and pipeline stages hold its process groups, whose Gloo threads

@@ -1,6 +1,6 @@
 """Base-model training in PyTorch: DistributedDataParallel on one job's process group.
 
-The same recipe as TensorFlow's (harness/train.py: Recipe, the LR schedule lr_at, the
+The recipe is harness/train.run's, every framework's (Recipe, the LR schedule lr_at, the
 step count, the undone warm-up, the timed epochs_loop, the replica check), with
 PyTorch's parts: the model from the workload's PyTorch module (models.get), DDP on the
 job's group (harness/frameworks/pytorch/distributed.job_group: Gloo on CPUs, NCCL on
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness import parallelism, sampler, train, workloads
+from harness import parallelism, train, workloads
 from harness.frameworks.pytorch import communication, kernels, models, optimizers, pipeline
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
@@ -111,54 +111,62 @@ def feed(workload, module, data, shards, epochs: int, batch: int, seed: int):
     return workloads.training_feed(module.batches or workload.batches, None, data, shards, epochs, batch, seed)
 
 
-def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm, dev, seed: int,
-                     job: int, world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
-                     warmup_steps: int = train.WARMUP_STEPS) -> train.TrainResult:
+def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm, dev,
+                     **hooks) -> train.TrainResult:
     """Train one base model on the job's process group (made by the caller) and its MPI
-    communicator `comm`; the arguments and the result as harness/train.train's. Line 37's
-    mode (recipe.mode): data parallelism (Step), or the model cut into stages (PipelineStep
-    on a pipeline.Split: a pipeline reads its replica's share of the job's batches, B x S
-    samples a step, on its first stage and its last)."""
+    communicator `comm`: harness/train.run's recipe with this package's Trainer (`hooks`:
+    run's seed, job, world_barrier and its optional hooks)."""
+    return train.run(Trainer(workload, data, model, recipe, comm, dev), indices, recipe, **hooks)
 
-    size, batch, epochs = comm.size, recipe.batch, recipe.epochs
-    module = models.get(workload.NAME)
-    mode = parallelism.resolve(parallelism.parse(recipe.mode), size, batch)
-    split = None if mode.kind == "data" else pipeline.Split(module, data, mode)
-    share, shares, step_batch = (comm.rank, size, batch) if split is None else (
-        split.groups.replica, mode.replicas, mode.pipeline_batch)
-    steps = train.steps_per_epoch(len(indices), shares, step_batch, job)   # P x B samples a step in every mode
-    # the linear scaling rule; lr_scale's other branch is Adasum's, which PyTorch refuses (frameworks.UNSUPPORTED)
-    peak = recipe.base_lr * train.lr_scale(recipe.allreduce, size, size, False)
-    warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
-    schedule = lambda n: train.lr_at(n, total, warmup, peak)  # noqa: E731
-    s = Step(workload, module, model, recipe, dev, schedule) if split is None else PipelineStep(
-        workload, module, model, recipe, dev, schedule, split)
-    if hooks:
-        hooks.recipe(recipe.optimizer, s.config, peak, warmup, total)
-    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, share, shares, step_batch)  # noqa: E731
-    feed_seed = seed * 1_000_003 + job * 1009
 
-    def batches(rows_of, epochs_fed):
-        if split is not None and not split.reads:   # a middle stage: its inputs come from the stage before
-            return ((None, None) for _ in range(steps * epochs_fed))
-        return ((module.inputs(x, dev), module.targets(y, dev))
-                for x, y in feed(workload, module, data, rows_of, epochs_fed, step_batch, feed_seed))
-    if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
-        s.undone_warm_up(itertools.islice(batches(lambda e: shards(0)[:warmup_steps * step_batch], 1), warmup_steps))
-    fed = batches(shards, epochs)
-    world_barrier()    # every job starts the clock together: FLOPS divides by the slowest
-    synced = (lambda: _root_buffers(model, dist)) if split is None else (lambda: split.assemble(model))  # noqa: E731
+class Trainer:
+    """PyTorch's side of harness/train.run (its Trainer). Line 37's mode (recipe.mode):
+    data parallelism (Step: every rank a share of each step's batch), or the model cut into
+    stages (PipelineStep on a pipeline.Split: a pipeline reads its replica's share of the
+    job's batches, B x S samples a step, on its first stage and its last)."""
 
-    def evaluation(epoch: int) -> bool:   # every rank predicts with the whole model, the root's statistics
-        synced()
-        return evaluate(epoch)
-    loop = train.epochs_loop(s, fed, steps, epochs, job, hooks, on_step, evaluate and evaluation, eval_every,
-                             None if split is None else (lambda losses: split.epoch_loss(losses, dev)))
-    diff, digest = _consistency(model, comm, split)
-    if evaluate is None:
-        synced()
-    return train.TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
-                             loop.clock, loop.trained, split and _stage_record(split, s, comm.rank == 0))
+    def __init__(self, workload, data, model, recipe: train.Recipe, comm, dev):
+        self.workload, self.data, self.model, self.recipe, self.comm, self.dev = workload, data, model, recipe, comm, dev
+        self.module = models.get(workload.NAME)
+        self.size = comm.size
+        mode = parallelism.resolve(parallelism.parse(recipe.mode), self.size, recipe.batch)
+        self.split = None if mode.kind == "data" else pipeline.Split(self.module, data, mode)
+        self.share, self.shares, self.step_batch = (comm.rank, self.size, recipe.batch) if self.split is None else (
+            self.split.groups.replica, mode.replicas, mode.pipeline_batch)
+        # the linear scaling rule; lr_scale's other branch is Adasum's, which PyTorch refuses (its facts' REFUSES)
+        self.lr_factor = train.lr_scale(recipe.allreduce, self.size, self.size, False)
+        self.mean_of = None if self.split is None else (lambda losses: self.split.epoch_loss(losses, dev))
+
+    def prepare(self, schedule: train.Schedule):
+        args = (self.workload, self.module, self.model, self.recipe, self.dev, schedule.at)
+        self.s = Step(*args) if self.split is None else PipelineStep(*args, self.split)
+        return self.s, self.s.config
+
+    def _batches(self, rows_of, epochs: int, steps: int, feed_seed: int):
+        if self.split is not None and not self.split.reads:   # a middle stage: its inputs come from the stage before
+            return ((None, None) for _ in range(steps * epochs))
+        return ((self.module.inputs(x, self.dev), self.module.targets(y, self.dev)) for x, y in feed(
+            self.workload, self.module, self.data, rows_of, epochs, self.step_batch, feed_seed))
+
+    def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
+        self.s.undone_warm_up(itertools.islice(self._batches(lambda e: rows, 1, steps, feed_seed), steps))
+
+    def feed(self, shards, epochs: int, steps: int, feed_seed: int):
+        return self._batches(shards, epochs, steps, feed_seed)
+
+    def sync(self) -> None:
+        """The job root's batch-norm statistics on every rank (DDP averages gradients only),
+        or a split model's stages assembled on every rank."""
+        if self.split is None:
+            _root_buffers(self.model, dist)
+        else:
+            self.split.assemble(self.model)
+
+    def consistency(self) -> tuple[float, str]:
+        return _consistency(self.model, self.comm, self.split)
+
+    def stage(self) -> dict | None:
+        return self.split and _stage_record(self.split, self.s, self.comm.rank == 0)
 
 
 def _stage_record(split, s, root: bool) -> dict:

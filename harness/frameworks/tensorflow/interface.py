@@ -44,24 +44,23 @@ def roofline(precision: str, quick: bool) -> dict:
     return kernels.roofline(precision, quick=quick)
 
 
-def open_job(part) -> "Job":
-    return Job(part)
+def open_job(spec) -> "Job":
+    return Job(spec)
 
 
 class Job:
     """One job's Horovod world (hvd.init on the job's communicator: its all-reduces never
     leave the job), with line 22's torus process sets registered at init."""
 
-    def __init__(self, part):
+    def __init__(self, spec):
         import horovod.tensorflow as hvd
-        cfg = part.ctx.cfg
-        self.part, self.hvd = part, hvd
+        self.spec, self.hvd = spec, hvd
         # Horovod reads its all-reduce algorithm from the environment at init
-        os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if cfg.allreduce == "hierarchical" else "0"
+        os.environ["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if spec.allreduce == "hierarchical" else "0"
         self.torus = tf_communication.Torus.of(
-            communication.job_grid(part.planned.layout.jobs[part.job], part.ctx.nodes.node_of_rank), part.comm.rank,
-            hvd) if cfg.allreduce == "torus" else None
-        hvd.init(comm=part.comm, process_sets=list(self.torus.sets) if self.torus else None)
+            communication.job_grid(spec.ranks, spec.node_of_rank), spec.comm.rank,
+            hvd) if spec.allreduce == "torus" else None
+        hvd.init(comm=spec.comm, process_sets=list(self.torus.sets) if self.torus else None)
 
     def build(self, workload, data, seed: int, job: int, precision: str):
         return train.build(workload, data, seed, job, precision)
@@ -76,11 +75,11 @@ class Job:
         return flops.count(model)
 
     def exchange(self) -> str:
-        cfg, hvd = self.part.ctx.cfg, self.hvd
-        gpu = bool(self.part.ctx.devices["gpus_on_node"])
-        return communication.exchange(cfg.comm_precision, cfg.allreduce, self.part.comm.size,
+        spec, hvd = self.spec, self.hvd
+        return communication.exchange(spec.comm_precision, spec.allreduce, spec.comm.size,
                                       self.torus and self.torus.grid,
-                                      facts.library(cfg.allreduce, gpu, bool(hvd.nccl_built()), hvd.mpi_enabled()),
+                                      facts.library(spec.allreduce, bool(spec.gpus_on_node), bool(hvd.nccl_built()),
+                                                    hvd.mpi_enabled()),
                                       facts.RING)
 
     def close(self) -> None:

@@ -2,12 +2,12 @@
 
 Each job is its own Horovod world (`hvd.init(comm=job_comm)`): its all-reduces never
 leave the job, so the M base models train independently, as bagging requires. The
-training step runs train.WARMUP_STEPS times before the clock and is undone (`train`),
+training step runs train.WARMUP_STEPS times before the clock and is undone (`Trainer.warm_up`),
 keeps its step number and LR in the graph, and with line 33's `xla` compiles its forward
 and backward pass. The recipe, the schedule, the timed epochs and the replica check are
-harness/train.py's (every framework's); here TensorFlow's step, feed and Horovod's edges
-(`train`, `_consistency`). The model, its loss, input signature and feed come from the
-workload's TensorFlow module (models.get).
+harness/train.py's (`run`, every framework's); here TensorFlow's side of it (`Trainer`:
+its step, feed, undone warm-up and Horovod's edges). The model, its loss, input
+signature and feed come from the workload's TensorFlow module (models.get).
 """
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import math
 
 import numpy as np
 
-from harness import sampler, workloads
+from harness import workloads
 from harness.frameworks.tensorflow import communication, models
-from harness.train import (PRECISIONS, WARMUP_STEPS, Recipe, TrainResult, epochs_loop, lr_scale, replica_check,
-                           steps_per_epoch, threads)
+from harness.train import Recipe, Schedule, TrainResult, lr_scale, replica_check, run, threads
 
 
 def setup_devices(local_rank: int, sharing: int) -> dict:
@@ -50,6 +49,9 @@ def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
     return tf.where(step < warmup_steps, warm, decay)
 
 
+# Line 17's precisions as Keras' global policies
+POLICY = {"fp32": "float32", "fp16": "mixed_float16", "bf16": "mixed_bfloat16"}
+
 # Random ops that keep their state inside the kernel, where no variable holds it: a
 # warm-up step would move their draws, so the restored run would no longer be the run
 # without warm-up. Random draws in a training step must come from tf.random.Generator
@@ -64,7 +66,7 @@ def build(workload, data, seed: int, job: int, precision: str = "fp32"):
     and the job's ranks are then made equal by broadcasting from the job's root. The
     precision policy is global in Keras: set for every model, fp32 included."""
     import tensorflow as tf
-    tf.keras.mixed_precision.set_global_policy(PRECISIONS[precision][1])
+    tf.keras.mixed_precision.set_global_policy(POLICY[precision])
     tf.keras.utils.set_random_seed((seed * 1_000_003 + job) % 2**31)
     # Keras' random layers (dropout) draw from a tf.random.Generator whose state is a
     # variable, not from kernels with hidden state: the warm-up of `train` can undo them.
@@ -72,51 +74,55 @@ def build(workload, data, seed: int, job: int, precision: str = "fp32"):
     return models.get(workload.NAME).build_model(data)
 
 
-def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int,
-          world_barrier, hooks=None, on_step=None, evaluate=None, eval_every: int = 0,
-          warmup_steps: int = WARMUP_STEPS, torus=None) -> TrainResult:
-    """Train one base model. `hooks` (optional) gets recipe(name, optimizer, peak_lr,
-    warmup_steps, total_steps) once the optimizer is built, then run_start(),
-    epoch_start(epoch) and epoch_stop(epoch, epochs, loss, elapsed) calls, epochs counted
-    from 1; `on_step(step)`
-    (optional) runs before every step (watchdog heartbeat, fault injection).
-    `evaluate(epoch) -> stop` (optional) runs after each of evaluation_epochs(epochs,
-    eval_every), on every rank of the job, with the training clock stopped; True ends
-    training there (the target reached). `torus` (communication.Torus, its process sets
-    registered at hvd.init) is the grid of line 22's torus."""
-    import horovod.tensorflow as hvd
+def train(workload, data, model, indices: np.ndarray, recipe: Recipe, *, torus=None, **hooks) -> TrainResult:
+    """Train one base model: harness/train.run's recipe with this package's Trainer
+    (`hooks`: run's seed, job, world_barrier and its optional hooks). `torus`
+    (communication.Torus, its process sets registered at hvd.init) is the grid of line
+    22's torus."""
+    return run(Trainer(workload, data, model, recipe, torus), indices, recipe, **hooks)
 
-    size, batch, epochs = hvd.size(), recipe.batch, recipe.epochs
-    steps = steps_per_epoch(len(indices), size, batch, job)
-    # the LR schedule: warm-up then cosine to the base LR x lr_scale (P: the linear scaling rule)
-    peak = recipe.base_lr * lr_scale(recipe.allreduce, size, hvd.local_size(), hvd.nccl_built())
-    warmup, total = int(round(recipe.warmup_epochs * steps)), steps * epochs
-    module = models.get(workload.NAME)
-    step, opt = _make_step(workload, module, model, recipe, size, lambda s: learning_rate(s, total, warmup, peak),
-                           torus)
-    if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
-        hooks.recipe(recipe.optimizer, opt.get_config(), peak, warmup, total)
-    concrete = step.get_concrete_function(*module.input_signature(data, batch))
-    _refuse_hidden_random_state(concrete.graph, workload.NAME)
-    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, hvd.rank(), size, batch)  # noqa: E731
-    feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
-    batches = module.batches or workload.batches   # TensorFlow's feed of the workload, else its numpy one
-    if warmup_steps:  # on the first batches of epoch 1, read again by the timed epoch
-        _undone_warm_up(step, concrete.variables, batches, data, shards(0)[:warmup_steps * batch], batch, feed_seed)
-    # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
-    # feed reaches it; reading, decoding and augmenting are the workload's, inside the
-    # clock (MLPerf).
-    feed = workloads.training_feed(batches, module.stream, data, shards, epochs, batch, feed_seed)
-    world_barrier()  # every job starts the clock together: FLOPS divides by the slowest
-    loop = epochs_loop(step, feed, steps, epochs, job, hooks, on_step,
-                   evaluate and _evaluation(evaluate, model, hvd), eval_every)
-    del feed         # tearing a pipeline down can take seconds (ic): after the clock
 
-    diff, digest = _consistency(model, hvd)
-    if evaluate is None:   # else the last evaluation has broadcast them: the model is the root's already
-        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
-    return TrainResult(loop.seconds, steps, steps * loop.trained * batch * size, loop.mean_loss, diff, digest,
-                       loop.clock, loop.trained)
+class Trainer:
+    """TensorFlow's side of harness/train.run (its Trainer): Horovod's world is the job's,
+    every rank one share of each step's batch."""
+    mean_of = None
+
+    def __init__(self, workload, data, model, recipe: Recipe, torus=None):
+        import horovod.tensorflow as hvd
+        self.hvd, self.workload, self.data, self.model, self.recipe, self.torus = hvd, workload, data, model, recipe, torus
+        self.module = models.get(workload.NAME)
+        self.size = self.shares = hvd.size()
+        self.share, self.step_batch = hvd.rank(), recipe.batch
+        self.lr_factor = lr_scale(recipe.allreduce, self.size, hvd.local_size(), hvd.nccl_built())
+        # TensorFlow's feed of the workload, else its numpy one
+        self.batches = self.module.batches or workload.batches
+
+    def prepare(self, schedule: Schedule):
+        sched = lambda s: learning_rate(s, schedule.total, schedule.warmup, schedule.peak)  # noqa: E731
+        self.step, opt = _make_step(self.workload, self.module, self.model, self.recipe, self.size, sched, self.torus)
+        self.concrete = self.step.get_concrete_function(*self.module.input_signature(self.data, self.recipe.batch))
+        _refuse_hidden_random_state(self.concrete.graph, self.workload.NAME)
+        return self.step, opt.get_config()
+
+    def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
+        _undone_warm_up(self.step, self.concrete.variables, self.batches, self.data, rows, self.step_batch, feed_seed)
+
+    def feed(self, shards, epochs: int, steps: int, feed_seed: int):
+        return workloads.training_feed(self.batches, self.module.stream, self.data, shards, epochs, self.step_batch,
+                                       feed_seed)
+
+    def sync(self) -> None:
+        """Horovod averages gradients only: the batch-norm statistics differ per replica,
+        and every rank of the job predicts with the root's (training never reads them)."""
+        self.hvd.broadcast_variables(self.model.non_trainable_variables, root_rank=0)
+
+    def consistency(self) -> tuple[float, str]:
+        """replica_check of this rank's trainable weights against the job root's (Horovod's broadcast)."""
+        mine = np.concatenate([v.numpy().ravel() for v in self.model.trainable_variables]).astype(np.float64)
+        return replica_check(mine, self.hvd.broadcast(mine, root_rank=0, name="consistency_check").numpy())
+
+    def stage(self) -> None:
+        return None
 
 
 def _make_step(workload, module, model, recipe: Recipe, size: int, schedule, torus=None):
@@ -212,16 +218,6 @@ def _undone_warm_up(step, variables, batches, data, rows: np.ndarray, batch: int
         v.assign(value)
 
 
-def _evaluation(evaluate, model, hvd):
-    """`evaluate` after the job's batch-norm statistics are made the root's: Horovod
-    averages gradients only, so they differ per replica, and every rank of the job
-    predicts with the root's (training never reads them)."""
-    def run(epoch: int) -> bool:
-        hvd.broadcast_variables(model.non_trainable_variables, root_rank=0)
-        return evaluate(epoch)
-    return run
-
-
 def _refuse_hidden_random_state(graph, workload: str) -> None:
     """Raise if the traced step (or a function it calls) holds a random op with hidden
     state (HIDDEN_STATE_RANDOM_OPS): the warm-up could not be undone. A workload bug."""
@@ -231,9 +227,3 @@ def _refuse_hidden_random_state(graph, workload: str) -> None:
     if hidden:
         raise RuntimeError(f"workload {workload}: the training step uses random op(s) {', '.join(hidden)}, whose "
                            "state no variable holds; draw from a tf.random.Generator or a stateless op instead")
-
-
-def _consistency(model, hvd) -> tuple[float, str]:
-    """replica_check of this rank's trainable weights against the job root's (Horovod's broadcast)."""
-    mine = np.concatenate([v.numpy().ravel() for v in model.trainable_variables]).astype(np.float64)
-    return replica_check(mine, hvd.broadcast(mine, root_rank=0, name="consistency_check").numpy())
