@@ -75,8 +75,20 @@ NEW_LINES = (f"{'1':<13} {LINES[31]}", f"{'0':<13} {LINES[32]}", f"{'none':<13} 
 # mode: codes from before lines 33-37 read as they did). The mode's field is parallelism.code's.
 TV_FIELDS = (("sampler", "sampler"), ("precision", "prec"), ("comm_precision", "comm"), ("optimizer", "opt"),
              ("allreduce", "AR"), ("compiler", "XLA"), ("framework", "FW"))
-TV_LEGEND = ", ".join(f"{short} {'|'.join(code or '(none)' for code, _ in CHOICES[kind].values())}"
-                      for kind, short in TV_FIELDS) + ", mode (none)|MP|PP<m>|GP<m>|<S>SPP<m>|<S>SGP<m>"
+
+
+def tv_legend(framework_codes) -> str:
+    """The T/V legend with the frameworks' codes `framework_codes` (the registry's, in its order)."""
+    codes = {**{kind: [code for code, _ in CHOICES[kind].values()] for kind, _ in TV_FIELDS},
+             "framework": list(framework_codes)}
+    return ", ".join(f"{short} {'|'.join(code or '(none)' for code in codes[kind])}"
+                     for kind, short in TV_FIELDS) + ", mode (none)|MP|PP<m>|GP<m>|<S>SPP<m>|<S>SGP<m>"
+
+
+TV_LEGEND = tv_legend(code for code, _ in frameworks.CHOICES.values())
+# A results file from before schema 2.13 does not record its legend: its report printed the
+# one of the two frameworks then built, TensorFlow's (none) and PyTorch's PT (--verify)
+TV_LEGEND_BEFORE_2_13 = tv_legend(("", "PT"))
 SEED_MAX = 2**32 - 1
 _INT = re.compile(r"[+-]?\d+\Z")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")

@@ -368,10 +368,10 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance
                                         for line in frameworks.facts(name).conventions(
                                             cfg, environment, results.minor(results.SCHEMA))]),
         skipped=[{"index": s.test.index, "reason": s.reason, "cause": s.cause} for s in plan.skipped],
-        fault_tolerance=tolerance)
+        fault_tolerance=tolerance, tv_legend=dat.TV_LEGEND)
     params = (dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)
               + elastic.lines(tolerance))
-    return report.Output(cfg, record, params, dat.TV_LEGEND, plan.previous)
+    return report.Output(cfg, record, params, plan.previous)
 
 
 def _roofline(world, names, precisions) -> dict | None:

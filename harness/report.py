@@ -430,15 +430,14 @@ class Output:
     """The report and the results record of one invocation, on world rank 0. The
     signal thread may call `finish` while the main thread writes: one lock."""
 
-    def __init__(self, cfg, record: results.Record, params: list[str], tv_legend: str,
-                 previous: results.Record | None = None):
+    def __init__(self, cfg, record: results.Record, params: list[str], previous: results.Record | None = None):
         """`previous`: the results of the invocation being resumed; its finished tests
         stand as they were and the report shows them again."""
         self.cfg, self.record = cfg, record
         self.text = ""
         self.current: tuple[int, int] | None = None   # (test, repetition) under way
         self.lock = threading.RLock()
-        self._emit(header(record.hpcai500, tv_legend, params, record.conventions))
+        self._emit(header(record.hpcai500, record.tv_legend, params, record.conventions))
         for s in record.skipped:
             self._emit(skipped_line(s["index"], s["reason"]) + "\n")
         if previous:

@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.12"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.13"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -50,6 +50,8 @@ SCHEMA = "2.12"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   again, their wave and launch ranks); evaluations[].wave (a wave's points, on the
                  #   test's clock); losses[].wave (a loss found in a wave); jobs_lost stays the models
                  #   dropped, so a retrained one is not in it
+                 # 2.13: Record.tv_legend (the T/V legend the report printed: it lists the codes of the
+                 #   frameworks registered then, so --verify re-renders a header with its own run's)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -205,6 +207,7 @@ class Record:
     #                                 None: a file of schema < 2.10
     write_seconds: list = field(default_factory=list)  # s, rank 0: each finished test's writing (MLLOG files,
                                       #   report.txt, results.json), in finishing order (harness/driver.py)
+    tv_legend: str = ""               # the report's T/V legend (dat.TV_LEGEND when it ran); "": a file of schema < 2.13
 
     def json(self) -> dict:
         return asdict(self)

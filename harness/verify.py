@@ -563,7 +563,8 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     tests = res.tests
     params = (dat.describe(cfg) + settings.describe(res.settings) + settings.describe_library(res.environment)
               + (elastic.lines(res.fault_tolerance) if res.fault_tolerance else []))
-    segs = [("header", report.header(res.hpcai500, dat.TV_LEGEND, params, res.conventions), False)]
+    segs = [("header", report.header(res.hpcai500, res.tv_legend or dat.TV_LEGEND_BEFORE_2_13, params,
+                                     res.conventions), False)]
     # a test skipped at the start, after the header; one left out after a loss of ranks, after
     # the test blocks finished before it (its `after`)
     later: dict[int, list] = {}

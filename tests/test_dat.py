@@ -480,3 +480,13 @@ def test_all_three_workloads_parse_in_one_sweep():
     cfg = parse_text(edit({6: "3", 7: "digits IC ewa"}))
     assert cfg.workloads == ("digits", "ic", "ewa")
     assert [t.workload for t in dat.expand(cfg)][::3] == ["digits", "ic", "ewa"]
+
+
+def test_the_legend_a_run_printed_is_recorded_and_verify_reads_it():
+    """The T/V legend lists the registry's framework codes: a framework added later would
+    change it, so a run records its own (schema 2.13) and --verify re-renders a file from
+    before with the legend of the two frameworks then built."""
+    from harness import frameworks
+    assert dat.TV_LEGEND == dat.tv_legend(code for code, _ in frameworks.CHOICES.values())
+    assert "FW (none)|PT|MS, mode" in dat.tv_legend(("", "PT", "MS"))
+    assert "FW (none)|PT, mode" in dat.TV_LEGEND_BEFORE_2_13 and dat.TV_LEGEND_BEFORE_2_13.startswith("sampler B|P|N")

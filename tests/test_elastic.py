@@ -129,8 +129,8 @@ def test_a_new_coordinator_takes_the_run_folder_as_last_written(tmp_path, capsys
     cfg = dat.parse_text(dat_text(), "t.dat")
     rec = results.Record(hpcai500="0.2", run_dir=str(tmp_path), input={"text": dat_text()}, config={}, settings={},
                          environment={}, conventions=["a convention"], roofline={"tensorflow/fp32": {"peak": 1}},
-                         fault_tolerance={"policy": "drop", "ulfm": True, "how": "x"})
-    first = report.Output(cfg, rec, ["PARAM   : x"], "legend")
+                         fault_tolerance={"policy": "drop", "ulfm": True, "how": "x"}, tv_legend="legend")
+    first = report.Output(cfg, rec, ["PARAM   : x"])
     first.add(result(), {})
     again = report.Output.taken_over(cfg, str(tmp_path))
     assert again.text == first.text and [t.index for t in again.record.tests] == [1]
