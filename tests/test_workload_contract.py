@@ -114,3 +114,21 @@ def test_a_framework_interface_missing_a_member_is_refused(monkeypatch):
     with pytest.raises(TypeError, match="the framework interface harness.frameworks.pytorch.interface lacks blocks"):
         frameworks.get("pytorch")
     assert not hasattr(frameworks.get("tensorflow"), "blocks")   # whole without it: it cuts no model
+
+
+def test_framework_facts_missing_a_member_are_refused(monkeypatch):
+    """The registry checks each framework's facts module against the Facts protocol as it
+    lists it, with the same check: a framework cannot be registered half-described."""
+    import importlib
+
+    from harness import frameworks, workloads
+    assert {"NAME", "CODE", "REFUSES", "RING", "conventions", "stated"} <= set(
+        workloads.required_members(frameworks.Facts, {}))
+    monkeypatch.delattr(frameworks.facts("pytorch"), "RING")
+    try:
+        with pytest.raises(TypeError, match="the framework facts harness.frameworks.pytorch.facts lacks RING"):
+            importlib.reload(frameworks)      # the registry, as a run imports it
+    finally:
+        monkeypatch.undo()
+        importlib.reload(frameworks)          # whole again for the tests after this one
+    assert frameworks.facts("pytorch").RING == "DDP all-reduce"
