@@ -398,8 +398,14 @@ def expand(cfg: Config) -> list[Test]:
     return [Test(i, *c) for i, c in enumerate(combos, 1)]
 
 
-def describe(cfg: Config) -> list[str]:
-    """HPL-like 'The following parameter values will be used:' lines."""
+# Before results schema 2.13 the COMPILER line said how both frameworks of the time run without
+# a compiler, whatever line 35 named (--verify re-renders an earlier run's so)
+COMPILER_NONE_BEFORE_2_13 = "none (TensorFlow: graph, tf.function; PyTorch: eager)"
+
+
+def describe(cfg: Config, schema: tuple[int, int] | None = None) -> list[str]:
+    """HPL-like 'The following parameter values will be used:' lines, as results schema
+    `schema` wrote them (None: today's; --verify passes an earlier run's)."""
     w = max(len(str(v)) for lay in cfg.layouts for v in lay)
     dflt = lambda v: "workload default" if v == -1 else f"{v:g}"  # noqa: E731
     dev = {6: "stdout", 7: "stderr"}.get(cfg.device_out, f"file {cfg.output_file}")
@@ -420,9 +426,8 @@ def describe(cfg: Config) -> list[str]:
             ("EVAL", "at the end only" if not cfg.eval_every else f"every {_n(cfg.eval_every, 'epoch')} and at the end"),
             ("STOP", "at the first evaluation that reaches the target" if cfg.stop_at_target
                      else f"after epoch {cfg.epochs} (line 15)"),
-            ("COMPILER", {"xla": "XLA (forward and backward pass)",
-                          "inductor": "torch.compile, TorchInductor (forward and backward pass)"}.get(
-                              cfg.compiler, "none (TensorFlow: graph, tf.function; PyTorch: eager)")),
+            ("COMPILER", COMPILER_NONE_BEFORE_2_13 if cfg.compiler == "none" and schema and schema < (2, 13) else
+                         frameworks.compiler_words(cfg.compiler, cfg.frameworks)),
             ("FRAMEWRK", " ".join(cfg.frameworks)),
             ("PARMODE", " ".join(cfg.modes)),
             ("OUTPUT", dev),

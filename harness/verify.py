@@ -561,7 +561,8 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     (label, text, optional) in order. A resumed run's report repeats the earlier rows
     without their repetition summaries, so after a resume a summary is optional."""
     tests = res.tests
-    params = (dat.describe(cfg) + settings.describe(res.settings) + settings.describe_library(res.environment)
+    params = (dat.describe(cfg, results.minor(res.schema)) + settings.describe(res.settings)
+              + settings.describe_library(res.environment)
               + (elastic.lines(res.fault_tolerance) if res.fault_tolerance else []))
     segs = [("header", report.header(res.hpcai500, res.tv_legend or dat.TV_LEGEND_BEFORE_2_13, params,
                                      res.conventions), False)]

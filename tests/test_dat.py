@@ -490,3 +490,19 @@ def test_the_legend_a_run_printed_is_recorded_and_verify_reads_it():
     assert dat.TV_LEGEND == dat.tv_legend(code for code, _ in frameworks.CHOICES.values())
     assert "FW (none)|PT|MS, mode" in dat.tv_legend(("", "PT", "MS"))
     assert "FW (none)|PT, mode" in dat.TV_LEGEND_BEFORE_2_13 and dat.TV_LEGEND_BEFORE_2_13.startswith("sampler B|P|N")
+
+
+def test_the_compiler_line_says_how_the_runs_frameworks_train_without_one():
+    """COMPILER in the parameter block: a compiler as the framework that offers it says it;
+    none, how each framework of line 35 runs a step (each framework's facts), as results
+    schema 2.13 writes it; an earlier run's both frameworks of the time (--verify)."""
+    from tests.conftest import dat_text
+
+    def compiler(schema=None, **lines):
+        return next(ln for ln in dat.describe(dat.parse_text(dat_text(**lines), "x.dat"), schema)
+                    if ln.startswith("COMPILER"))
+    assert compiler(l35="pytorch") == "COMPILER: none (PyTorch: eager)"
+    assert compiler(l34=2, l35="pytorch tensorflow") == "COMPILER: none (PyTorch: eager; TensorFlow: graph, tf.function)"
+    assert compiler((2, 12), l35="pytorch") == "COMPILER: none (TensorFlow: graph, tf.function; PyTorch: eager)"
+    assert compiler(l33="inductor", l35="pytorch") == "COMPILER: torch.compile, TorchInductor (forward and backward pass)"
+    assert compiler((2, 12), l33="xla") == "COMPILER: XLA (forward and backward pass)"

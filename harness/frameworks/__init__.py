@@ -51,6 +51,8 @@ class Facts(Protocol):
     FEED: str                   # where the workloads' feed runs (the conventions' Devices line)
     WARM_UP: str                # what its warm-up step takes out of the clock (the Warm-up line)
     GPU_OF_ITS_OWN: bool        # each rank of a job needs a GPU of its own (NCCL's rule)
+    COMPILERS: dict             # line 33's compilers it offers -> the parameter block's words
+    NO_COMPILER: str            # how it runs a step without one (COMPILER : none (...))
 
     def compiler_missing(self, compiler: str, environ) -> str | None:
         """What line 33's compiler needs on this node that is not here (PATH only), or None."""
@@ -135,6 +137,15 @@ def compiler_missing(framework: str, compiler: str, environ=None) -> str | None:
     """What line 33's compiler needs in `framework` on this node that is not here, or None
     (the framework's facts: found by PATH alone, nothing run)."""
     return facts(framework).compiler_missing(compiler, os.environ if environ is None else environ)
+
+
+def compiler_words(compiler: str, names) -> str:
+    """The parameter block's COMPILER value: line 33's compiler as the framework that
+    offers it says it, or for none how each framework of `names` (line 35's) runs."""
+    for f in REGISTERED:
+        if compiler in f.COMPILERS:
+            return f.COMPILERS[compiler]
+    return f"none ({'; '.join(f'{facts(n).TITLE}: {facts(n).NO_COMPILER}' for n in names)})"
 
 
 def roofline_key(framework: str, precision: str) -> str:

@@ -35,6 +35,9 @@ FEED = ("in PyTorch on the rank's own threads, no DataLoader workers (ic: Pillow
         " threads as the step has, that many batches ahead; the other workloads' batches are made"
         " between steps)")
 WARM_UP = "PyTorch's DDP buckets"
+# Line 33's compilers it offers, as the parameter block says them, and how it runs without one
+COMPILERS = {"inductor": "torch.compile, TorchInductor (forward and backward pass)"}
+NO_COMPILER = "eager"
 # NCCL refuses a communicator with two of its ranks on one GPU (plan.shared_gpu_problem)
 GPU_OF_ITS_OWN = True
 

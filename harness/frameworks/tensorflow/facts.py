@@ -35,6 +35,9 @@ RING = "Horovod all-reduce"        # line 22's ring in a job's Exchange line
 FEED = "in TensorFlow on tf.data's threads where the feed is a tf.data pipeline"
 # What its warm-up step takes out of the clock (the conventions' Warm-up line)
 WARM_UP = "TensorFlow's graph optimisation and XLA compilation, Horovod's first negotiation"
+# Line 33's compilers it offers, as the parameter block says them, and how it runs without one
+COMPILERS = {"xla": "XLA (forward and backward pass)"}
+NO_COMPILER = "graph, tf.function"
 # Whether each rank of a job needs a GPU of its own (plan.shared_gpu_problem): Horovod's exchange has checks of its own
 GPU_OF_ITS_OWN = False
 
