@@ -353,8 +353,8 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         " machine such FLOPS repeated within about 5 %, from 2.4 s on within 2.5 % (bench/span.py)",
         f"Warm-up: before that barrier each job runs {train.WARMUP_STEPS} training step(s) and undoes them (every"
         " variable the step writes is restored): the framework's first-step work"
-        f" ({'; '.join(f.WARM_UP for f in frameworks.REGISTERED)}) is set-up, as MLPerf's init; the timed epochs"
-        " train exactly the samples counted;"
+        f" ({'; '.join(frameworks.facts(n).WARM_UP for n in cfg.frameworks)}) is set-up, as MLPerf's init; the"
+        " timed epochs train exactly the samples counted;"
         " the feed (one for all epochs, built there too) reads, decodes and augments inside the clock",
         "FLOPS: analytic FLOPs of every sample trained by every base model / Time (Eq. 6)",
         "Evaluation: "
