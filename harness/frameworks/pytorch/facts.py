@@ -6,7 +6,6 @@ itself.
 """
 from __future__ import annotations
 
-import os
 import shutil
 
 from harness import communication
@@ -45,10 +44,10 @@ GPU_OF_ITS_OWN = True
 def compiler_missing(compiler: str, environ) -> str | None:
     """What line 33's compiler needs on this node that is not here, or None: torch.compile's
     TorchInductor builds its kernels with a C++ compiler (TorchInductor's own choice: $CXX,
-    else g++), on GPU nodes too (its host-side code); found by PATH alone, nothing run."""
+    else g++), on GPU nodes too (its host-side code); found by PATH alone, nothing run.
+    `environ`: the node's environment (frameworks.compiler_missing gives os.environ's)."""
     if compiler != "inductor":
         return None
-    environ = os.environ if environ is None else environ
     cxx = environ.get("CXX") or "g++"
     if shutil.which(cxx, path=environ.get("PATH")):
         return None
