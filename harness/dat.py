@@ -39,7 +39,7 @@ CHOICES = {
 KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
 # The line of each single-valued keyword: the parser reads it there, and messages about a
 # choice (harness/plan.py) name it.
-LINE_OF = {"optimizer": 18, "comm_precision": 21, "allreduce": 22, "sampler": 23, "aggregation": 24, "compiler": 33}
+LINE_OF = {"precision": 17, "optimizer": 18, "comm_precision": 21, "allreduce": 22, "sampler": 23, "aggregation": 24, "compiler": 33}
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
 NLINES = 37

@@ -188,6 +188,10 @@ def _one_of(names) -> str:
     return names[0] if len(names) == 1 else "one of " + ", ".join(names)
 
 
+# The Table 2 choices a framework may refuse (its REFUSES) that each test of a sweep makes for itself
+TEST_FIELDS = ("precision",)
+
+
 def framework_choice_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | None:
     """("framework", message) when t's framework lacks its workload's model
     (frameworks.builds) or cannot carry a Table 2 choice of the input
@@ -199,7 +203,8 @@ def framework_choice_problem(cfg: dat.Config, t: dat.Test) -> tuple[str, str] | 
                              f" {_one_of(built)}: the workloads whose model is built in {fw}")
     refused = frameworks.facts(fw).REFUSES
     for (field, value), why in refused.items():
-        if getattr(cfg, field) == value:
+        # a sweep's choice (line 17's precision) is the test's, the others the input's
+        if getattr(t if field in TEST_FIELDS else cfg, field) == value:
             accepted = [v for v in dat.KNOWN[field] if (field, v) not in refused]
             return "framework", (f"{cfg.path}:{dat.LINE_OF[field]}: found {value!r} with framework {fw} (line 35),"
                                  f" expected {_one_of(accepted)}: {why}")

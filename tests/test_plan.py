@@ -99,6 +99,18 @@ def test_results_directory_must_be_writable(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made, the probe removed
 
 
+def test_a_framework_may_refuse_one_precision_of_a_sweep(monkeypatch):
+    """Line 17's precisions are a sweep: a framework refusing one (its REFUSES, keyed by the
+    test's own field, plan.TEST_FIELDS) skips that test alone, naming line 17."""
+    from harness import frameworks
+    monkeypatch.setitem(frameworks.facts("pytorch").REFUSES, ("precision", "bf16"), "not built")
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=1, l16=2, l17="fp32 bf16", l35="pytorch"), "x.dat")
+    planned, skipped = plan.layouts(cfg, dat.expand(cfg), 1, [0])
+    assert [p.test.precision for p in planned] == ["fp32"]
+    assert [(s.test.precision, s.cause, s.reason) for s in skipped] == [("bf16", "framework", (
+        "x.dat:17: found 'bf16' with framework pytorch (line 35), expected one of fp32, fp16: not built"))]
+
+
 def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeypatch):
     """Line 35: a framework that lacks a workload's model, or cannot carry a Table 2 choice,
     skips those tests (each test's framework: framework_choice_problem), naming the line, the
