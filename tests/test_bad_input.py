@@ -26,7 +26,7 @@ LINES = {  # line -> (bad value, what the message must show)
     24: ("median", ":24: found 'median'"), 25: ("1.5", ":25: found '1.5'"), 26: ("-2", ":26: found '-2'"),
     27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"), 33: ("jit", ":33: found 'jit', expected a compiler (none, xla, inductor)"),
     31: ("-1", ":31: found '-1'"), 32: ("yes", ":32: found 'yes'"), 34: ("0", ":34: found '0'"),
-    35: ("mxnet", ":35: found 'mxnet', expected a framework (tensorflow, pytorch)"),
+    35: ("mxnet", ":35: found 'mxnet', expected a framework (tensorflow, pytorch, mindspore)"),
     36: ("0", ":36: found '0'"), 37: ("pipeline:0", ":37: found 'pipeline:0', expected a parallel mode (data, model,"),
 }
 
@@ -57,7 +57,7 @@ def _cases():
         " add them, e.g. 'none          compiler (none, xla, inductor)'"
     yield "33-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:33]) + "\n"), \
         ":34: found end of file, expected lines 34-37 (an input file from before the framework lines has 33 lines);" \
-        " add them, e.g. '1             # of frameworks' and 'tensorflow    frameworks (tensorflow, pytorch)' and"
+        " add them, e.g. '1             # of frameworks' and 'tensorflow    frameworks (tensorflow, pytorch, mindspore)' and"
     yield "35-line-file", lambda p: p.write_text("\n".join(_lines().splitlines()[:35]) + "\n"), \
         ":36: found end of file, expected lines 36-37 (an input file from before the parallel-mode lines has 35"\
         " lines); add them, e.g. '1             # of parallel modes' and 'data          parallel modes (data, model,"
@@ -101,7 +101,7 @@ PYTORCH_P2 = {9: 1, 10: 1, 11: 2, 35: "pytorch"}     # one base model of 2 ranks
 REFUSED = {  # id -> (edits, what the message must hold besides the format)
     **{f"line{n}": ({n: value}, expect) for n, (value, expect) in LINES.items()},    # the parser's, each line
     "line10-too-few-values": ({10: "1 2"}, "found 'Ms'"),
-    "jax-on-35": ({35: "jax"}, "bad.dat:35: found 'jax', expected a framework (tensorflow, pytorch)"),
+    "jax-on-35": ({35: "jax"}, "bad.dat:35: found 'jax', expected a framework (tensorflow, pytorch, mindspore)"),
     "mixed-1": ({37: "mixed:1"}, "bad.dat:37: found 'mixed:1', expected a parallel mode (" + dat.parallelism.FORM),
     "adasum-pytorch": ({22: "adasum", 35: "pytorch"}, "bad.dat:22: found 'adasum' with framework pytorch (line 35),"
                        " expected ring: " + frameworks.facts("pytorch").REFUSES["allreduce", "adasum"] + " (tests 1-3)"),

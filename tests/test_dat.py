@@ -116,7 +116,7 @@ BAD = [  # (line, value, offending token); value EMPTY = empty line
     (29, "1.5", "1.5"),
     (30, EMPTY, None), (30, "2", "2"), (30, "-1", "-1"), (30, "x", "x"),
     (34, EMPTY, None), (34, "0", "0"), (34, "x", "x"),
-    (35, EMPTY, None), (35, "torch", "torch"), (35, "mindspore", "mindspore"),
+    (35, EMPTY, None), (35, "torch", "torch"), (35, "mxnet", "mxnet"),
 ]
 
 

@@ -24,7 +24,23 @@ def test_one_framework_installs_only_its_packages(tmp_path):
 
 def test_an_unknown_framework_is_refused_by_name(tmp_path):
     p = _recipe(tmp_path, "FRAMEWORKS=pytorch jax")
-    assert p.returncode != 0 and "FRAMEWORKS: found 'jax', expected tensorflow and/or pytorch" in p.stderr
+    assert p.returncode != 0 and "FRAMEWORKS: found 'jax', expected tensorflow, pytorch and/or mindspore" in p.stderr
+
+
+def test_mindspore_gets_a_venv_of_its_own(tmp_path):
+    """MindSpore's venv: requirements.txt without TensorFlow and its NumPy pin, with
+    requirements-mindspore.txt in the same pip call, no Horovod; beside TensorFlow it is
+    refused, naming the protobufs; `make test` builds it for the suite."""
+    ms = _recipe(tmp_path, "FRAMEWORKS=mindspore").stdout
+    assert "grep -v -E '^(tensorflow|tf-keras|numpy=|#)' requirements.txt" in ms
+    assert f"-m pip install -r {tmp_path / 'v'}/requirements.txt -r requirements-mindspore.txt" in ms
+    assert "horovod" not in ms and "requirements-pytorch.txt" not in ms
+    both = _recipe(tmp_path, "FRAMEWORKS=tensorflow mindspore")
+    assert both.returncode != 0 and "MindSpore 2.10 needs protobuf >= 7.34, TensorFlow 2.18 < 6" in both.stderr
+    test = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'v'}", f"MSVENV={tmp_path / 'm'}"], cwd=ROOT,
+                          capture_output=True, text=True).stdout
+    assert f"venv VENV={tmp_path / 'm'} FRAMEWORKS=mindspore" in test
+    assert f"HPCAI500_MINDSPORE_VENV={tmp_path / 'm'}" in test
 
 
 def test_the_venvs_frameworks_are_the_default(tmp_path):

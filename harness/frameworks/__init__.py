@@ -18,7 +18,8 @@ package holds its training step, optimizers, int8/torus ops, Keras walker and th
 Keras models, losses, tf.data feeds and predictions; its roofline micro-kernels stay in the
 top-level kernels/ (the benchmark's own folder, with its command line), which its interface
 reaches. No module outside harness/frameworks/tensorflow/ imports TensorFlow or Horovod,
-none outside harness/frameworks/pytorch/ torch.
+none outside harness/frameworks/pytorch/ torch, none outside
+harness/frameworks/mindspore/ MindSpore.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from harness import workloads
+from harness.frameworks.mindspore import facts as mindspore_facts
 from harness.frameworks.pytorch import facts as pytorch_facts
 from harness.frameworks.tensorflow import facts as tensorflow_facts
 
@@ -73,7 +75,8 @@ class Facts(Protocol):
 # default: every run before line 35 trained it, so its T/V code is empty, its roofline keys
 # bare and its scaling lines unnamed. A framework is one more package and one more entry here.
 REGISTERED = tuple(workloads.checked_module(f.__name__, workloads.required_members(Facts, {}), {},
-                                            "the framework facts ") for f in (tensorflow_facts, pytorch_facts))
+                                            "the framework facts ") for f in (tensorflow_facts, pytorch_facts,
+                                                                                     mindspore_facts))
 FACTS = {f.NAME: f for f in REGISTERED}
 DEFAULT = REGISTERED[0].NAME
 # Line 35's choices: name -> (T/V code, meaning)

@@ -1,0 +1,89 @@
+"""MindSpore's facts: what the benchmark's core asks of this framework, in plain Python.
+Importing this module imports no MindSpore: the registry (harness/frameworks/__init__.py)
+reads it on every rank, and --check and --verify on nodes without MindSpore. Each member
+is one of the registry's `Facts`; the core reads them there and never names the framework
+itself.
+
+How a job's ranks train together here, and why: MindSpore forms its communication group
+from a cluster of its own (a scheduler process and MS_ROLE workers, what msrun starts);
+tried under mpirun, a cluster per job formed, but `mindspore.communication.init()` cannot
+run a second time in one process (its second call fails, then segfaults), so a rank could
+not re-form its group for the next test's layout, and `create_group` is not supported on
+CPUs (MindSpore's documentation, r2.2 to r2.5). So each job averages its gradients over
+the job's own MPI communicator (mpi4py, host memory), once a step, as Horovod does on
+CPUs: a job is exactly its ranks, in every test of a sweep.
+"""
+from __future__ import annotations
+
+NAME = "mindspore"      # line 35's keyword
+TITLE = "MindSpore"     # in the report's sentences
+CODE = "MS"             # T/V code
+MEANING = "MindSpore with each job's gradients averaged over its MPI communicator"
+REQUIRES = (("mindspore", "mindspore (requirements-mindspore.txt, a venv of its own: make venv"
+                          " VENV=.venv-mindspore FRAMEWORKS=mindspore)"),)
+# The environment variables only MindSpore reads: a run without it leaves them out of its record
+OWN_VARIABLES = ("MS_", "GLOG_")
+ENVIRONMENT = {}   # nothing to set before MindSpore is imported
+_NOT_YET = "not yet built in MindSpore here"
+REFUSES = {
+    ("allreduce", "hierarchical"): "a MindSpore job averages over its MPI communicator in one all-reduce;"
+                                   " use ring",
+    ("allreduce", "adasum"): "Adasum is Horovod's; a MindSpore job averages",
+    ("allreduce", "torus"): "the 2D torus is built on Horovod's process sets; not in MindSpore",
+    ("compiler", "xla"): "XLA is TensorFlow's compiler; MindSpore compiles its own graphs (mindspore.jit)",
+    ("compiler", "inductor"): "torch.compile (TorchInductor) is PyTorch's compiler; MindSpore compiles its own"
+                              " graphs (mindspore.jit)",
+    ("comm_precision", "int8"): f"int8 communication is {_NOT_YET}",
+    ("optimizer", "lars"): f"LARS is {_NOT_YET}",
+    ("optimizer", "lamb"): f"LAMB is {_NOT_YET}",
+    ("precision", "fp16"): f"mixed precision is {_NOT_YET}",
+    ("precision", "bf16"): f"mixed precision is {_NOT_YET}"}
+NO_PIPELINE = ("MindSpore's pipeline parallelism is its auto-parallel on its own cluster, not wired from MPI"
+               " here; PyTorch's torch.distributed.pipelining carries the model, pipeline and mixed modes:"
+               " name pytorch on line 35")
+# The workloads whose model is built in MindSpore (harness/frameworks/mindspore/models.py, one module each)
+BUILT = ("digits",)
+SPLIT = ()
+RING = "all-reduce over MPI, host memory"   # line 22's ring in a job's Exchange line
+FEED = "on the host between steps (the workloads' numpy batches, channels first)"
+WARM_UP = "MindSpore's graph compilation (mindspore.jit) and the first MPI exchange"
+COMPILERS = {}     # line 33: none; its graph mode is how it always runs
+NO_COMPILER = "graph mode, mindspore.jit of the forward and backward pass"
+# The exchange runs on the host over MPI: ranks may share a device
+GPU_OF_ITS_OWN = False
+
+
+def compiler_missing(compiler: str, environ) -> str | None:
+    """Line 33's compilers are all refused in MindSpore (REFUSES): nothing to find."""
+    return None
+
+
+def carriers(allreduce: str) -> set[str]:
+    """What carries a job's gradients: the job's MPI communicator."""
+    return {"MPI"}
+
+
+def option_lines(cfg) -> list[str]:
+    """What the Table 2 choices of this input mean in MindSpore, stated in the report."""
+    lines = ["MindSpore: graph mode; each step's forward and backward pass one mindspore.jit graph, on the CPU"
+             " (device_target CPU); each job's gradients averaged over the job's MPI communicator (mpi4py,"
+             " host memory: flattened into one buffer, one all-reduce a step, divided by P) before the"
+             " optimizer, not by MindSpore's own communication (its cluster cannot be formed twice in one"
+             " process: harness/frameworks/mindspore/facts.py); the job's ranks start from the root's weights"
+             " (an MPI broadcast); the optimizers are mindspore.nn's with Keras' defaults (Adam's epsilon"
+             " 1e-7, AdaGrad's initial accumulator 0.1, MindSpore's AdaGrad has no epsilon; SGD's momentum"
+             " applied as v = m v + g); weight decay on kernels only (never biases or batch norm)"]
+    if cfg.comm_precision == "fp16":
+        lines.append("Communication fp16 in MindSpore: the flattened gradients cast to FP16 for the MPI all-reduce,"
+                     " summed in FP16 on the wire, back to FP32 after")
+    return lines
+
+
+def conventions(cfg, environment: dict, schema: tuple[int, int]) -> list[str]:
+    """The report's lines on how MindSpore trains this input (the same in every schema)."""
+    return option_lines(cfg)
+
+
+def stated(cfg, schema: tuple[int, int]) -> list[list[str]]:
+    """For --verify: the lines of `conventions`, which follow from the input alone."""
+    return [option_lines(cfg)]

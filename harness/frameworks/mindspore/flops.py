@@ -1,0 +1,113 @@
+"""Table 3 FLOPs of a MindSpore model, counted cell by cell (issue 47).
+
+One sample's forward pass runs in eval mode (batch-norm statistics not updated, dropout
+off) at batch 1, with a forward hook on every leaf cell: each call of a cell with a Table 3
+rule becomes the plain record harness/flops.py has a rule for (the same RECORD_KINDS as a
+Keras layer's and a PyTorch operator's), and the sums are harness/flops.py's.
+
+    nn.Conv2d               conv (group = Cin > 1: depthwise), its bias
+    nn.Dense                dense, its bias
+    nn.ReLU, ...            activation
+    nn.MaxPool2d, AvgPool2d pooling
+    nn.BatchNorm2d          normalization
+    nn.Flatten, nn.Dropout  nothing (a view; off in eval mode)
+
+A hook sees cells, not the operators a cell's construct runs itself (a residual `x + y`),
+so a model may only nest its leaves in nn.SequentialCell, whose construct is the
+composition of its cells and nothing else; any other cell with children, or a leaf with
+no rule, stops the count, naming it, rather than count 0. Weights are counted as Keras
+counts them, batch-norm moving statistics included (MindSpore keeps those as parameters
+too). Activations: the output elements of every leaf cell's call, per sample.
+"""
+from __future__ import annotations
+
+import math
+
+from mindspore import nn
+
+from harness import flops
+
+_ACTIVATION = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.LeakyReLU: "leakyrelu",
+               nn.GELU: "gelu", nn.ELU: "elu"}
+_POOL = (nn.MaxPool2d, nn.AvgPool2d, nn.MaxPool3d, nn.AvgPool3d)
+_NORM = (nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm3d, nn.LayerNorm)
+_FREE = (nn.Flatten, nn.Dropout)
+_CONTAINERS = (nn.SequentialCell,)
+
+
+def count(model: nn.Cell, sample) -> flops.FlopCount:
+    """Table 3 FLOPs of one sample's forward pass; `sample`: one input of batch 1."""
+    if sample.shape[0] != 1:
+        raise ValueError(f"harness.flops: found a sample of batch {sample.shape[0]}, expected batch 1")
+    records, outputs, hooks = [], [0], []
+    for name, cell in model.cells_and_names():
+        if cell.cells():
+            if not isinstance(cell, _CONTAINERS):
+                raise TypeError(f"harness.flops: cell {name or type(cell).__name__!r} ({type(cell).__name__}) has"
+                                " children and a construct of its own, whose operators a cell hook cannot see;"
+                                " add its rule to harness/frameworks/mindspore/flops.py rather than count it as 0")
+            continue
+        hooks.append(cell.register_forward_hook(_recorder(name, records, outputs)))
+    was = model.training
+    try:
+        model.set_train(False)
+        model(sample)
+    finally:
+        model.set_train(was)
+        for h in hooks:
+            h.remove()
+    totals = flops.by_operator(records)
+    return flops.FlopCount(forward=sum(totals.values()), by_operator=totals, activations=outputs[0],
+                           weights=weights(model), layers=records)
+
+
+def _recorder(name: str, records: list, outputs: list):
+    def hook(cell, inputs, output):
+        outputs[0] += output.size
+        rec = record(cell, inputs[0], output)
+        if rec is not None:
+            records.append({"layer": name, **rec})
+    return hook
+
+
+def count_built(module, data) -> flops.FlopCount:
+    """The count of the model a workload's MindSpore module builds for `data`, built again:
+    the global random generator's state is put back after (its initial weights draw from it)."""
+    import mindspore as ms
+    state = ms.get_rng_state()
+    try:
+        return count(module.build_model(data), module.sample(data))
+    finally:
+        ms.set_rng_state(state)
+
+
+def weights(model: nn.Cell) -> int:
+    """Parameters and batch-norm moving statistics, as Keras' count_params counts them."""
+    return sum(p.size for p in model.get_parameters())
+
+
+def record(cell: nn.Cell, x, y) -> dict | None:
+    """The record of one leaf cell's call at batch 1 (None: a cell without arithmetic)."""
+    if isinstance(cell, nn.Conv2d):
+        kernel, bias = math.prod(cell.kernel_size), int(cell.has_bias)
+        if cell.group == cell.in_channels and cell.group > 1:
+            return {"kind": "depthwise", "kernel": kernel, "cin": cell.in_channels,
+                    "depth_multiplier": cell.out_channels // cell.in_channels, "out": y.size, "bias": bias,
+                    "activation": "linear"}
+        return {"kind": "conv", "kernel": kernel, "cin": cell.in_channels, "groups": cell.group,
+                "filters": cell.out_channels, "out": y.size, "bias": bias, "activation": "linear"}
+    if isinstance(cell, nn.Dense):
+        if cell.activation_flag:
+            raise TypeError("harness.flops: a Dense cell with a fused activation; spell it as a cell of its own")
+        return {"kind": "dense", "fin": cell.in_channels, "out": y.size, "bias": int(cell.has_bias),
+                "activation": "linear"}
+    if type(cell) in _ACTIVATION:
+        return {"kind": "activation", "activation": _ACTIVATION[type(cell)], "out": y.size}
+    if isinstance(cell, _POOL):
+        return {"kind": "pooling", "out": y.size}
+    if isinstance(cell, _NORM):
+        return {"kind": "normalization", "out": y.size}
+    if isinstance(cell, _FREE):
+        return None
+    raise TypeError(f"harness.flops: no Table 3 rule for cell {type(cell).__name__}; add one to"
+                    " harness/frameworks/mindspore/flops.py rather than count it as 0")

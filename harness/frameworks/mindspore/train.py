@@ -1,0 +1,192 @@
+"""Base-model training in MindSpore: each step's forward and backward pass one
+mindspore.jit graph, the job's gradients averaged over its MPI communicator
+(communication.average, on the host), then mindspore.nn's optimizer.
+
+The recipe is harness/train.run's, every framework's (the LR schedule, the step count,
+the undone warm-up, the timed epochs, the replica check), with MindSpore's parts: the
+model from the workload's MindSpore module (models.get), its initial weights the job
+root's (an MPI broadcast, as DDP and Horovod start a job), the batches the workload's own
+numpy feed turned into tensors inside the clock.
+MPI at the edges (the job's broadcasts and all-reduces over its communicator).
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import nn, ops
+
+from harness import train, workloads
+from harness.frameworks.mindspore import communication, kernels, models
+
+
+def setup_devices(local_rank: int, sharing: int) -> dict:
+    """Pin this rank to train.threads(sharing) CPU threads (MindSpore's CPU kernels' pool and
+    its dispatch threads: set before its first operator). The PyPI wheel is MindSpore's CPU
+    build: a rank computes on the CPU on every node, GPUs or not."""
+    intra, inter_op = train.threads(sharing)
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)   # eager between the steps; each step one mindspore.jit graph
+    ms.device_context.cpu.op_tuning.threads_num(intra)
+    ms.runtime.dispatch_threads_num(inter_op)
+    kernels.PINNED["threads"] = intra
+    return {"threads": intra, "inter_op": inter_op, "device": "CPU", "gpus_on_node": 0}
+
+
+def build(workload, data, seed: int, job: int) -> nn.Cell:
+    """The job's model, initialised from (seed, job) as the other frameworks' are; the
+    Step then makes the job's ranks equal by broadcasting the root's weights."""
+    ms.set_seed((seed * 1_000_003 + job) % 2**31)
+    return models.get(workload.NAME).build_model(data)
+
+
+def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, options: dict, l2: float = 0.0):
+    """(optimizer, its settings under Keras' names for the MLLOG): line 18's optimizer in
+    MindSpore with Keras' defaults (Adam's epsilon 1e-7, AdaGrad's initial accumulator 0.1).
+    Weight decay reaches the kernels only (weights of 2 or more dimensions), never biases or
+    batch norm: the model's `l2` (its Keras twin's L2 kernel regularizer) is the coupled
+    kind, MindSpore's weight_decay; an option's decoupled weight decay is Adam's alone
+    (AdamWeightDecay). LARS and LAMB are refused (facts.REFUSES)."""
+    decoupled = float(options.get("weight_decay") or 0.0)
+    params = model.trainable_params()
+    kernels = [p for p in params if len(p.shape) >= 2]
+    groups = [{"params": kernels, "weight_decay": l2}, {"params": [p for p in params if len(p.shape) < 2],
+                                                         "weight_decay": 0.0}] if kernels and l2 else params
+    if decoupled and name != "adam":
+        raise ValueError(f"optimizer {name!r}: decoupled weight decay is built for adam alone in MindSpore")
+    if name == "sgd":
+        return nn.SGD(groups, learning_rate=lr, momentum=momentum), {"momentum": momentum, "weight_decay": l2}
+    if name == "adam":
+        eps = float(options.get("epsilon", 1e-7))
+        config = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": decoupled or l2}
+        if decoupled:
+            return nn.AdamWeightDecay(params, learning_rate=lr, eps=eps, weight_decay=decoupled,
+                                      decay_filter=lambda p: len(p.shape) >= 2), config
+        return nn.Adam(groups, learning_rate=lr, eps=eps), config
+    if name == "adagrad":
+        return nn.Adagrad(groups, accum=0.1, learning_rate=lr), {"weight_decay": l2}
+    raise ValueError(f"optimizer {name!r} is not built in MindSpore (its facts' REFUSES)")
+
+
+def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm,
+                     **hooks) -> train.TrainResult:
+    """Train one base model on the job's MPI communicator `comm`: harness/train.run's
+    recipe with this package's Trainer (`hooks`: run's seed, job, world_barrier and its
+    optional hooks)."""
+    return train.run(Trainer(workload, data, model, recipe, comm), indices, recipe, **hooks)
+
+
+class Trainer:
+    """MindSpore's side of harness/train.run (its Trainer): data parallelism, every rank
+    a share of each step's batch."""
+
+    def __init__(self, workload, data, model, recipe: train.Recipe, comm):
+        self.workload, self.data, self.model, self.recipe, self.comm = workload, data, model, recipe, comm
+        self.module = models.get(workload.NAME)
+        self.size = self.shares = comm.size
+        self.share, self.step_batch = comm.rank, recipe.batch
+        self.lr_factor = train.lr_scale(recipe.allreduce, self.size, self.size, False)   # P: the linear scaling rule
+        self.mean_of = None
+
+    def prepare(self, schedule: train.Schedule):
+        self.s = Step(self.workload, self.module, self.model, self.recipe, schedule.at, self.comm)
+        return self.s, self.s.config
+
+    def _batches(self, shards, epochs: int, feed_seed: int):
+        return ((self.module.inputs(x), self.module.targets(y)) for x, y in workloads.training_feed(
+            self.workload.batches, None, self.data, shards, epochs, self.step_batch, feed_seed))
+
+    def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
+        self.s.undone_warm_up(self._batches(lambda e: rows, 1, feed_seed), steps)
+
+    def feed(self, shards, epochs: int, steps: int, feed_seed: int):
+        return self._batches(shards, epochs, feed_seed)
+
+    def sync(self) -> None:
+        """The job root's batch-norm statistics on every rank (the exchange averages gradients only)."""
+        root_state(self.model, self.comm)
+
+    def consistency(self) -> tuple[float, str]:
+        mine = flat_weights(self.model)
+        root = mine.copy()
+        self.comm.Bcast(root, root=0)
+        return train.replica_check(mine, root)
+
+    def stage(self) -> None:
+        return None
+
+
+def flat_weights(model: nn.Cell) -> np.ndarray:
+    """The trainable weights in order, flat float64 (the replica check's and the digest's)."""
+    params = model.trainable_params()
+    return np.concatenate([p.asnumpy().astype(np.float64).ravel() for p in params]) if params else np.zeros(0)
+
+
+def root_state(model: nn.Cell, comm, trainable: bool = False) -> None:
+    """COLLECTIVE over the job's `comm`: the root's batch-norm statistics (and with
+    `trainable` every weight) on every rank."""
+    params = [p for p in model.get_parameters() if trainable or not p.requires_grad]
+    for p, value in zip(params, communication.broadcast([p.asnumpy() for p in params], comm)):
+        put(p, value)
+
+
+def put(param, value: np.ndarray) -> None:
+    """`value` written into `param`'s own memory (ops.assign): set_data would give the
+    parameter a new tensor, and a graph compiled before (the step's) kept updating the old
+    one (batch-norm statistics then froze at their first sync for the evaluations)."""
+    ops.assign(param, ms.Tensor(np.asarray(value), param.dtype))
+
+
+class Step:
+    """The training step of one base model: step(x, y) -> loss. The forward and backward
+    pass (one mindspore.jit graph) gives this rank's loss and gradients; the job averages
+    the gradients over MPI in line 21's precision; the optimizer updates at the LR
+    `schedule(step number)` gives. The job's ranks start from the root's weights."""
+
+    def __init__(self, workload, module, model, recipe: train.Recipe, schedule, comm):
+        self.model, self.schedule, self.comm, self.comm_precision = model, schedule, comm, recipe.comm_precision
+        root_state(model, comm, trainable=True)
+        self.opt, self.config = make_optimizer(recipe.optimizer, model, schedule(0), workload.MOMENTUM,
+                                               workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
+        model.set_train(True)
+
+        def forward(x, y):
+            return module.loss(model(x).astype(ms.float32), y).mean()
+        self.grad = ms.jit(ms.value_and_grad(forward, None, self.opt.parameters))
+        self.taken = 0        # steps taken: the LR schedule's step number
+
+    def __call__(self, x, y):
+        put(self.opt.learning_rate, np.float32(self.schedule(self.taken)))
+        self.taken += 1
+        loss, grads = self.grad(x, y)
+        mean = communication.average([g.asnumpy() for g in grads], self.comm_precision, self.comm)
+        self.opt(tuple(ms.Tensor(g) for g in mean))
+        return loss
+
+    def undone_warm_up(self, batches, steps: int) -> None:
+        """Set-up before the clock, like MLPerf's init phase: `steps` real steps (the jit
+        graph's compilation, the first exchange), then every state the step writes put back
+        (the model's weights and batch-norm statistics, the optimizer's slots and step, the
+        step number, the global random generator). Dropout's masks inside the jit graph come
+        from its operator's own generator, which MindSpore does not expose: the timed epochs
+        draw other masks than a run without warm-up would."""
+        params = [*self.model.get_parameters(), *self.opt.get_parameters()]
+        saved = {id(p): p.asnumpy().copy() for p in params}
+        rng, taken = ms.get_rng_state(), self.taken
+        for _, (x, y) in zip(range(steps), batches):
+            float(self(x, y).asnumpy())   # waits for the step
+        for p in params:
+            put(p, saved[id(p)])
+        ms.set_rng_state(rng)
+        self.taken = taken
+
+
+def class_probabilities(model: nn.Cell, inputs, classes: int) -> np.ndarray:
+    """Softmax of the model's logits, in FP32, over the batches `inputs` (Tensors), in eval
+    mode: what a classifier's predict() returns."""
+    was = model.training
+    model.set_train(False)
+    try:
+        out = [ops.softmax(model(x).astype(ms.float32), axis=1).asnumpy() for x in inputs]
+    finally:
+        model.set_train(was)
+    return np.concatenate(out) if out else np.zeros((0, classes), np.float32)

@@ -1,0 +1,120 @@
+"""The benchmark trained by MindSpore (issue 47), in MindSpore's own venv (`make test`
+builds it beside the suite's: MindSpore 2.10 and TensorFlow 2.18 need protobufs no venv
+can hold together; HPCAI500_MINDSPORE_VENV names it, else .venv-mindspore). That venv has
+neither TensorFlow, Horovod nor PyTorch, so a run there imports none of them. A real
+mpirun of the venv's Open MPI on 2 ranks: every test PASSED, the ensemble learnt the
+digits, --verify passes here (in the suite's venv, without MindSpore: its MLLOG check
+runs MLPerf's checker on every base model's log); the model's Table 3 count and weights
+are the hand-computed ones, TensorFlow's and PyTorch's (tests/test_flops.py); the job's
+exchange averages over MPI in FP32 and FP16 to the bit."""
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import verify
+from tests.conftest import HANG, ROOT, dat_text, mpi_env, results
+
+VENV = Path(os.environ.get("HPCAI500_MINDSPORE_VENV") or ROOT / ".venv-mindspore")
+MS_BIN = VENV / "bin"
+
+
+@pytest.fixture(scope="module")
+def ms_python() -> Path:
+    """The MindSpore venv's python; the test fails, naming the command that builds it, where there is none."""
+    python = MS_BIN / "python"
+    if not python.exists():
+        pytest.fail(f"no MindSpore venv at {VENV}: make venv VENV=.venv-mindspore FRAMEWORKS=mindspore"
+                    " (make test builds it)")
+    return python
+
+
+def _ms_mpirun(ms_python, np_: int, args, cwd: Path, timeout: int = HANG) -> subprocess.CompletedProcess:
+    """mpirun of the MindSpore venv's Open MPI, its python running `args`."""
+    env = {**mpi_env(), "PATH": f"{MS_BIN}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [str(MS_BIN / "mpirun"), "--oversubscribe", "-np", str(np_), str(ms_python), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_mindspore_venv_holds_no_other_framework(ms_python):
+    p = subprocess.run([str(ms_python), "-c", "import importlib.util as u, json; print(json.dumps("
+                        "{m: u.find_spec(m) is not None for m in ('mindspore', 'tensorflow', 'horovod', 'torch')}))"],
+                       capture_output=True, text=True, timeout=HANG)
+    assert json.loads(p.stdout) == {"mindspore": True, "tensorflow": False, "horovod": False, "torch": False}, p.stderr
+
+
+def test_a_sweep_trains_in_mindspore_on_two_ranks(ms_python, tmp_path):
+    """The shipped digits sweep with line 35 mindspore, on 2 ranks: M = 1 and 2 base models
+    of 1 rank (the shipped options: SGD, FP32 exchange), and one base model of 2 ranks
+    whose gradients go over MPI in FP16 under Adam (line 21 and 18, for every test)."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="1 2 1", l11="1 1 2", l15=6,
+                                             l18="adam", l19=0.002, l21="fp16", l35="mindspore"))
+    p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    report = (run / "report.txt").read_text()
+    assert report.count("...... PASSED") == 3 and "FAILED" not in report, report[-2000:]
+    res = results(tmp_path / "runs")
+    assert res["environment"]["frameworks"] == ["mindspore"] and res["environment"]["mindspore"] == "2.10.0"
+    assert [t["tv"] for t in res["tests"]] == ["B32C16ARMS"] * 3
+    for t in res["tests"]:
+        assert t["framework"] == "mindspore" and t["consistency"]["passed"]
+        assert t["quality"] > 0.5 or (t["P"] > 1 and max(t["final_loss"]) < 0.5), (t["index"], t["quality"])
+        assert t["weights"] == 151_434
+    assert res["tests"][2]["exchange"] == ["all-reduce over MPI, host memory, fp16, MPI"], \
+        res["tests"][2]["exchange"]
+    assert list(res["roofline"]) == ["mindspore/fp32"] and all(t["utilisation"]["gemm"] > 0 for t in res["tests"])
+    assert "- MindSpore: graph mode; each step's forward and backward pass one mindspore.jit graph" in report
+    assert "- Communication fp16 in MindSpore: the flattened gradients cast to FP16" in report
+    out = io.StringIO()
+    assert verify.main(str(run), out=out) == 0, out.getvalue()
+
+
+_CHECKS = r'''
+import json, sys
+import numpy as np
+from mpi4py import MPI
+sys.path.insert(0, ROOT)
+from harness import workloads
+from harness.frameworks.mindspore import communication, flops, models, train
+world = MPI.COMM_WORLD
+train.setup_devices(0, world.size)
+out = {}
+if world.rank == 0:
+    data = workloads.Data(np.zeros((4, 8, 8, 1), np.float32), np.zeros(4, np.int64), np.zeros((2, 8, 8, 1), np.float32),
+                          np.zeros(2, np.int64), 10, "zeros")
+    c = flops.count_built(models.get("digits"), data)
+    out["flops"] = [c.forward, c.by_operator, c.weights]
+# rank r's two gradients: [r + 1, -(r + 1) / 4] and [[2 r + 0.5]]; the job's mean in FP32 and over FP16
+mine = [np.array([world.rank + 1, -(world.rank + 1) / 4], np.float32), np.array([[2 * world.rank + 0.5]], np.float32)]
+for precision in ("fp32", "fp16"):
+    out[precision] = [a.tolist() for a in communication.average(mine, precision, world)]
+root = communication.broadcast([np.full(3, world.rank, np.float32)], world)
+out["broadcast"] = root[0].tolist()
+print("RESULT" + json.dumps(out), flush=True)
+'''
+
+
+def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
+    """The digits model's Table 3 count, cell by cell (harness/frameworks/mindspore/flops.py),
+    by hand for 8 x 8 x 1 images and 10 classes: convolutions 2 x 9 x 1 x 8 x 8 x 32 = 36 864
+    and 2 x 9 x 32 x 8 x 8 x 64 = 2 359 296; dense 2 x 1024 x 128 + 2 x 128 x 10 = 264 704;
+    element-wise: biases 2048 + 4096 + 128 + 10 and ReLUs 2048 + 4096 + 128 = 12 554;
+    pooling 4 x 4 x 64 = 1024; batch norm 8 x 8 x 32 = 2048; weights 320 + 128 (gamma, beta
+    and the two moving statistics) + 18 496 + 131 200 + 1290 = 151 434 (TensorFlow's and
+    PyTorch's figures). The exchange on 2 ranks: the mean of [1, -0.25] and [2, -0.5] is
+    [1.5, -0.375], of 0.5 and 2.5 is 1.5, exact in FP32 and in FP16 too (each a sum of
+    halves); the broadcast gives the root's zeros."""
+    (tmp_path / "checks.py").write_text(f"ROOT = {str(ROOT)!r}\n" + _CHECKS)
+    p = _ms_mpirun(ms_python, 2, [tmp_path / "checks.py"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    found = [json.loads(ln[len("RESULT"):]) for ln in p.stdout.splitlines() if ln.startswith("RESULT")]
+    assert len(found) == 2
+    assert found[0]["flops"] == [2_676_490, {"convolution": 2_396_160, "depthwise": 0, "dense": 264_704,
+                                             "elementwise": 12_554, "pooling": 1024, "normalization": 2048}, 151_434]
+    for out in found:
+        assert out["fp32"] == out["fp16"] == [[1.5, -0.375], [[1.5]]]
+        assert out["broadcast"] == [0.0, 0.0, 0.0]
