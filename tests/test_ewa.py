@@ -722,6 +722,53 @@ def test_the_pytorch_proposals_and_roi_crop_are_tensorflows(data):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_the_roi_crop_gradient_is_the_per_box_sum_and_deterministic(data):
+    """RoiCrop's gradient into the features is our own (TensorFlow's loses updates between
+    CPU threads: faster_rcnn.crop_and_resize): by hand on a 3 x 3 map, and at the detector's
+    shapes, under tf.function, crop_and_resize's summed one box at a time and bit-identical
+    over repeats, the forward crop_and_resize's exactly."""
+    import tensorflow as tf
+
+    from harness.frameworks.tensorflow import faster_rcnn
+    dy = np.array([[1, 2], [3, 4]], np.float32)[None, :, :, None]
+    # box 0.25..0.75 of a 3 x 3 map: 2 x 2 samples at y, x in {0.5, 1.5}, each shared equally
+    # by its four neighbouring pixels; box (0.25, -0.5)..(1.25, 0.5): samples at y {0.5, 2.5},
+    # x {-1, 1}, only (0.5, 1) on the map, shared by pixels (0, 1) and (1, 1)
+    for box, want in [([0.25, 0.25, 0.75, 0.75], 0.25 * np.array([[1, 3, 2], [4, 10, 6], [3, 7, 4]])),
+                      ([0.25, -0.5, 1.25, 0.5], [[0, 1, 0], [0, 1, 0], [0, 0, 0]])]:
+        f = tf.Variable(np.zeros((1, 3, 3, 1), np.float32))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(faster_rcnn.crop_and_resize(f, tf.constant([box]), tf.constant([0]), 2) * dy)
+        np.testing.assert_array_equal(tape.gradient(loss, f).numpy()[0, :, :, 0], want)
+
+    cfg, out, _ = _outputs(data, seed=4)
+    p, (fh, fw) = 2 * cfg.pool, cfg.feature_hw
+    features = np.random.default_rng(5).normal(size=(2, fh, fw, 8)).astype(np.float32)
+    rois = out["rois"] * 1.3 - 4.0                           # some boxes reach past the image
+    weights = np.random.default_rng(6).normal(size=(2, cfg.rois, p, p, 8)).astype(np.float32)
+    layer = faster_rcnn.RoiCrop(cfg)
+
+    @tf.function
+    def crops_and_gradient(f):
+        with tf.GradientTape() as tape:
+            tape.watch(f)
+            crops = layer([f, tf.constant(rois)])
+            loss = tf.reduce_sum(crops * weights)
+        return crops, tape.gradient(loss, f)
+    runs = [[t.numpy() for t in crops_and_gradient(tf.constant(features))] for _ in range(10)]
+    norm = (rois / cfg.stride - 0.5) / np.array([fh - 1, fw - 1, fh - 1, fw - 1], np.float32)
+    theirs = tf.image.crop_and_resize(features, norm.reshape(-1, 4), np.repeat([0, 1], cfg.rois), (p, p))
+    np.testing.assert_array_equal(runs[0][0], theirs.numpy().reshape(runs[0][0].shape))
+    f, want = tf.Variable(features), np.zeros_like(features)
+    for i, k in np.ndindex(*rois.shape[:2]):                 # one box at a time: no two threads write at once
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.image.crop_and_resize(f, norm[i, k][None], [i], (p, p)) * weights[i, k][None])
+        want += tape.gradient(loss, f).numpy()
+    assert np.abs(want).max() > 1
+    np.testing.assert_allclose(runs[0][1], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert all(np.array_equal(run[1], runs[0][1]) for run in runs[1:])
+
+
 # ---- end to end ----------------------------------------------------------------------
 
 def prior_detector(data) -> np.ndarray:
