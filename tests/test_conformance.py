@@ -3,13 +3,15 @@ line 21's int8 exchange (harness/communication.int8_quantised, int8_mean) and th
 optimizers LARS and LAMB (harness/optimizers.py), on finite, all-zero and non-finite
 gradients. In-process, no MPI: the ranks of a job are simulated by their tensors, the Max
 all-reduce of the scale by a max over them, as the frameworks' own unit tests do. A framework
-whose package cannot be imported here is skipped, saying so."""
+whose package cannot be imported here is skipped, saying so: MindSpore's venv has neither
+of the other two, and the suite's venv no MindSpore, so tests/test_mindspore.py runs this
+file again in MindSpore's venv."""
 import numpy as np
 import pytest
 
 from harness import communication, optimizers
 
-FRAMEWORKS = ("tensorflow", "pytorch")
+FRAMEWORKS = ("tensorflow", "pytorch", "mindspore")
 RNG = np.random.default_rng(47)
 # three ranks' gradients of one tensor: finite and ragged (one element exactly at the max,
 # halves that round to even), all zero, a NaN on one rank, an inf on another
@@ -71,9 +73,33 @@ class _PyTorch:
         return [p.detach().numpy() for p in params]
 
 
+class _MindSpore:
+    """MindSpore's int8 arithmetic is numpy on the host (its exchange runs there, over MPI)."""
+
+    def __init__(self):
+        self.ms = pytest.importorskip("mindspore")
+        from harness.frameworks.mindspore import communication, optimizers
+        self.c, self.opt = communication, optimizers
+
+    def int8(self, per_rank):
+        c = self.c
+        scale = c.scales(np.max([c.maxima([g]) for g in per_rank], axis=0))[0]
+        q = np.stack([c.quantise(g, scale) for g in per_rank])
+        return q, c.dequantised_mean(q, scale)
+
+    def steps(self, name, start, grads, lrs, wd):
+        ms = self.ms
+        params = [ms.Parameter(ms.Tensor(w.astype(np.float32)), name=f"w{i}") for i, w in enumerate(start)]
+        opt = {"lars": self.opt.LARS, "lamb": self.opt.LAMB}[name](params, lr=lrs[0], weight_decay=wd)
+        for lr, gs in zip(lrs, grads):
+            opt.learning_rate.set_data(ms.Tensor(lr, ms.float32))
+            opt([ms.Tensor(g.astype(np.float32)) for g in gs])
+        return [p.asnumpy() for p in params]
+
+
 @pytest.fixture(scope="module", params=FRAMEWORKS)
 def framework(request):
-    return {"tensorflow": _TensorFlow, "pytorch": _PyTorch}[request.param]()
+    return {"tensorflow": _TensorFlow, "pytorch": _PyTorch, "mindspore": _MindSpore}[request.param]()
 
 
 @pytest.mark.parametrize("case", CASES)

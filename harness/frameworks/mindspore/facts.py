@@ -15,6 +15,8 @@ CPUs: a job is exactly its ranks, in every test of a sweep.
 """
 from __future__ import annotations
 
+from harness import communication
+
 NAME = "mindspore"      # line 35's keyword
 TITLE = "MindSpore"     # in the report's sentences
 CODE = "MS"             # T/V code
@@ -33,9 +35,6 @@ REFUSES = {
     ("compiler", "xla"): "XLA is TensorFlow's compiler; MindSpore compiles its own graphs (mindspore.jit)",
     ("compiler", "inductor"): "torch.compile (TorchInductor) is PyTorch's compiler; MindSpore compiles its own"
                               " graphs (mindspore.jit)",
-    ("comm_precision", "int8"): f"int8 communication is {_NOT_YET}",
-    ("optimizer", "lars"): f"LARS is {_NOT_YET}",
-    ("optimizer", "lamb"): f"LAMB is {_NOT_YET}",
     ("precision", "fp16"): f"mixed precision is {_NOT_YET}",
     ("precision", "bf16"): f"mixed precision is {_NOT_YET}"}
 NO_PIPELINE = ("MindSpore's pipeline parallelism is its auto-parallel on its own cluster, not wired from MPI"
@@ -76,6 +75,13 @@ def option_lines(cfg) -> list[str]:
     if cfg.comm_precision == "fp16":
         lines.append("Communication fp16 in MindSpore: the flattened gradients cast to FP16 for the MPI all-reduce,"
                      " summed in FP16 on the wire, back to FP32 after")
+    if cfg.comm_precision == "int8":
+        lines.append("Communication int8 in MindSpore, over MPI on the host (harness/frameworks/mindspore/"
+                     "communication.py): " + communication.INT8)
+    if cfg.optimizer in ("lars", "lamb"):
+        lines.append(f"Optimizer {cfg.optimizer} in MindSpore: harness/frameworks/mindspore/optimizers.py, the rule"
+                     " of harness/optimizers.py (every framework's), the same exclusions, eagerly tensor by tensor;"
+                     " a workload's global gradient clipping on the job's averaged gradients")
     return lines
 
 

@@ -16,7 +16,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from harness import train, workloads
-from harness.frameworks.mindspore import communication, kernels, models
+from harness.frameworks.mindspore import communication, kernels, models, optimizers
 
 
 def setup_devices(local_rank: int, sharing: int) -> dict:
@@ -44,15 +44,25 @@ def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, option
     MindSpore with Keras' defaults (Adam's epsilon 1e-7, AdaGrad's initial accumulator 0.1).
     Weight decay reaches the kernels only (weights of 2 or more dimensions), never biases or
     batch norm: the model's `l2` (its Keras twin's L2 kernel regularizer) is the coupled
-    kind, MindSpore's weight_decay; an option's decoupled weight decay is Adam's alone
-    (AdamWeightDecay). LARS and LAMB are refused (facts.REFUSES)."""
+    kind, MindSpore's weight_decay; an option's decoupled weight decay is Adam's
+    (AdamWeightDecay), LARS's and LAMB's (ours: optimizers.py, harness/optimizers.py's
+    rules). An option's global_clipnorm (deepcam's LAMB) is applied by the Step, to the
+    job's averaged gradients before the update, as Keras does."""
     decoupled = float(options.get("weight_decay") or 0.0)
     params = model.trainable_params()
     kernels = [p for p in params if len(p.shape) >= 2]
     groups = [{"params": kernels, "weight_decay": l2}, {"params": [p for p in params if len(p.shape) < 2],
                                                          "weight_decay": 0.0}] if kernels and l2 else params
-    if decoupled and name != "adam":
-        raise ValueError(f"optimizer {name!r}: decoupled weight decay is built for adam alone in MindSpore")
+    if decoupled and name not in ("adam", "lars", "lamb"):
+        raise ValueError(f"optimizer {name!r}: decoupled weight decay is built for adam, lars and lamb in MindSpore")
+    clip = {"global_clipnorm": float(options["global_clipnorm"])} if options.get("global_clipnorm") else {}
+    opt, config = _optimizer(name, params, groups, lr, momentum, options, decoupled, l2)
+    return opt, {**config, **clip}
+
+
+def _optimizer(name: str, params, groups, lr: float, momentum: float, options: dict, decoupled: float, l2: float):
+    """(optimizer, its settings) of line 18's `name` over `params` (`groups`: the same with
+    the coupled decay on the kernels alone), make_optimizer's rules."""
     if name == "sgd":
         return nn.SGD(groups, learning_rate=lr, momentum=momentum), {"momentum": momentum, "weight_decay": l2}
     if name == "adam":
@@ -64,6 +74,13 @@ def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, option
         return nn.Adam(groups, learning_rate=lr, eps=eps), config
     if name == "adagrad":
         return nn.Adagrad(groups, accum=0.1, learning_rate=lr), {"weight_decay": l2}
+    if name == "lars":   # ours (optimizers.py): decay in the rule, the model's l2 on the gradient
+        return (optimizers.LARS(params, lr=lr, momentum=momentum, weight_decay=decoupled, l2=l2),
+                {"momentum": momentum, "weight_decay": decoupled})
+    if name == "lamb":
+        eps = float(options.get("epsilon", 1e-6))
+        return (optimizers.LAMB(params, lr=lr, eps=eps, weight_decay=decoupled, l2=l2),
+                {"beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": decoupled})
     raise ValueError(f"optimizer {name!r} is not built in MindSpore (its facts' REFUSES)")
 
 
@@ -158,7 +175,8 @@ class Step:
         put(self.opt.learning_rate, np.float32(self.schedule(self.taken)))
         self.taken += 1
         loss, grads = self.grad(x, y)
-        mean = communication.average([g.asnumpy() for g in grads], self.comm_precision, self.comm)
+        mean = clipped(communication.average([g.asnumpy() for g in grads], self.comm_precision, self.comm),
+                       self.config.get("global_clipnorm", 0.0))
         self.opt(tuple(ms.Tensor(g) for g in mean))
         return loss
 
@@ -178,6 +196,16 @@ class Step:
             put(p, saved[id(p)])
         ms.set_rng_state(rng)
         self.taken = taken
+
+
+def clipped(grads: list, max_norm: float) -> list:
+    """The job's averaged gradients scaled to global norm `max_norm` where theirs is larger
+    (Keras' global_clipnorm; clip_grad_norm_'s epsilon 1e-6, as PyTorch's Step); 0: as they are."""
+    if not max_norm:
+        return grads
+    norm = float(np.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads)))
+    factor = max_norm / (norm + 1e-6)
+    return [g * np.float32(factor) for g in grads] if factor < 1 else grads
 
 
 def class_probabilities(model: nn.Cell, inputs, classes: int) -> np.ndarray:
