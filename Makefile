@@ -38,7 +38,7 @@ endif
 ifneq ($(and $(TF),$(MS)),)
 $(error FRAMEWORKS: found 'tensorflow mindspore', expected one of them: MindSpore 2.10 needs protobuf >= 7.34, TensorFlow 2.18 < 6; give MindSpore its own venv: make venv VENV=.venv-mindspore FRAMEWORKS=mindspore)
 endif
-# The MindSpore venv the tests use beside $(VENV) (`make test` builds it; tests/conftest.py reads it)
+# The MindSpore venv the tests use beside $(VENV) (`make test` builds it and names it to pytest: --mindspore-venv)
 MSVENV  ?= .venv-mindspore
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
@@ -65,7 +65,7 @@ run: $(STAMP) $(ULFM)
 
 test: $(STAMP) $(ULFM)
 	$(MAKE) --no-print-directory venv VENV=$(MSVENV) FRAMEWORKS=mindspore
-	HPCAI500_MINDSPORE_VENV=$(abspath $(MSVENV)) $(PY) -m pytest -q -rs -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -rs -n 2 --dist loadgroup --mindspore-venv=$(abspath $(MSVENV)) tests
 
 unit: $(STAMP) $(ULFM)
 	$(PY) -m pytest -q -m "not mpi" tests

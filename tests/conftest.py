@@ -269,6 +269,13 @@ SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmofl
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
+def pytest_addoption(parser):
+    # Not an environment variable: every HPCAI500_* one is a run's setting (harness/settings.py
+    # refuses an unknown name), and a run started by a test inherits the test's environment
+    parser.addoption("--mindspore-venv", default=str(ROOT / ".venv-mindspore"),
+                     help="MindSpore's venv for tests/test_mindspore.py (make test passes $(MSVENV))")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_mpirun(item):

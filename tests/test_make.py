@@ -40,7 +40,7 @@ def test_mindspore_gets_a_venv_of_its_own(tmp_path):
     test = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'v'}", f"MSVENV={tmp_path / 'm'}"], cwd=ROOT,
                           capture_output=True, text=True).stdout
     assert f"venv VENV={tmp_path / 'm'} FRAMEWORKS=mindspore" in test
-    assert f"HPCAI500_MINDSPORE_VENV={tmp_path / 'm'}" in test
+    assert f"--mindspore-venv={tmp_path / 'm'} tests" in test
 
 
 def test_the_venvs_frameworks_are_the_default(tmp_path):

@@ -26,7 +26,6 @@ REQUIRES = (("mindspore", "mindspore (requirements-mindspore.txt, a venv of its 
 # The environment variables only MindSpore reads: a run without it leaves them out of its record
 OWN_VARIABLES = ("MS_", "GLOG_")
 ENVIRONMENT = {}   # nothing to set before MindSpore is imported
-_NOT_YET = "not yet built in MindSpore here"
 REFUSES = {
     ("allreduce", "hierarchical"): "a MindSpore job averages over its MPI communicator in one all-reduce;"
                                    " use ring",
@@ -35,8 +34,8 @@ REFUSES = {
     ("compiler", "xla"): "XLA is TensorFlow's compiler; MindSpore compiles its own graphs (mindspore.jit)",
     ("compiler", "inductor"): "torch.compile (TorchInductor) is PyTorch's compiler; MindSpore compiles its own"
                               " graphs (mindspore.jit)",
-    ("precision", "fp16"): f"mixed precision is {_NOT_YET}",
-    ("precision", "bf16"): f"mixed precision is {_NOT_YET}"}
+    ("precision", "bf16"): "MindSpore 2.10's CPU kernels refuse BF16 (its mixed precision's step fails with a"
+                           " TypeError); use fp16"}
 NO_PIPELINE = ("MindSpore's pipeline parallelism is its auto-parallel on its own cluster, not wired from MPI"
                " here; PyTorch's torch.distributed.pipelining carries the model, pipeline and mixed modes:"
                " name pytorch on line 35")
@@ -72,6 +71,12 @@ def option_lines(cfg) -> list[str]:
              " (an MPI broadcast); the optimizers are mindspore.nn's with Keras' defaults (Adam's epsilon"
              " 1e-7, AdaGrad's initial accumulator 0.1, MindSpore's AdaGrad has no epsilon; SGD's momentum"
              " applied as v = m v + g); weight decay on kernels only (never biases or batch norm)"]
+    if "fp16" in cfg.precisions:
+        lines.append("Mixed precision in MindSpore (fp16): mindspore.amp's O2, as Keras' mixed_float16 (every cell"
+                     " computes in FP16 but batch norm, FP32 master weights, the output and the loss in FP32); a"
+                     " dynamic loss scale on the job's averaged gradients (2^15 to start, halved and the step skipped"
+                     " where they are not finite, doubled after 2000 finite steps: Keras' rule); FLOPs counted as"
+                     " for fp32")
     if cfg.comm_precision == "fp16":
         lines.append("Communication fp16 in MindSpore: the flattened gradients cast to FP16 for the MPI all-reduce,"
                      " summed in FP16 on the wire, back to FP32 after")

@@ -37,7 +37,7 @@ class Job:
         self.spec = spec
 
     def build(self, workload, data, seed: int, job: int, precision: str):
-        return train.build(workload, data, seed, job)
+        return train.build(workload, data, seed, job, precision)
 
     def train(self, workload, data, model, indices, recipe, **hooks):
         return train.train_base_model(workload, data, model, indices, recipe, comm=self.spec.comm, **hooks)

@@ -11,6 +11,9 @@ MPI at the edges (the job's broadcasts and all-reduces over its communicator).
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
@@ -32,11 +35,14 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
     return {"threads": intra, "inter_op": inter_op, "device": "CPU", "gpus_on_node": 0}
 
 
-def build(workload, data, seed: int, job: int) -> nn.Cell:
+def build(workload, data, seed: int, job: int, precision: str) -> nn.Cell:
     """The job's model, initialised from (seed, job) as the other frameworks' are; the
-    Step then makes the job's ranks equal by broadcasting the root's weights."""
+    Step then makes the job's ranks equal by broadcasting the root's weights. Line 17's
+    fp16: mindspore.amp's O2, Keras' mixed_float16 (every cell computes in FP16 but batch
+    norm, the weights FP32 and cast at use, the output cast back to FP32)."""
     ms.set_seed((seed * 1_000_003 + job) % 2**31)
-    return models.get(workload.NAME).build_model(data)
+    model = models.get(workload.NAME).build_model(data)
+    return ms.amp.auto_mixed_precision(model, amp_level="O2", dtype=ms.float16) if precision == "fp16" else model
 
 
 def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, options: dict, l2: float = 0.0):
@@ -166,18 +172,24 @@ class Step:
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
         model.set_train(True)
 
-        def forward(x, y):
-            return module.loss(model(x).astype(ms.float32), y).mean()
-        self.grad = ms.jit(ms.value_and_grad(forward, None, self.opt.parameters))
+        def forward(x, y, scale):   # the loss times the loss scale (1 but in fp16); the loss itself the aux
+            loss = module.loss(model(x).astype(ms.float32), y).mean()
+            return loss * scale, loss
+        self.grad = ms.jit(ms.value_and_grad(forward, None, self.opt.parameters, has_aux=True))
+        self.scale = LossScale() if recipe.precision == "fp16" else None
         self.taken = 0        # steps taken: the LR schedule's step number
 
     def __call__(self, x, y):
         put(self.opt.learning_rate, np.float32(self.schedule(self.taken)))
         self.taken += 1
-        loss, grads = self.grad(x, y)
-        mean = clipped(communication.average([g.asnumpy() for g in grads], self.comm_precision, self.comm),
-                       self.config.get("global_clipnorm", 0.0))
-        self.opt(tuple(ms.Tensor(g) for g in mean))
+        scale = self.scale.value if self.scale else 1.0
+        (_, loss), grads = self.grad(x, y, ms.Tensor(scale, ms.float32))
+        mean = communication.average([g.asnumpy() for g in grads], self.comm_precision, self.comm)
+        if self.scale is not None:   # the job's averaged gradients: every rank skips the same steps
+            mean = [g / np.float32(scale) for g in mean]
+            if not self.scale.update(all(np.isfinite(g).all() for g in mean)):
+                return loss
+        self.opt(tuple(ms.Tensor(g) for g in clipped(mean, self.config.get("global_clipnorm", 0.0))))
         return loss
 
     def undone_warm_up(self, batches, steps: int) -> None:
@@ -189,13 +201,32 @@ class Step:
         draw other masks than a run without warm-up would."""
         params = [*self.model.get_parameters(), *self.opt.get_parameters()]
         saved = {id(p): p.asnumpy().copy() for p in params}
-        rng, taken = ms.get_rng_state(), self.taken
+        rng, taken, scale = ms.get_rng_state(), self.taken, dataclasses.replace(self.scale) if self.scale else None
         for _, (x, y) in zip(range(steps), batches):
             float(self(x, y).asnumpy())   # waits for the step
         for p in params:
             put(p, saved[id(p)])
         ms.set_rng_state(rng)
-        self.taken = taken
+        self.taken, self.scale = taken, scale
+
+
+@dataclass
+class LossScale:
+    """fp16's dynamic loss scale, Keras' LossScaleOptimizer's rule: 2^15 to start, halved
+    when the job's averaged gradients are not finite (the step skipped), doubled after
+    2000 finite steps in a row."""
+    value: float = 2.0 ** 15
+    good: int = 0       # finite steps since the last change
+
+    def update(self, finite: bool) -> bool:
+        """Record one step's verdict; whether to apply its update."""
+        if not finite:
+            self.value, self.good = max(self.value / 2, 1.0), 0
+            return False
+        self.good += 1
+        if self.good == 2000:
+            self.value, self.good = self.value * 2, 0
+        return True
 
 
 def clipped(grads: list, max_norm: float) -> list:
