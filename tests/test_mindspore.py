@@ -30,9 +30,10 @@ def ms_python(request) -> Path:
     return python
 
 
-def _ms_mpirun(ms_python, np_: int, args, cwd: Path, timeout: int = HANG) -> subprocess.CompletedProcess:
-    """mpirun of the MindSpore venv's Open MPI, its python running `args`."""
-    env = {**mpi_env(), "PATH": f"{ms_python.parent}{os.pathsep}{os.environ['PATH']}"}
+def _ms_mpirun(ms_python, np_: int, args, cwd: Path, timeout: int = HANG, env: dict | None = None
+               ) -> subprocess.CompletedProcess:
+    """mpirun of the MindSpore venv's Open MPI, its python running `args` (`env`: extra variables)."""
+    env = {**mpi_env(env=env), "PATH": f"{ms_python.parent}{os.pathsep}{os.environ['PATH']}"}
     cmd = [str(ms_python.parent / "mpirun"), "--oversubscribe", "-np", str(np_), str(ms_python), *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -70,6 +71,27 @@ def test_a_sweep_trains_in_mindspore_on_two_ranks(ms_python, tmp_path):
     assert "- MindSpore: graph mode; each step's forward and backward pass one mindspore.jit graph" in report
     assert "- Communication int8 in MindSpore, over MPI on the host" in report
     assert "- Mixed precision in MindSpore (fp16): mindspore.amp's O2" in report
+    out = io.StringIO()
+    assert verify.main(str(run), out=out) == 0, out.getvalue()
+
+
+def test_cosmoflow_trains_in_mindspore(ms_python, tmp_path, monkeypatch):
+    """CosmoFlow's 3D CNN (first block 4 filters wide: HPCAI500_COSMO_WIDTH) on synthetic
+    universes of 32^3, one base model of 2 ranks: PASSED, --verify passes, its count
+    cosmoflow.forward_flops(32) = 41 987 272 a sample (Table 3, the other frameworks') and its
+    weights by hand: convolutions 27 Cin F + F = 436 + 872 + 3472 + 13 856 + 55 360, dense
+    65 x 128 + 129 x 64 + 65 x 4 = 16 836: 90 832."""
+    from harness.workloads import cosmoflow
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l7="cosmoflow", l8="synthetic:64:32", l9=1,
+                                             l10=1, l11=2, l14=4, l15=2, l35="mindspore"))
+    p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path,
+                   env={"HPCAI500_COSMO_WIDTH": "4"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    (t,) = results(tmp_path / "runs")["tests"]
+    assert t["framework"] == "mindspore" and t["consistency"]["passed"] and t["weights"] == 90_832
+    monkeypatch.setenv("HPCAI500_COSMO_WIDTH", "4")                  # the formula at the run's width
+    assert t["forward_flops_per_sample"] == cosmoflow.forward_flops(32) == 41_987_272
+    (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 

@@ -5,12 +5,14 @@ off) at batch 1, with a forward hook on every leaf cell: each call of a cell wit
 rule becomes the plain record harness/flops.py has a rule for (the same RECORD_KINDS as a
 Keras layer's and a PyTorch operator's), and the sums are harness/flops.py's.
 
-    nn.Conv2d               conv (group = Cin > 1: depthwise), its bias
+    nn.Conv2d, nn.Conv3d    conv (group = Cin > 1: depthwise), its bias
     nn.Dense                dense, its bias
     nn.ReLU, ...            activation
     nn.MaxPool2d, AvgPool2d pooling
     nn.BatchNorm2d          normalization
     nn.Flatten, nn.Dropout  nothing (a view; off in eval mode)
+    UNCOUNTED = True        nothing: a cell that says it has no Table 3 operator (cosmoflow's
+                            x 1.2, as Keras ignores a Lambda)
 
 A hook sees cells, not the operators a cell's construct runs itself (a residual `x + y`),
 so a model may only nest its leaves in nn.SequentialCell, whose construct is the
@@ -88,7 +90,9 @@ def weights(model: nn.Cell) -> int:
 
 def record(cell: nn.Cell, x, y) -> dict | None:
     """The record of one leaf cell's call at batch 1 (None: a cell without arithmetic)."""
-    if isinstance(cell, nn.Conv2d):
+    if getattr(cell, "UNCOUNTED", False):   # a cell without a Table 3 operator by design (a scalar scale)
+        return None
+    if isinstance(cell, (nn.Conv2d, nn.Conv3d)):
         kernel, bias = math.prod(cell.kernel_size), int(cell.has_bias)
         if cell.group == cell.in_channels and cell.group > 1:
             return {"kind": "depthwise", "kernel": kernel, "cin": cell.in_channels,

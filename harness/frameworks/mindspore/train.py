@@ -242,10 +242,18 @@ def clipped(grads: list, max_norm: float) -> list:
 def class_probabilities(model: nn.Cell, inputs, classes: int) -> np.ndarray:
     """Softmax of the model's logits, in FP32, over the batches `inputs` (Tensors), in eval
     mode: what a classifier's predict() returns."""
+    out = outputs(model, inputs, lambda logits: ops.softmax(logits.astype(ms.float32), axis=1))
+    return out if len(out) else np.zeros((0, classes), np.float32)
+
+
+def outputs(model: nn.Cell, inputs, post=lambda out: out.astype(ms.float32)) -> np.ndarray:
+    """`post` of the model's outputs (FP32 by default) over the batches `inputs`, in eval
+    mode, concatenated on the host (an empty array where `inputs` is): the one loop of
+    every workload's predict()."""
     was = model.training
     model.set_train(False)
     try:
-        out = [ops.softmax(model(x).astype(ms.float32), axis=1).asnumpy() for x in inputs]
+        out = [post(model(x)).asnumpy() for x in inputs]
     finally:
         model.set_train(was)
-    return np.concatenate(out) if out else np.zeros((0, classes), np.float32)
+    return np.concatenate(out) if out else np.zeros((0,), np.float32)
