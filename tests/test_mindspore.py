@@ -75,6 +75,26 @@ def test_a_sweep_trains_in_mindspore_on_two_ranks(ms_python, tmp_path):
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 
 
+def test_the_shipped_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):
+    """The shipped file with line 35 mindspore on 2 simulated nodes x 2 ranks (the venv's
+    mpirun launching over ssh, as from a login node): M = 1, 2, 4 base models of one rank,
+    every test PASSED and learnt the digits, --verify passes."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=4, l35="mindspore"))
+    env = mpi_env()
+    cmd = [str(ms_python.parent / "mpirun"), *cluster.mpirun_args("n1:2,n2:2", env), str(ms_python),
+           str(ROOT / "hpcai500.py"), str(tmp_path / "t.dat")]
+    p = subprocess.run(cmd, cwd=tmp_path, env={**env, "PATH": f"{ms_python.parent}{os.pathsep}{os.environ['PATH']}"},
+                       capture_output=True, text=True, timeout=2 * HANG)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = results(tmp_path / "runs")
+    assert res["environment"]["hosts"] == ["n1", "n2"] and [t["M"] for t in res["tests"]] == [1, 2, 4]
+    assert all(t["consistency"]["passed"] and t["quality"] > 0.5 for t in res["tests"]), \
+        [(t["M"], t["quality"]) for t in res["tests"]]
+    (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    out = io.StringIO()
+    assert verify.main(str(run), out=out) == 0, out.getvalue()
+
+
 def test_cosmoflow_trains_in_mindspore(ms_python, tmp_path, monkeypatch):
     """CosmoFlow's 3D CNN (first block 4 filters wide: HPCAI500_COSMO_WIDTH) on synthetic
     universes of 32^3, one base model of 2 ranks: PASSED, --verify passes, its count
