@@ -38,6 +38,12 @@ threads per rank and batches as above; cases ic224, ic64 and deepcam (ewa has no
 model yet). Same measures and goals.
 
     .venv/bin/python bench/peers.py --framework pytorch --cases ic64,deepcam --no-scaling
+
+--framework mindspore (issue 47): the harness with line 35 = mindspore, run by MindSpore's
+venv (.venv-mindspore), against MindSpore's tutorial loop (bare_ms_loop); cases digits and
+cosmo (the workloads MindSpore builds so far).
+
+    .venv/bin/python bench/peers.py --framework mindspore --cases digits,cosmo --no-scaling
 """
 import argparse
 import functools
@@ -52,7 +58,9 @@ import common
 
 RUNS, EPOCHS, WARMUP = 2, 3, 3
 # case -> (workload, dataset line, per-rank batch, settings): sized for a few minutes on 2 cores
-CASES = {"ic224": ("ic", "synthetic:80:224", 8, {}),        # 64 training JPEGs of 224 px
+CASES = {"digits": ("digits", "embedded", 32, {}),           # the shipped workload (MindSpore builds it)
+         "cosmo": ("cosmoflow", "synthetic:64:32", 4, {"HPCAI500_COSMO_WIDTH": "8"}),   # 48 universes of 32^3
+         "ic224": ("ic", "synthetic:80:224", 8, {}),        # 64 training JPEGs of 224 px
          "ic64": ("ic", "synthetic:640:64", 32, {}),        # 512 of 64 px
          "ewa": ("ewa", "synthetic:400:96", 4, {}),         # 320 images of 96 x 144, small backbone
          # the reference model's ResNet-50 trunk on 80 images of 96 x 144
@@ -60,7 +68,15 @@ CASES = {"ic224": ("ic", "synthetic:80:224", 8, {}),        # 64 training JPEGs 
          # the reference DeepLabv3+ (no test-only setting) on 48 samples of 64 x 96
          "deepcam": ("deepcam", "synthetic:64:64", 2, {})}
 GOALS = {"steady": 0.98, "whole": 0.95}
+# the cases each framework's run takes by default: MindSpore builds digits and cosmoflow so far
+DEFAULT_CASES = {"tensorflow": "ic224,ic64,ewa,ewa-r50,deepcam", "pytorch": "ic224,ic64,ewa,ewa-r50,deepcam",
+                 "mindspore": "digits,cosmo"}
 RUNS_OF = ("harness", "bare", "bare fed")   # each pair of the goals, and the bare loop on the harness's feed
+
+
+def python_of(framework: str) -> str:
+    """The venv that runs `framework`: MindSpore's own (protobuf), else the suite's."""
+    return common.MS_PY if framework == "mindspore" else common.PY
 
 
 def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[dict, float]:
@@ -68,7 +84,7 @@ def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[d
     dat = common.make_dat(f"peers-{case}-{ranks}-{framework}", l7=wl, l8=dataset, l9=1, l10=1, l11=ranks, l13=1,
                           l14=batch, l15=EPOCHS, l30=0, l31=0, l35=framework)
     before = set(glob.glob(os.path.join(common.WORK, "*", "results.json")))
-    _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env)
+    _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env, python=python_of(framework))
     (new,) = set(glob.glob(os.path.join(common.WORK, "*", "results.json"))) - before
     with open(new) as f:
         record = json.load(f)
@@ -88,7 +104,7 @@ def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[d
 
 def bare_run(case: str, ranks: int, steps: int, fed: bool = False, framework: str = "tensorflow") -> tuple[dict, float]:
     out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), *(["--feed"] if fed else []),
-                              "--framework", framework, np=ranks, env=CASES[case][3])
+                              "--framework", framework, np=ranks, env=CASES[case][3], python=python_of(framework))
     return json.loads(out.strip().splitlines()[-1]), load
 
 
@@ -136,19 +152,62 @@ def bare_ddp_loop(case: str, steps: int, fed: bool = False) -> None:
     shards = lambda e: np.random.default_rng([comm.rank, e]).integers(0, data.n_train, steps * batch)  # noqa: E731
     feed = (tensors(torch_train.feed(wl, module, data, shards, EPOCHS, batch, 1)) if fed
             else (batches[s % len(batches)] for s in itertools.count()))
-    seconds = []
-    for epoch in range(EPOCHS):
-        comm.Barrier()
-        start = time.perf_counter()
-        for x, y in itertools.islice(feed, steps):
-            loss = step(x, y)
-        float(loss)   # the GPU's queue drained
-        seconds.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    seconds = timed_epochs(step, feed, steps, comm, float)   # float(loss): the GPU's queue drained
     dist.destroy_process_group()
-    if comm.rank == 0:
-        per_iter = steps * batch * comm.size
-        print(json.dumps({"seconds": seconds, "whole": per_iter * EPOCHS / sum(seconds),
-                          "steady": per_iter * (EPOCHS - 1) / sum(seconds[1:])}), flush=True)
+    say_rates(seconds, steps * batch, comm)
+
+
+def bare_ms_loop(case: str, steps: int, fed: bool = False) -> None:
+    """bare_loop's MindSpore twin, as MindSpore's tutorials write a training loop: the
+    forward function, value_and_grad over the optimizer's parameters, one mindspore.jit
+    train_step that also updates (on 1 rank). On 2 ranks the tutorials' DistributedGradReducer
+    needs MindSpore's own cluster, which the harness does not form (facts.py says why): the
+    bare loop's gradients then go over MPI on the host as the harness's do, so that the
+    ratio measures the harness's loop, feed and clock, not another exchange."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+    from mpi4py import MPI
+    from harness import workloads
+    from harness.frameworks.mindspore import communication, models, train as ms_train
+    wl_name, dataset, batch, _ = CASES[case]
+    comm = MPI.COMM_WORLD
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ms_train.setup_devices(local.rank, local.size)   # the harness's threads per rank
+    wl, module = workloads.get(wl_name), models.get(wl_name)
+    data = wl.load(workloads.Dataset.parse(dataset), os.path.join(common.WORK, ".data"), local.rank, local.Barrier)
+    tensors = lambda feed: ((module.inputs(x), module.targets(y)) for x, y in feed)  # noqa: E731
+    rows = np.random.default_rng(comm.rank).integers(0, data.n_train, 4 * batch)
+    batches = list(tensors(wl.batches(data, rows, batch, training=True, seed=1)))
+    ms.set_seed(7)
+    model = module.build_model(data)
+    ms_train.root_state(model, comm, trainable=True)
+    opt = nn.SGD(model.trainable_params(), learning_rate=0.01 * comm.size, momentum=wl.MOMENTUM)
+
+    def forward(x, y):
+        return module.loss(model(x), y).mean()
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        return loss
+    gradients = ms.jit(grad_fn)
+
+    def step(x, y):
+        if comm.size == 1:
+            return train_step(x, y)
+        loss, grads = gradients(x, y)
+        opt(tuple(ms.Tensor(g) for g in communication.average([g.asnumpy() for g in grads], "fp32", comm)))
+        return loss
+
+    for s in range(WARMUP):
+        step(*batches[s % len(batches)]).asnumpy()
+    shards = lambda e: np.random.default_rng([comm.rank, e]).integers(0, data.n_train, steps * batch)  # noqa: E731
+    feed = (tensors(workloads.training_feed(wl.batches, None, data, shards, EPOCHS, batch, 1)) if fed
+            else (batches[s % len(batches)] for s in itertools.count()))
+    say_rates(timed_epochs(step, feed, steps, comm, lambda loss: loss.asnumpy()), steps * batch, comm)   # drained
 
 
 def bare_loop(case: str, steps: int, fed: bool = False) -> None:
@@ -184,17 +243,31 @@ def bare_loop(case: str, steps: int, fed: bool = False) -> None:
     shards = lambda e: np.random.default_rng([hvd.rank(), e]).integers(0, data.n_train, steps * batch)  # noqa: E731
     feed = (workloads.training_feed(feed_of, module.stream, data, shards, EPOCHS, batch, seed=1) if fed
             else (batches[s % len(batches)] for s in itertools.count()))
+    seconds = timed_epochs(step, feed, steps, MPI.COMM_WORLD, lambda loss: loss.numpy())
+    del feed    # a tf.data teardown, after the clock as in the harness
+    say_rates(seconds, steps * batch, MPI.COMM_WORLD)
+
+
+def timed_epochs(step, feed, steps: int, comm, wait) -> list[float]:
+    """A bare loop's EPOCHS timed epochs, each from a barrier: `steps` calls step(x, y) on
+    `feed`'s batches, `wait(loss)` until the last is done; an epoch's seconds are the
+    slowest rank's of `comm`."""
+    from mpi4py import MPI
     seconds = []
-    for epoch in range(EPOCHS):
-        MPI.COMM_WORLD.Barrier()
+    for _ in range(EPOCHS):
+        comm.Barrier()
         start = time.perf_counter()
         for x, y in itertools.islice(feed, steps):
             loss = step(x, y)
-        loss.numpy()
-        seconds.append(MPI.COMM_WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX))
-    del feed    # a tf.data teardown, after the clock as in the harness
-    if hvd.rank() == 0:
-        per_iter = steps * batch * hvd.size()
+        wait(loss)
+        seconds.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return seconds
+
+
+def say_rates(seconds: list[float], per_rank: int, comm) -> None:
+    """Rank 0 prints the bare loop's samples/s (`per_rank` samples a rank an epoch) as the JSON bare_run reads."""
+    if comm.rank == 0:
+        per_iter = per_rank * comm.size
         print(json.dumps({"seconds": seconds, "whole": per_iter * EPOCHS / sum(seconds),
                           "steady": per_iter * (EPOCHS - 1) / sum(seconds[1:])}), flush=True)
 
@@ -204,8 +277,8 @@ def spread(xs) -> str:
 
 
 def main(runs: int, cases: list[str], ranks: list[int], scaling: bool, framework: str = "tensorflow") -> None:
-    print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}; framework {framework}"
-          f" ({'bare: Horovod' if framework == 'tensorflow' else 'bare: PyTorch DDP'})")
+    bare = {"tensorflow": "Horovod", "pytorch": "PyTorch DDP", "mindspore": "MindSpore's tutorial loop"}[framework]
+    print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}; framework {framework} (bare: {bare})")
     rows, summary, parts, loads = [], [], [], []
     for case in cases:
         for r in ranks:
@@ -259,12 +332,13 @@ if __name__ == "__main__":
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--feed", action="store_true", help="bare loop fed by the harness's training feed")
     p.add_argument("--runs", type=int, default=RUNS, help=f"harness/bare pairs per case (default {RUNS})")
-    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--cases", default=None, help="default: the framework's (DEFAULT_CASES)")
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--no-scaling", action="store_true")
-    p.add_argument("--framework", choices=("tensorflow", "pytorch"), default="tensorflow")
+    p.add_argument("--framework", choices=("tensorflow", "pytorch", "mindspore"), default="tensorflow")
     a = p.parse_args()
     if a.bare:
-        (bare_ddp_loop if a.framework == "pytorch" else bare_loop)(a.bare, a.steps, a.feed)
+        {"pytorch": bare_ddp_loop, "mindspore": bare_ms_loop, "tensorflow": bare_loop}[a.framework](
+            a.bare, a.steps, a.feed)
     else:
-        main(a.runs, a.cases.split(","), [int(r) for r in a.ranks.split(",")], not a.no_scaling, a.framework)
+        main(a.runs, (a.cases or DEFAULT_CASES[a.framework]).split(","), [int(r) for r in a.ranks.split(",")], not a.no_scaling, a.framework)
