@@ -95,22 +95,28 @@ def test_the_shipped_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_pat
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 
 
-def test_cosmoflow_trains_in_mindspore(ms_python, tmp_path, monkeypatch):
-    """CosmoFlow's 3D CNN (first block 4 filters wide: HPCAI500_COSMO_WIDTH) on synthetic
-    universes of 32^3, one base model of 2 ranks: PASSED, --verify passes, its count
-    cosmoflow.forward_flops(32) = 41 987 272 a sample (Table 3, the other frameworks') and its
-    weights by hand: convolutions 27 Cin F + F = 436 + 872 + 3472 + 13 856 + 55 360, dense
-    65 x 128 + 129 x 64 + 65 x 4 = 16 836: 90 832."""
+SMALL = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1", "HPCAI500_COSMO_WIDTH": "4"}   # as PyTorch's test
+
+
+def test_ic_and_cosmoflow_train_in_mindspore(ms_python, tmp_path, monkeypatch):
+    """ic's ResNet and CosmoFlow's 3D CNN, shrunk (SMALL: ic's stem 8 wide, one bottleneck a
+    stage; cosmoflow's first block 4 filters), on synthetic:16:32 (TFRecords, JPEGs by
+    Pillow), one base model of 2 ranks each: PASSED, --verify passes; their weights the
+    PyTorch twins' (tests/test_pytorch_run.py: 133 378 and 90 832; cosmoflow's by hand:
+    convolutions 27 Cin F + F = 436 + 872 + 3472 + 13 856 + 55 360, dense 65 x 128 + 129 x 64 +
+    65 x 4 = 16 836), cosmoflow's count its formula, 41 987 272 a sample. At the reference
+    sizes the ResNet-50's count is test_digits_count_and_the_mpi_exchange_in_mindspore's."""
     from harness.workloads import cosmoflow
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l7="cosmoflow", l8="synthetic:64:32", l9=1,
-                                             l10=1, l11=2, l14=4, l15=2, l35="mindspore"))
-    p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path,
-                   env={"HPCAI500_COSMO_WIDTH": "4"})
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=2, l7="ic cosmoflow", l8="synthetic:16:32",
+                                             l9=1, l10=1, l11=2, l14=2, l15=2, l30=0, l35="mindspore"))
+    p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path, env=SMALL)
     assert p.returncode == 0, p.stderr[-3000:]
-    (t,) = results(tmp_path / "runs")["tests"]
-    assert t["framework"] == "mindspore" and t["consistency"]["passed"] and t["weights"] == 90_832
+    ic, cosmo = results(tmp_path / "runs")["tests"]
+    for t in (ic, cosmo):
+        assert t["framework"] == "mindspore" and t["consistency"]["passed"], t["consistency"]
+    assert (ic["weights"], cosmo["weights"]) == (133_378, 90_832)
     monkeypatch.setenv("HPCAI500_COSMO_WIDTH", "4")                  # the formula at the run's width
-    assert t["forward_flops_per_sample"] == cosmoflow.forward_flops(32) == 41_987_272
+    assert cosmo["forward_flops_per_sample"] == cosmoflow.forward_flops(32) == 41_987_272
     (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
@@ -131,6 +137,10 @@ if world.rank == 0:
                           np.zeros(2, np.int64), 10, "zeros")
     c = flops.count_built(models.get("digits"), data)
     out["flops"] = [c.forward, c.by_operator, c.weights]
+    class ImageNet:
+        side, num_classes = 224, 1000
+    r = flops.count_built(models.get("ic"), ImageNet)
+    out["resnet50"] = [r.forward, r.by_operator, r.weights]
 # rank r's two gradients: [r + 1, -(r + 1) / 4] and [[2 r + 0.5]]; the job's mean in FP32 and over FP16
 mine = [np.array([world.rank + 1, -(world.rank + 1) / 4], np.float32), np.array([[2 * world.rank + 0.5]], np.float32)]
 for precision in ("fp32", "fp16"):
@@ -176,6 +186,11 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
         assert out["broadcast"] == [0.0, 0.0, 0.0]
         assert out["int8"] == [True, True, True]      # the reference's bits; an inf: NaN on every rank
         assert out["scale"] == [False, 16384.0, True, 16384.0, True, 32768.0, 0]
+    # ResNet-50 v1.5 at 224 px: Keras' and PyTorch's count and weights (tests/test_ic.py), the
+    # bottlenecks' adds and ReLUs from their records()
+    assert found[0]["resnet50"] == [8_204_912_616, {"convolution": 8_174_272_512, "depthwise": 0, "dense": 4_096_000,
+                                                    "elementwise": 15_129_064, "pooling": 301_056,
+                                                    "normalization": 11_113_984}, 25_610_152]
 
 
 def test_mindspores_arithmetic_is_the_references(ms_python):

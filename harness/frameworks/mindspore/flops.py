@@ -10,14 +10,17 @@ Keras layer's and a PyTorch operator's), and the sums are harness/flops.py's.
     nn.ReLU, ...            activation
     nn.MaxPool2d, AvgPool2d pooling
     nn.BatchNorm2d          normalization
+    nn.AdaptiveAvgPool2d    global pooling (to 1 x 1): one FLOP per input element
     nn.Flatten, nn.Dropout  nothing (a view; off in eval mode)
     UNCOUNTED = True        nothing: a cell that says it has no Table 3 operator (cosmoflow's
                             x 1.2, as Keras ignores a Lambda)
 
 A hook sees cells, not the operators a cell's construct runs itself (a residual `x + y`),
-so a model may only nest its leaves in nn.SequentialCell, whose construct is the
-composition of its cells and nothing else; any other cell with children, or a leaf with
-no rule, stops the count, naming it, rather than count 0. Weights are counted as Keras
+so a model nests its leaves in nn.SequentialCell, whose construct is the composition of
+its cells and nothing else, or in a cell that states its own arithmetic: records(output)
+-> the records of what its construct computes beside its children (ResNet's bottleneck:
+the add and the ReLU). Any other cell with children, or a leaf with no rule, stops the
+count, naming it, rather than count 0. Weights are counted as Keras
 counts them, batch-norm moving statistics included (MindSpore keeps those as parameters
 too). Activations: the output elements of every leaf cell's call, per sample.
 """
@@ -33,7 +36,7 @@ _ACTIVATION = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Tanh: "tanh", nn.Sigmoid: 
                nn.GELU: "gelu", nn.ELU: "elu"}
 _POOL = (nn.MaxPool2d, nn.AvgPool2d, nn.MaxPool3d, nn.AvgPool3d)
 _NORM = (nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm3d, nn.LayerNorm)
-_FREE = (nn.Flatten, nn.Dropout)
+_FREE = (nn.Flatten, nn.Dropout, nn.Identity)
 _CONTAINERS = (nn.SequentialCell,)
 
 
@@ -44,10 +47,12 @@ def count(model: nn.Cell, sample) -> flops.FlopCount:
     records, outputs, hooks = [], [0], []
     for name, cell in model.cells_and_names():
         if cell.cells():
-            if not isinstance(cell, _CONTAINERS):
+            if hasattr(cell, "records"):    # its construct's own arithmetic, as the cell states it
+                hooks.append(cell.register_forward_hook(_own(name, cell, records)))
+            elif not isinstance(cell, _CONTAINERS):
                 raise TypeError(f"harness.flops: cell {name or type(cell).__name__!r} ({type(cell).__name__}) has"
                                 " children and a construct of its own, whose operators a cell hook cannot see;"
-                                " add its rule to harness/frameworks/mindspore/flops.py rather than count it as 0")
+                                " give it records(output) (its own arithmetic) rather than count it as 0")
             continue
         hooks.append(cell.register_forward_hook(_recorder(name, records, outputs)))
     was = model.training
@@ -69,6 +74,12 @@ def _recorder(name: str, records: list, outputs: list):
         rec = record(cell, inputs[0], output)
         if rec is not None:
             records.append({"layer": name, **rec})
+    return hook
+
+
+def _own(name: str, cell, records: list):
+    def hook(_, inputs, output):
+        records.extend({"layer": name, **r} for r in cell.records(output))
     return hook
 
 
@@ -109,6 +120,8 @@ def record(cell: nn.Cell, x, y) -> dict | None:
         return {"kind": "activation", "activation": _ACTIVATION[type(cell)], "out": y.size}
     if isinstance(cell, _POOL):
         return {"kind": "pooling", "out": y.size}
+    if isinstance(cell, nn.AdaptiveAvgPool2d) and y.shape[2:] == (1, 1):   # global: every input read once
+        return {"kind": "global_pooling", "in": x.size}
     if isinstance(cell, _NORM):
         return {"kind": "normalization", "out": y.size}
     if isinstance(cell, _FREE):

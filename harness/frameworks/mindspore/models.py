@@ -22,12 +22,16 @@ class Model(Protocol):
     def predict(self, model, data, rows: slice):
         """np.ndarray (rows, the workload's score_width): scores of validation rows."""
 
+    # Optional (DEFAULTS): the training feed where the workload's own would need another
+    # framework (ic's is tf.data): batches(data, rows, batch, *, training, seed), the
+    # workloads' batches() contract; None: the workload's feed.
+    batches: object
     # Optional (DEFAULTS): coupled weight decay on the kernels, the Keras twin's L2 kernel
     # regularizer (train.make_optimizer).
     L2: float
 
 
-DEFAULTS = {"L2": 0.0}
+DEFAULTS = {"batches": None, "L2": 0.0}
 
 
 def channels_first(x: np.ndarray):

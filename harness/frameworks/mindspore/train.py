@@ -116,7 +116,7 @@ class Trainer:
 
     def _batches(self, shards, epochs: int, feed_seed: int):
         return ((self.module.inputs(x), self.module.targets(y)) for x, y in workloads.training_feed(
-            self.workload.batches, None, self.data, shards, epochs, self.step_batch, feed_seed))
+            self.module.batches or self.workload.batches, None, self.data, shards, epochs, self.step_batch, feed_seed))
 
     def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
         self.s.undone_warm_up(self._batches(lambda e: rows, 1, feed_seed), steps)
