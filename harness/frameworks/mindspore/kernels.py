@@ -17,7 +17,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import ops
 
-from kernels import REPEATS, conv, device, gemm, peak, stream, timing
+import kernels
+from kernels import conv, device, gemm, stream, timing
 
 DTYPES = {"fp32": ms.float32, "fp16": ms.float16, "bf16": ms.bfloat16}
 
@@ -27,14 +28,9 @@ def roofline(precision: str, quick: bool = False) -> dict:
     kernels.roofline gives (the harness's roofline lines and charts read either)."""
     if precision not in DTYPES:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(DTYPES)}")
-    repeats = 3 if quick else REPEATS
     name = where()
-    g = run_gemm(gemm.QUICK_N if quick else None, precision, repeats, name)
-    c = run_conv(conv.QUICK if quick else {}, precision, repeats, name)
-    s = run_stream(stream.QUICK_MIB if quick else None, repeats, name)
-    peak_flops, source = peak.theoretical(precision)
-    return {"precision": precision, "device": name, "gemm": g, "conv": c, "stream": s,
-            "peak": {"flops": peak_flops, "source": source}}
+    return kernels.measured(precision, quick, name, lambda n, p, r: run_gemm(n, p, r, name),
+                            lambda shape, p, r: run_conv(shape, p, r, name), lambda mib, r: run_stream(mib, r, name))
 
 
 def where() -> str:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import REPEATS, conv, device, gemm, peak, stream, timing
+import kernels
+from kernels import conv, device, gemm, stream, timing
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -28,14 +29,9 @@ def roofline(precision: str, quick: bool = False) -> dict:
     kernels.roofline gives (the harness's roofline lines and charts read either)."""
     if precision not in DTYPES:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(DTYPES)}")
-    repeats = 3 if quick else REPEATS
     dev, name = where()
-    g = run_gemm(gemm.QUICK_N if quick else None, precision, repeats, dev, name)
-    c = run_conv(conv.QUICK if quick else {}, precision, repeats, dev, name)
-    s = run_stream(stream.QUICK_MIB if quick else None, repeats, dev, name)
-    peak_flops, source = peak.theoretical(precision)
-    return {"precision": precision, "device": name, "gemm": g, "conv": c, "stream": s,
-            "peak": {"flops": peak_flops, "source": source}}
+    return kernels.measured(precision, quick, name, lambda n, p, r: run_gemm(n, p, r, dev, name),
+                            lambda shape, p, r: run_conv(shape, p, r, dev, name), lambda mib, r: run_stream(mib, r, dev, name))
 
 
 def where() -> tuple[torch.device, str]:
