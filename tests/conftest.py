@@ -268,7 +268,6 @@ def _starts_mpirun(item) -> bool:
 SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run", "cluster")
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_addoption(parser):
     # Not an environment variable: every HPCAI500_* one is a run's setting (harness/settings.py
     # refuses an unknown name), and a run started by a test inherits the test's environment
@@ -276,6 +275,7 @@ def pytest_addoption(parser):
                      help="MindSpore's venv for tests/test_mindspore.py (make test passes $(MSVENV))")
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_mpirun(item):
