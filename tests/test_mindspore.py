@@ -46,14 +46,15 @@ def test_the_mindspore_venv_holds_no_other_framework(ms_python):
 
 
 def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):
-    """The shipped digits sweep with line 35 mindspore, on 2 simulated nodes x 2 ranks (the
-    venv's mpirun launching over ssh, as from a login node): M = 1 and 2 base models of one
-    rank, and one base model of 4 ranks across both nodes whose gradients go over MPI in
-    int8 (line 21); every test under Adam in mixed precision (line 17's fp16: mindspore.amp's
-    O2, a dynamic loss scale). Every test PASSED and learnt the digits (a base model of 4
-    ranks trains a quarter of the steps: its final loss), --verify passes. LARS and LAMB
-    (ours, eager: 11x SGD's step here) are held to the references below, not trained here."""
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="1 2 1", l11="1 1 4", l15=5,
+    """The shipped digits input with line 35 mindspore, on 2 simulated nodes x 2 ranks (the
+    venv's mpirun launching over ssh, as from a login node): M = 2 base models of one rank,
+    and one base model of 4 ranks across both nodes whose gradients go over MPI in int8
+    (line 21); every test under Adam in mixed precision (line 17's fp16: mindspore.amp's O2,
+    a dynamic loss scale), 4 epochs. Every test PASSED and learnt the digits (a base model
+    of 4 ranks trains a quarter of the steps: its final loss), --verify passes. LARS and
+    LAMB (ours, eager: 11x SGD's step here) are held to the references below, not trained
+    here."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=2, l10="2 1", l11="1 4", l15=4,
                                              l17="fp16", l18="adam", l19=0.002, l21="int8", l35="mindspore"))
     env = mpi_env()
     cmd = [str(ms_python.parent / "mpirun"), *cluster.mpirun_args("n1:2,n2:2", env), str(ms_python),
@@ -63,16 +64,15 @@ def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
     report = (run / "report.txt").read_text()
-    assert report.count("...... PASSED") == 3 and "FAILED" not in report, report[-2000:]
+    assert report.count("...... PASSED") == 2 and "FAILED" not in report, report[-2000:]
     res = results(tmp_path / "runs")
     assert res["environment"]["hosts"] == ["n1", "n2"]
     assert res["environment"]["frameworks"] == ["mindspore"] and res["environment"]["mindspore"] == "2.10.0"
-    assert [(t["M"], t["P"], t["tv"]) for t in res["tests"]] == [(1, 1, "B16C8ARMS"), (2, 1, "B16C8ARMS"),
-                                                                 (1, 4, "B16C8ARMS")]
+    assert [(t["M"], t["P"], t["tv"]) for t in res["tests"]] == [(2, 1, "B16C8ARMS"), (1, 4, "B16C8ARMS")]
     for t in res["tests"]:
         assert t["framework"] == "mindspore" and t["consistency"]["passed"] and t["weights"] == 151_434
         assert t["quality"] > 0.5 or (t["P"] > 1 and max(t["final_loss"]) < 0.5), (t["index"], t["quality"])
-    assert res["tests"][2]["exchange"] == ["int8 all-gather, MPI"], res["tests"][2]["exchange"]
+    assert res["tests"][1]["exchange"] == ["int8 all-gather, MPI"], res["tests"][1]["exchange"]
     assert list(res["roofline"]) == ["mindspore/fp16"] and all(t["utilisation"]["gemm"] > 0 for t in res["tests"])
     assert "- MindSpore: graph mode; each step's forward and backward pass one mindspore.jit graph" in report
     assert "- Communication int8 in MindSpore, over MPI on the host" in report
