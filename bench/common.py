@@ -121,12 +121,12 @@ def run_harness(dat: str, **launch) -> tuple[list[dict], float]:
         return json.load(f)["tests"], other
 
 
-def run_record(dat: str, np: int = NP, env: dict | None = None) -> tuple[dict, float, int]:
-    """Run hpcai500.py on `dat` on `np` ranks (with `env` added to the environment): the whole
-    results.json it wrote (environment, write_seconds, ... as well as the tests), the noise
-    gauge, and the file's size in bytes."""
+def run_record(dat: str, np: int = NP, env: dict | None = None, python: str = PY) -> tuple[dict, float, int]:
+    """Run hpcai500.py on `dat` on `np` ranks (with `env` added to the environment; `python`:
+    another venv's, mpirun's): the whole results.json it wrote (environment, write_seconds,
+    ... as well as the tests), the noise gauge, and the file's size in bytes."""
     before = set(glob.glob(os.path.join(WORK, "*", "results.json")))
-    _, other = mpirun("hpcai500.py", dat, np=np, env=env)
+    _, other = mpirun("hpcai500.py", dat, np=np, env=env, python=python)
     (new,) = set(glob.glob(os.path.join(WORK, "*", "results.json"))) - before
     with open(new) as f:
         return json.load(f), other, os.path.getsize(new)
