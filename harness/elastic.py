@@ -203,7 +203,7 @@ class World:
             except Exception as e:  # noqa: BLE001 - an unacknowledged failure: the agreement says "no" uniformly
                 if not is_fault(e):
                     raise
-                ok = 0
+                ok, error = 0, error or f"the agreement itself raised {e}"
             if ok:
                 return out
             if not self._shrink(phase):
