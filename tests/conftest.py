@@ -26,6 +26,11 @@ HPCAI500 = (str(ROOT / "hpcai500.py"),)
 # one hang bound, not a speed figure. A 2-rank --check or failing run took ~34 s here under a load of 8
 # on 2 cores, where bounds of 60-180 s left it 2-5 x; 300 s is ~10 x. Longer runs name their own.
 HANG = 300
+# The workloads' models shrunk by their test-only settings, for the runs that train every workload in a
+# framework (tests/test_pytorch_run.py, tests/test_mindspore.py): ic's stem 8 wide with one bottleneck a
+# stage, cosmoflow's first block 4 filters, deepcam's port at 1/8 width with 1 middle block
+SMALL_MODELS = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1", "HPCAI500_COSMO_WIDTH": "4",
+                "HPCAI500_DEEPCAM_WIDTH": "4", "HPCAI500_DEEPCAM_MIDDLE": "1"}
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before any test imports TensorFlow
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import verify
-from tests.conftest import HANG, ROOT, dat_text, mpi_env, results
+from tests.conftest import HANG, ROOT, SMALL_MODELS, dat_text, mpi_env, results
 
 @pytest.fixture(scope="module")
 def ms_python(request) -> Path:
@@ -81,11 +81,8 @@ def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 
 
-SMALL = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1", "HPCAI500_COSMO_WIDTH": "4"}   # as PyTorch's test
-
-
 def test_ic_and_cosmoflow_train_in_mindspore(ms_python, tmp_path, monkeypatch):
-    """ic's ResNet and CosmoFlow's 3D CNN, shrunk (SMALL: ic's stem 8 wide, one bottleneck a
+    """ic's ResNet and CosmoFlow's 3D CNN, shrunk (conftest.SMALL_MODELS: ic's stem 8 wide, one bottleneck a
     stage; cosmoflow's first block 4 filters), on synthetic:16:32 (TFRecords, JPEGs by
     Pillow), one base model of 2 ranks each: PASSED, --verify passes; their weights the
     PyTorch twins' (tests/test_pytorch_run.py: 133 378 and 90 832; cosmoflow's by hand:
@@ -95,7 +92,7 @@ def test_ic_and_cosmoflow_train_in_mindspore(ms_python, tmp_path, monkeypatch):
     from harness.workloads import cosmoflow
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=2, l7="ic cosmoflow", l8="synthetic:16:32",
                                              l9=1, l10=1, l11=2, l14=2, l15=2, l30=0, l35="mindspore"))
-    p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path, env=SMALL)
+    p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path, env=SMALL_MODELS)
     assert p.returncode == 0, p.stderr[-3000:]
     ic, cosmo = results(tmp_path / "runs")["tests"]
     for t in (ic, cosmo):

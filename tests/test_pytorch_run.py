@@ -12,7 +12,7 @@ import pytest
 
 from harness import verify
 from harness.workloads import cosmoflow
-from tests.conftest import cluster_mpirun, dat_text, mpirun, results, without
+from tests.conftest import SMALL_MODELS, cluster_mpirun, dat_text, mpirun, results, without
 
 pytest.importorskip("torch")
 
@@ -172,8 +172,6 @@ def test_both_frameworks_side_by_side_in_one_sweep(tmp_path):
     assert json.loads((run / "results.json").read_text())["config"]["frameworks"] == ["tensorflow", "pytorch"]
 
 
-SMALL_MODELS = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1", "HPCAI500_COSMO_WIDTH": "4",
-                "HPCAI500_DEEPCAM_WIDTH": "4", "HPCAI500_DEEPCAM_MIDDLE": "1"}
 
 
 def test_ic_cosmoflow_deepcam_and_ewa_train_in_pytorch_without_tensorflow(tmp_path, monkeypatch):
