@@ -201,8 +201,18 @@ def test_a_step_without_faults_runs_once_and_agrees(monkeypatch):
     assert calls == [1] and world.comm.revoked == 0 and world.losses == []
 
 
+def test_a_spurious_no_of_the_agreement_is_asked_again_not_shrunk(monkeypatch):
+    """Open MPI's agreement said 0 where every rank said 1 (elastic.World._agree): the
+    step asks again, and a 1 then is the step's success, with nothing revoked or shrunk."""
+    world = elastic.World(_Comm(0, 2, [0, 1]), "drop")
+    monkeypatch.setattr(world, "_shrink", lambda phase: pytest.fail("shrunk"))
+    calls = []
+    assert world.step("s", lambda: calls.append(1) or "out") == "out"
+    assert calls == [1] and world.comm.agreed == [] and world.comm.revoked == 0
+
+
 def test_a_step_another_rank_failed_is_shrunk_and_redone(monkeypatch):
-    comm = _Comm(0, 4, [0, 1])        # rank 3 saw the fault: the first agreement says no
+    comm = _Comm(0, 4, [0] * elastic.AGREE_TRIES)   # rank 3 saw the fault: each agreement says no
     world = elastic.World(comm, "drop")
     shrunk = _Comm(0, 3, [1])
 
@@ -219,7 +229,7 @@ def test_a_step_another_rank_failed_is_shrunk_and_redone(monkeypatch):
 
 def test_a_failed_step_with_no_rank_lost_is_an_error(monkeypatch):
     """Another rank's MPI operation failed, yet the shrink keeps every rank: not a fault."""
-    world = elastic.World(_Comm(0, 2, [0]), "drop")
+    world = elastic.World(_Comm(0, 2, [0] * elastic.AGREE_TRIES), "drop")
     monkeypatch.setattr(world, "_shrink", lambda phase: ())
     with pytest.raises(elastic.StepFailed, match="^test 1: the start of training: an MPI operation failed on another"
                                                  " rank, and no rank was lost$"):
@@ -229,7 +239,7 @@ def test_a_failed_step_with_no_rank_lost_is_an_error(monkeypatch):
 def test_the_rank_whose_operation_failed_names_the_error(monkeypatch):
     """The agreement carries one bit: the rank that saw the MPI error says which it was."""
     from mpi4py import MPI
-    world = elastic.World(_Comm(0, 2, [0]), "drop")
+    world = elastic.World(_Comm(0, 2, [1, 1, 1]), "drop")   # this rank's 0 makes each agreement 0
     monkeypatch.setattr(world, "_shrink", lambda phase: ())
 
     def fail():
