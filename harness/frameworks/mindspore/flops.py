@@ -6,6 +6,7 @@ rule becomes the plain record harness/flops.py has a rule for (the same RECORD_K
 Keras layer's and a PyTorch operator's), and the sums are harness/flops.py's.
 
     nn.Conv2d, nn.Conv3d    conv (group = Cin > 1: depthwise), its bias
+    nn.Conv2dTranspose      transposed (counted per input pixel, the other frameworks' rule), its bias
     nn.Dense                dense, its bias
     nn.ReLU, ...            activation
     nn.MaxPool2d, AvgPool2d pooling
@@ -17,10 +18,13 @@ Keras layer's and a PyTorch operator's), and the sums are harness/flops.py's.
 
 A hook sees cells, not the operators a cell's construct runs itself (a residual `x + y`),
 so a model nests its leaves in nn.SequentialCell, whose construct is the composition of
-its cells and nothing else, or in a cell that states its own arithmetic: records(output)
--> the records of what its construct computes beside its children (ResNet's bottleneck:
-the add and the ReLU). Any other cell with children, or a leaf with no rule, stops the
-count, naming it, rather than count 0. Weights are counted as Keras
+its cells and nothing else (or an nn.CellList, which has no construct: its owner calls
+its cells), or in a cell that states its own arithmetic: records(output) -> the records
+of what its construct computes beside its children (ResNet's bottleneck: the add and the
+ReLU; DeepLab's encoder and ASPP: none, they route, concatenate and tile). Any other cell
+with children, or a leaf with no rule, stops the count, naming it, rather than count 0.
+A transposed convolution is a leaf (nn.Conv2dTranspose): no hook needed more than the
+others'. Weights are counted as Keras
 counts them, batch-norm moving statistics included (MindSpore keeps those as parameters
 too). Activations: the output elements of every leaf cell's call, per sample.
 """
@@ -37,7 +41,7 @@ _ACTIVATION = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Tanh: "tanh", nn.Sigmoid: 
 _POOL = (nn.MaxPool2d, nn.AvgPool2d, nn.MaxPool3d, nn.AvgPool3d)
 _NORM = (nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm3d, nn.LayerNorm)
 _FREE = (nn.Flatten, nn.Dropout, nn.Identity)
-_CONTAINERS = (nn.SequentialCell,)
+_CONTAINERS = (nn.SequentialCell, nn.CellList)
 
 
 def count(model: nn.Cell, sample) -> flops.FlopCount:
@@ -103,6 +107,9 @@ def record(cell: nn.Cell, x, y) -> dict | None:
     """The record of one leaf cell's call at batch 1 (None: a cell without arithmetic)."""
     if getattr(cell, "UNCOUNTED", False):   # a cell without a Table 3 operator by design (a scalar scale)
         return None
+    if isinstance(cell, nn.Conv2dTranspose):   # the gradient of a conv: its input's pixels multiply
+        return {"kind": "transposed", "kernel": math.prod(cell.kernel_size), "filters": cell.out_channels,
+                "in": x.size, "out": y.size, "bias": int(cell.has_bias), "activation": "linear"}
     if isinstance(cell, (nn.Conv2d, nn.Conv3d)):
         kernel, bias = math.prod(cell.kernel_size), int(cell.has_bias)
         if cell.group == cell.in_channels and cell.group > 1:
