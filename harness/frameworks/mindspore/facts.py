@@ -40,7 +40,7 @@ NO_PIPELINE = ("MindSpore's pipeline parallelism is its auto-parallel on its own
                " here; PyTorch's torch.distributed.pipelining carries the model, pipeline and mixed modes:"
                " name pytorch on line 35")
 # The workloads whose model is built in MindSpore (harness/frameworks/mindspore/models.py, one module each)
-BUILT = ("digits", "ic", "cosmoflow")
+BUILT = ("digits", "ic", "cosmoflow", "deepcam")
 SPLIT = ()
 RING = "all-reduce over MPI, host memory"   # line 22's ring in a job's Exchange line
 FEED = "on the host between steps (the workloads' numpy batches, channels first)"
