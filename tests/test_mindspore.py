@@ -81,23 +81,28 @@ def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 
 
-def test_ic_and_cosmoflow_train_in_mindspore(ms_python, tmp_path, monkeypatch):
-    """ic's ResNet and CosmoFlow's 3D CNN, shrunk (conftest.SMALL_MODELS: ic's stem 8 wide, one bottleneck a
-    stage; cosmoflow's first block 4 filters), on synthetic:16:32 (TFRecords, JPEGs by
-    Pillow), one base model of 2 ranks each: PASSED, --verify passes; their weights the
-    PyTorch twins' (tests/test_pytorch_run.py: 133 378 and 90 832; cosmoflow's by hand:
+def test_ic_cosmoflow_and_deepcam_train_in_mindspore(ms_python, tmp_path, monkeypatch):
+    """ic's ResNet, CosmoFlow's 3D CNN and DeepCAM's DeepLabv3+, shrunk (conftest.SMALL_MODELS: ic's stem
+    8 wide, one bottleneck a stage; cosmoflow's first block 4 filters; deepcam's channels
+    x 1/8, one middle block), on synthetic:16:32 (TFRecords, JPEGs by Pillow; deepcam's HDF5
+    at 32 x 48), one base model of 2 ranks each: PASSED, --verify passes; their weights the
+    PyTorch twins' (tests/test_pytorch_run.py: 133 378, 90 832 and 523 983; cosmoflow's by hand:
     convolutions 27 Cin F + F = 436 + 872 + 3472 + 13 856 + 55 360, dense 65 x 128 + 129 x 64 +
-    65 x 4 = 16 836), cosmoflow's count its formula, 41 987 272 a sample. At the reference
-    sizes the ResNet-50's count is test_digits_count_and_the_mpi_exchange_in_mindspore's."""
+    65 x 4 = 16 836), cosmoflow's count its formula, 41 987 272 a sample, deepcam's PyTorch's
+    count of the same shrunk model at 32 x 48 (harness/frameworks/pytorch/flops.count), 14 765 988.
+    At the reference sizes the ResNet-50's and DeepLabv3+'s counts are
+    test_digits_count_and_the_mpi_exchange_in_mindspore's."""
     from harness.workloads import cosmoflow
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=2, l7="ic cosmoflow", l8="synthetic:16:32",
-                                             l9=1, l10=1, l11=2, l14=2, l15=2, l30=0, l35="mindspore"))
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=3, l7="ic cosmoflow deepcam",
+                                             l8="synthetic:16:32", l9=1, l10=1, l11=2, l14=2, l15=2, l30=0,
+                                             l35="mindspore"))
     p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path, env=SMALL_MODELS)
     assert p.returncode == 0, p.stderr[-3000:]
-    ic, cosmo = results(tmp_path / "runs")["tests"]
-    for t in (ic, cosmo):
+    ic, cosmo, deepcam = results(tmp_path / "runs")["tests"]
+    for t in (ic, cosmo, deepcam):
         assert t["framework"] == "mindspore" and t["consistency"]["passed"], t["consistency"]
-    assert (ic["weights"], cosmo["weights"]) == (133_378, 90_832)
+    assert (ic["weights"], cosmo["weights"], deepcam["weights"]) == (133_378, 90_832, 523_983)
+    assert deepcam["workload"] == "deepcam" and deepcam["forward_flops_per_sample"] == 14_765_988
     monkeypatch.setenv("HPCAI500_COSMO_WIDTH", "4")                  # the formula at the run's width
     assert cosmo["forward_flops_per_sample"] == cosmoflow.forward_flops(32) == 41_987_272
     (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
@@ -124,6 +129,12 @@ if world.rank == 0:
         side, num_classes = 224, 1000
     r = flops.count_built(models.get("ic"), ImageNet)
     out["resnet50"] = [r.forward, r.by_operator, r.weights]
+    # deepcam's reference model (scale 1, 16 middle blocks), built once, counted at 16 x 16 and 32 x 48
+    deepcam = models.get("deepcam")
+    sizes = [type("Climate", (), {"height": h, "width": w}) for h, w in ((16, 16), (32, 48))]
+    model = deepcam.build_model(sizes[0])
+    out["deepcam"] = [[c.forward, c.by_operator] for c in (flops.count(model, deepcam.sample(d)) for d in sizes)]
+    out["deepcam"] += [flops.weights(model), sum(p.size for p in model.trainable_params())]
 # rank r's two gradients: [r + 1, -(r + 1) / 4] and [[2 r + 0.5]]; the job's mean in FP32 and over FP16
 mine = [np.array([world.rank + 1, -(world.rank + 1) / 4], np.float32), np.array([[2 * world.rank + 0.5]], np.float32)]
 for precision in ("fp32", "fp16"):
@@ -156,7 +167,9 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
     [1.5, -0.375], of 0.5 and 2.5 is 1.5, exact in FP32 and in FP16 too (each a sum of
     halves); int8 gives harness/communication.int8_mean's bits, NaN everywhere for a tensor
     with an inf on one rank; the broadcast gives the root's zeros. fp16's loss scale: 2^15
-    halved to 16384 by a non-finite step, which is skipped; 2000 finite steps later 32768."""
+    halved to 16384 by a non-finite step, which is skipped; 2000 finite steps later 32768.
+    deepcam's DeepLabv3+ at the reference's width and depth: PyTorch's count and weights,
+    at 768 x 1152 from two small counts (below)."""
     (tmp_path / "checks.py").write_text(f"ROOT = {str(ROOT)!r}\n" + _CHECKS)
     p = _ms_mpirun(ms_python, 2, [tmp_path / "checks.py"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -174,6 +187,20 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
     assert found[0]["resnet50"] == [8_204_912_616, {"convolution": 8_174_272_512, "depthwise": 0, "dense": 4_096_000,
                                                     "elementwise": 15_129_064, "pooling": 301_056,
                                                     "normalization": 11_113_984}, 25_610_152]
+    # DeepLabv3+ at the reference's width and depth: PyTorch's count of the same model at 32 x 48 and
+    # its weights (harness/frameworks/pytorch/flops.count on the meta device: 56,454,720 trainable, the
+    # reference's, tests/test_deepcam.py; 97,760 batch-norm statistics beside them)
+    (f16, ops16), (f32, ops32), weights, trainable = found[0]["deepcam"]
+    assert (f32, ops32) == (1_140_198_128, {"convolution": 1_131_475_456, "depthwise": 7_310_816, "dense": 0,
+                                            "elementwise": 710_000, "pooling": 12_288, "normalization": 689_568})
+    assert (weights, trainable) == (56_552_480, 56_454_720)
+    # Table 3's count is affine in the pixels: every record counts elements of a map H/s x W/s (s = 1 .. 16),
+    # but the pooling branch's 1 x 1 map, the constant. So these two counts give 768 x 1152's (884,736 pixels),
+    # which MindSpore counts directly in 85 s here: PyTorch's and Keras' 656,150,601,728 (tests/test_deepcam.py)
+    full = {op: ops16[op] + (ops32[op] - ops16[op]) * (768 * 1152 - 16 * 16) // (32 * 48 - 16 * 16) for op in ops16}
+    assert full == {"convolution": 651_126_931_456, "depthwise": 4_210_735_616, "dense": 0, "elementwise": 408_665_600,
+                    "pooling": 7_077_888, "normalization": 397_191_168}
+    assert sum(full.values()) == 656_150_601_728 and f16 == sum(ops16.values())
 
 
 def test_mindspores_arithmetic_is_the_references(ms_python):
