@@ -135,6 +135,15 @@ if world.rank == 0:
     model = deepcam.build_model(sizes[0])
     out["deepcam"] = [[c.forward, c.by_operator] for c in (flops.count(model, deepcam.sample(d)) for d in sizes)]
     out["deepcam"] += [flops.weights(model), sum(p.size for p in model.trainable_params())]
+    # AdamW (deepcam's adam, ours): a kernel and a bias from 1, gradients 0.5 then -0.5
+    import mindspore as ms
+    from harness.frameworks.mindspore import optimizers
+    kernel, bias = ms.Parameter(ms.Tensor(np.ones((1, 1), np.float32)), name="k"), ms.Parameter(
+        ms.Tensor(np.ones(1, np.float32)), name="b")
+    adamw, out["adamw"] = optimizers.AdamW([kernel, bias], lr=0.1, eps=1e-6, weight_decay=0.01), []
+    for g in (0.5, -0.5):
+        adamw([ms.Tensor(np.full((1, 1), g, np.float32)), ms.Tensor(np.full(1, g, np.float32))])
+        out["adamw"].append([float(kernel.asnumpy()[0, 0]), float(bias.asnumpy()[0])])
 # rank r's two gradients: [r + 1, -(r + 1) / 4] and [[2 r + 0.5]]; the job's mean in FP32 and over FP16
 mine = [np.array([world.rank + 1, -(world.rank + 1) / 4], np.float32), np.array([[2 * world.rank + 0.5]], np.float32)]
 for precision in ("fp32", "fp16"):
@@ -169,7 +178,10 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
     with an inf on one rank; the broadcast gives the root's zeros. fp16's loss scale: 2^15
     halved to 16384 by a non-finite step, which is skipped; 2000 finite steps later 32768.
     deepcam's DeepLabv3+ at the reference's width and depth: PyTorch's count and weights,
-    at 768 x 1152 from two small counts (below)."""
+    at 768 x 1152 from two small counts (below). AdamW (lr 0.1, decay 0.01, eps 1e-6; the
+    kernel decays, the bias does not): step 1 m_hat 0.5, v_hat 0.25, u = 0.5 / 0.500001, the
+    kernel 1 - 0.1 (u + 0.01) = 0.8990002, the bias 1 - 0.1 u = 0.9000002; step 2 m_hat
+    -0.005 / 0.19, v_hat 0.25 again: 0.9033643 and 0.9052633 (torch.optim.AdamW's figures)."""
     (tmp_path / "checks.py").write_text(f"ROOT = {str(ROOT)!r}\n" + _CHECKS)
     p = _ms_mpirun(ms_python, 2, [tmp_path / "checks.py"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -201,6 +213,7 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
     assert full == {"convolution": 651_126_931_456, "depthwise": 4_210_735_616, "dense": 0, "elementwise": 408_665_600,
                     "pooling": 7_077_888, "normalization": 397_191_168}
     assert sum(full.values()) == 656_150_601_728 and f16 == sum(ops16.values())
+    assert sum(found[0]["adamw"], []) == pytest.approx([0.8990002, 0.9000002, 0.9033643, 0.9052633], rel=2e-7)
 
 
 def test_mindspores_arithmetic_is_the_references(ms_python):

@@ -83,6 +83,10 @@ def option_lines(cfg) -> list[str]:
     if cfg.comm_precision == "int8":
         lines.append("Communication int8 in MindSpore, over MPI on the host (harness/frameworks/mindspore/"
                      "communication.py): " + communication.INT8)
+    if cfg.optimizer == "adam" and "deepcam" in cfg.workloads:
+        lines.append("Optimizer adam in MindSpore for deepcam: AdamW (its decoupled weight decay 1e-2 on the kernels),"
+                     " harness/frameworks/mindspore/optimizers.py, torch.optim.AdamW's rule, eagerly tensor by tensor"
+                     " (MindSpore's AdamWeightDecay has no bias correction)")
     if cfg.optimizer in ("lars", "lamb"):
         lines.append(f"Optimizer {cfg.optimizer} in MindSpore: harness/frameworks/mindspore/optimizers.py, the rule"
                      " of harness/optimizers.py (every framework's), the same exclusions, eagerly tensor by tensor;"

@@ -1,8 +1,10 @@
 """LARS and LAMB in MindSpore, with the update rules of harness/optimizers.py (the numpy
-references every framework is held to: tests/test_conformance.py).
+references every framework is held to: tests/test_conformance.py), and Adam with
+decoupled weight decay (AdamW, deepcam's adam), PyTorch's torch.optim.AdamW rule.
 
     opt = LARS(params, lr=0.2, momentum=0.9, weight_decay=0.0, l2=3e-5)
     opt = LAMB(params, lr=2e-3, weight_decay=1e-2, eps=1e-6)
+    opt = AdamW(params, lr=1e-3, weight_decay=1e-2, eps=1e-6)
     opt(grads)          # one step, the gradients in the order of opt.parameters
 
 MindSpore's own nn.LARS wraps another optimizer with its own trust-ratio rule (no
@@ -14,9 +16,14 @@ optimizer under the same name. These follow the references line for line:
         v = momentum v + lr trust (g + wd w);   w = w - v
     LAMB: Adam's bias-corrected moments, u = m_hat / (sqrt(v_hat) + eps) + wd w,
         w = w - lr (||w|| / ||u||) u                                          (1 unless both norms > 0)
+    AdamW: the same u, w = w - lr u (no trust ratio): PyTorch's w (1 - lr wd) then Adam's step
+
+MindSpore's nn.AdamWeightDecay divides m by sqrt(v) + eps without the bias corrections
+(its first steps are another optimizer's) and its nn.Adam's weight_decay is the coupled
+kind: neither is AdamW.
 
 Excluded tensors, those of one dimension or none (biases, batch norm's gamma and beta), take
-no trust ratio and no weight decay. `l2` is the model's coupled decay (its Keras twin's L2
+no trust ratio and no weight decay (AdamW's too). `l2` is the model's coupled decay (its Keras twin's L2
 kernel regularizer): l2 w joins a kernel's gradient before either rule. Each runs eagerly,
 tensor by tensor (MindSpore's PyNative operators: the 2-rank digits sweep's LAMB steps took
 11x SGD's there; one mindspore.jit graph of the whole update was 2e-6 off the reference
@@ -80,6 +87,8 @@ class LARS(_Layerwise):
 
 
 class LAMB(_Layerwise):
+    TRUST = True     # LAMB scales each kernel's step by ||w|| / ||u||; AdamW does not
+
     def __init__(self, params, lr: float = 0.001, betas=(0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, l2: float = 0.0):
         super().__init__(params, lr, ("m", "v"), l2)
@@ -93,6 +102,13 @@ class LAMB(_Layerwise):
         u = (m / -math.expm1(t * math.log(self.b1))) / (ops.sqrt(v / -math.expm1(t * math.log(self.b2))) + self.eps)
         if p.ndim >= 2:
             u = u + self.wd * p
-            w_norm, u_norm = ops.norm(p), ops.norm(u)
-            u = _trust(w_norm, u_norm, w_norm, u_norm) * u
+            if self.TRUST:
+                w_norm, u_norm = ops.norm(p), ops.norm(u)
+                u = _trust(w_norm, u_norm, w_norm, u_norm) * u
         return lr * u
+
+
+class AdamW(LAMB):
+    """LAMB's u without its trust ratio: w - lr (m_hat / (sqrt(v_hat) + eps) + wd w), which is
+    torch.optim.AdamW's w (1 - lr wd) followed by Adam's step (the decay reads the old w)."""
+    TRUST = False

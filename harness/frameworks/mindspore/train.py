@@ -50,16 +50,17 @@ def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, option
     MindSpore with Keras' defaults (Adam's epsilon 1e-7, AdaGrad's initial accumulator 0.1).
     Weight decay reaches the kernels only (weights of 2 or more dimensions), never biases or
     batch norm: the model's `l2` (its Keras twin's L2 kernel regularizer) is the coupled
-    kind, MindSpore's weight_decay; an option's decoupled weight decay is LARS's and LAMB's
-    (ours: optimizers.py, harness/optimizers.py's rules). An option's global_clipnorm (deepcam's LAMB) is applied by the Step, to the
-    job's averaged gradients before the update, as Keras does."""
+    kind, MindSpore's weight_decay; an option's decoupled weight decay is LARS's, LAMB's and
+    Adam's (ours: optimizers.py; Adam then is AdamW, deepcam's, as PyTorch's). An option's
+    global_clipnorm (deepcam's LAMB) is applied by the Step, to the job's averaged gradients
+    before the update, as Keras does."""
     decoupled = float(options.get("weight_decay") or 0.0)
     params = model.trainable_params()
     weighted = [p for p in params if len(p.shape) >= 2]
     groups = [{"params": weighted, "weight_decay": l2}, {"params": [p for p in params if len(p.shape) < 2],
                                                          "weight_decay": 0.0}] if weighted and l2 else params
-    if decoupled and name not in ("lars", "lamb"):   # no workload asks it of another optimizer (OPTIMIZER_OPTIONS)
-        raise ValueError(f"optimizer {name!r}: decoupled weight decay is built for lars and lamb in MindSpore")
+    if decoupled and name not in ("lars", "lamb", "adam"):   # no workload asks it of another (OPTIMIZER_OPTIONS)
+        raise ValueError(f"optimizer {name!r}: decoupled weight decay is built for lars, lamb and adam in MindSpore")
     clip = {"global_clipnorm": float(options["global_clipnorm"])} if options.get("global_clipnorm") else {}
     opt, config = _optimizer(name, params, groups, lr, momentum, options, decoupled, l2)
     return opt, {**config, **clip}
@@ -72,8 +73,10 @@ def _optimizer(name: str, params, groups, lr: float, momentum: float, options: d
         return nn.SGD(groups, learning_rate=lr, momentum=momentum), {"momentum": momentum, "weight_decay": l2}
     if name == "adam":
         eps = float(options.get("epsilon", 1e-7))
-        return nn.Adam(groups, learning_rate=lr, eps=eps), {"beta_1": 0.9, "beta_2": 0.999, "epsilon": eps,
-                                                             "weight_decay": l2}
+        config = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": eps, "weight_decay": decoupled or l2}
+        if decoupled:   # AdamW (deepcam's): ours, nn.Adam's decay is the coupled kind (optimizers.py)
+            return optimizers.AdamW(params, lr=lr, eps=eps, weight_decay=decoupled, l2=l2), config
+        return nn.Adam(groups, learning_rate=lr, eps=eps), config
     if name == "adagrad":
         return nn.Adagrad(groups, accum=0.1, learning_rate=lr), {"weight_decay": l2}
     if name == "lars":   # ours (optimizers.py): decay in the rule, the model's l2 on the gradient
