@@ -18,7 +18,7 @@ CosmoFlow CNN at 32^3, DeepLabv3+ at 64 x 96, ewa's Faster-RCNN with its ResNet-
 default), no test-only setting.
 
 MindSpore (issue 47) cannot share TensorFlow's venv: where it builds the workload (its facts'
-BUILT: digits, ic, cosmoflow so far) each round adds a third invocation, the same input with
+BUILT: digits, ic, cosmoflow, deepcam so far) each round adds a third invocation, the same input with
 line 35 = `mindspore`, by MindSpore's venv (.venv-mindspore), run after the other two; its
 process runs one framework, so its peak memory is always a first.
 """
