@@ -306,8 +306,11 @@ def test_flops_against_tensorflows_profiler(models, side):
 @pytest.fixture(scope="module")
 def cosmoflow_run(tmp_path_factory):
     """One mpirun of 2 ranks: cosmoflow on synthetic:160:32 (128 training, 32 validation
-    universes), layouts M = 2, P = 1 and M = 1, P = 2, B 4, 4 epochs, SGD at 0.01 a rank
-    after half an epoch's warm-up, evaluated at the end only. The reference 3D CNN costs
+    universes), M = 2 base models of P = 1 (a base model of 2 ranks is TensorFlow's data
+    parallelism, the same for every workload: tests/test_options.py, test_ic.py and
+    test_deepcam.py run it, and cosmoflow's in PyTorch tests/test_pytorch_run.py; dropped
+    here on 2026-11-28 for the suite's time, 40 s of the run's 107 s alone), B 4, 4 epochs,
+    SGD at 0.01 a rank after half an epoch's warm-up, evaluated at the end only. The reference 3D CNN costs
     3.2 GFLOPs a training sample at 32^3 (~45 s for 3 epochs here); filters a quarter as
     wide (HPCAI500_COSMO_WIDTH=8: 0.33 GFLOPs) train 4 epochs in ~31 s (the 2 x 1 test,
     alone on this 2-core machine) and learn more: MAE 0.462 against the trivial 0.540 on
@@ -315,8 +318,8 @@ def cosmoflow_run(tmp_path_factory):
     The reference model's FLOPs are checked above, against the profiler."""
     from tests.conftest import dat_text, mpirun
     folder = tmp_path_factory.mktemp("cosmoflow")
-    (folder / "c.dat").write_text(dat_text(l5=folder / "runs", l7="cosmoflow", l8="synthetic:160:32", l9=2,
-                                           l10="2 1", l11="1 2", l14=4, l15=4, l19=0.01, l20=0.5, l30=0, l31=0))
+    (folder / "c.dat").write_text(dat_text(l5=folder / "runs", l7="cosmoflow", l8="synthetic:160:32", l9=1,
+                                           l10=2, l11=1, l14=4, l15=4, l19=0.01, l20=0.5, l30=0, l31=0))
     return folder, mpirun(2, [str(folder / "c.dat")], folder, timeout=600, env={"HPCAI500_COSMO_WIDTH": "8"})
 
 
@@ -330,8 +333,8 @@ def test_bagged_cosmoflow_trains_consistently_and_beats_the_trivial_baseline(cos
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((_run_dir(folder) / "results.json").read_text())
     tests = res["tests"]
-    assert [(t["M"], t["P"]) for t in tests] == [(2, 1), (1, 2)]
-    assert all(t["consistency"]["passed"] for t in tests) and p.stdout.count("...... PASSED") == 2
+    assert [(t["M"], t["P"]) for t in tests] == [(2, 1)]
+    assert all(t["consistency"]["passed"] for t in tests) and p.stdout.count("...... PASSED") == 1
     data = cf.read(str(folder / "runs" / ".data" / cs.directory_name(160, SIDE)))
     trivial = cf.trivial_error(cf.train_targets(data).mean(0), data)
     bagged = tests[0]
@@ -355,7 +358,7 @@ def test_cosmoflow_logs_eval_error_and_passes_mlperfs_own_checker(cosmoflow_run,
     folder, p = cosmoflow_run
     assert p.returncode == 0, p.stderr[-3000:]
     logs = sorted((_run_dir(folder) / "mllog").glob("*.log"))
-    assert len(logs) == 3      # 2 base models + 1
+    assert len(logs) == 2      # 2 base models
     rules = os.path.join(os.path.dirname(os.path.dirname(__file__)), "harness", "mllog_rules", "common.yaml")
     for log in logs:
         events = [json.loads(ln.split(":::MLLOG ", 1)[1]) for ln in log.read_text().splitlines()]
@@ -380,6 +383,6 @@ def test_the_cosmoflow_run_verifies(cosmoflow_run):
     assert out.returncode == 0, "\n".join(ln for ln in out.stdout.splitlines() if "FAILED" in ln)
     lines = out.stdout.splitlines()
     direction = [ln for ln in lines if "quality direction (MAE: lower is better)" in ln]
-    assert len(direction) == 2 and all(ln.endswith("recorded False, re-derived False ...... PASSED")
+    assert len(direction) == 1 and all(ln.endswith("recorded False, re-derived False ...... PASSED")
                                        for ln in direction)
-    assert sum("penalty (target / quality)^n" in ln and ln.endswith("PASSED") for ln in lines) == 2
+    assert sum("penalty (target / quality)^n" in ln and ln.endswith("PASSED") for ln in lines) == 1
