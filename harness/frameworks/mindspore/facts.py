@@ -15,7 +15,7 @@ CPUs: a job is exactly its ranks, in every test of a sweep.
 """
 from __future__ import annotations
 
-from harness import communication
+from harness import communication, workloads
 
 NAME = "mindspore"      # line 35's keyword
 TITLE = "MindSpore"     # in the report's sentences
@@ -83,10 +83,14 @@ def option_lines(cfg) -> list[str]:
     if cfg.comm_precision == "int8":
         lines.append("Communication int8 in MindSpore, over MPI on the host (harness/frameworks/mindspore/"
                      "communication.py): " + communication.INT8)
-    if cfg.optimizer == "adam" and "deepcam" in cfg.workloads:
-        lines.append("Optimizer adam in MindSpore for deepcam: AdamW (its decoupled weight decay 1e-2 on the kernels),"
-                     " harness/frameworks/mindspore/optimizers.py, torch.optim.AdamW's rule, eagerly tensor by tensor"
-                     " (MindSpore's AdamWeightDecay has no bias correction)")
+    # Adam is AdamW where a workload's own options decouple its weight decay (train.make_optimizer)
+    for name in cfg.workloads if cfg.optimizer == "adam" else ():
+        decay = workloads.get(name).OPTIMIZER_OPTIONS.get("adam", {}).get("weight_decay")
+        if decay:   # written 1e-2, as README writes deepcam's
+            lines.append(f"Optimizer adam in MindSpore for {name}: AdamW (its decoupled weight decay"
+                         f" {f'{decay:.0e}'.replace('e-0', 'e-')} on the"
+                         " kernels), harness/frameworks/mindspore/optimizers.py, torch.optim.AdamW's rule, eagerly"
+                         " tensor by tensor (MindSpore's AdamWeightDecay has no bias correction)")
     if cfg.optimizer in ("lars", "lamb"):
         lines.append(f"Optimizer {cfg.optimizer} in MindSpore: harness/frameworks/mindspore/optimizers.py, the rule"
                      " of harness/optimizers.py (every framework's), the same exclusions, eagerly tensor by tensor;"
