@@ -67,6 +67,20 @@ def _builder():
     return deeplab._Builder(L, lambda c: c, deeplab.ASPP_RATES, deeplab.EXIT_RATES)
 
 
+def test_a_blocks_branch_is_the_references_layer_for_layer():
+    """The reference's Block, as all three ports build it (deepcam.block_rep): entry block 1
+    (64 -> 128, 2 reps, stride 2) grows at its first layer, has no ReLU after its last BN
+    and ends with a stride-2 separable; a block that grows last (728 -> 1024, as exit block
+    20, here dilated 2) carries its dilation on every rep but its closing stride-1
+    separable; a middle block (728, 3 reps) closes with no separable at all."""
+    s, b, r = "separable", "bn", ("relu",)
+    assert deepcam.block_rep(64, 128, 2, stride=2) == [(s, 64, 128, 1, 1), (b, 128), r, (s, 128, 128, 1, 1), (b, 128),
+                                                        (s, 128, 128, 2, 1)]
+    assert deepcam.block_rep(728, 1024, 2, dilation=2, grow_first=False, is_last=True) == [
+        (s, 728, 728, 1, 2), (b, 728), r, (s, 728, 1024, 1, 2), (b, 1024), (s, 1024, 1024, 1, 1)]
+    assert deepcam.block_rep(728, 728, 3) == [(s, 728, 728, 1, 1), (b, 728), r] * 2 + [(s, 728, 728, 1, 1), (b, 728)]
+
+
 def test_stride_two_convolution_pads_one_pixel_each_side_as_pytorch():
     # 4 x 4 input 0..15, 3x3 ones kernel, stride 2, padding 1: windows centred on (0,0), (0,2), (2,0), (2,2):
     # x[0:2,0:2] = 0+1+4+5 = 10, x[0:2,1:4] = 24, x[1:4,0:2] = 51, x[1:4,1:4] = 90 (Keras' "same" would

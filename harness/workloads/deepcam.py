@@ -80,6 +80,26 @@ def channels(count: int, scale: float) -> int:
     return max(1, round(count * scale))
 
 
+def block_rep(cin: int, cout: int, reps: int, stride: int = 1, dilation: int = 1, grow_first: bool = True,
+              is_last: bool = False) -> list[tuple]:
+    """The reference Block's residual branch, layer by layer, as every framework's port builds
+    it (the position is the reference's `rep.{i}`): ("separable", in, out, stride, dilation),
+    ("bn", channels), ("relu",). A separable conv + BN `reps` times, a ReLU between them but
+    never after the last, the channels grown at the first (`grow_first`) or the last; then a
+    stride-2 separable conv (no BN) when the block strides, or a stride-1 one when it is the
+    last of its flow."""
+    widths = [cout] * reps if grow_first else [cin] * (reps - 1) + [cout]
+    rep, c = [], cin
+    for i, f in enumerate(widths):
+        rep += [("separable", c, f, 1, dilation), ("bn", f)]
+        if i < len(widths) - 1:   # the reference drops the ReLU after the last
+            rep.append(("relu",))
+        c = f
+    if stride != 1 or is_last:
+        rep.append(("separable", cout, cout, stride, 1))
+    return rep
+
+
 # ---- data ---------------------------------------------------------------------------
 
 def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> climate.Data:

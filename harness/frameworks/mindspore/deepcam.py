@@ -85,26 +85,16 @@ def _separable(cin: int, cout: int, stride: int = 1, dilation: int = 1) -> nn.Se
 
 
 class Block(nn.Cell):
-    """The reference's Block: separable conv + BN, a ReLU between them (never after the
-    last); a stride-2 separable conv (no BN) when the block strides, or a stride-1 one
-    when it is the last of its flow; a 1x1 conv + BN on the skip when the channels or the
-    stride change; the sum; a final ReLU unless `end_with_relu` is False."""
+    """The reference's Block: its branch layer for layer as harness/workloads/deepcam.block_rep
+    lays it out for every port; a 1x1 conv + BN on the skip when the channels or the stride
+    change; the sum; a final ReLU unless `end_with_relu` is False."""
 
     def __init__(self, cin: int, cout: int, reps: int, stride: int = 1, dilation: int = 1,
                  end_with_relu: bool = True, grow_first: bool = True, is_last: bool = False):
         super().__init__()
-        widths = [cout] * reps if grow_first else [cin] * (reps - 1) + [cout]
-        rep, c = [], cin
-        for i, f in enumerate(widths):
-            rep += [_separable(c, f, dilation=dilation), _bn(f)]
-            if i < len(widths) - 1:
-                rep.append(nn.ReLU())
-            c = f
-        if stride != 1:
-            rep.append(_separable(cout, cout, stride=stride))
-        elif is_last:
-            rep.append(_separable(cout, cout))
-        self.rep = nn.SequentialCell(rep)
+        layer = {"separable": _separable, "bn": _bn, "relu": nn.ReLU}
+        self.rep = nn.SequentialCell([layer[kind](*args) for kind, *args in
+                                      deepcam.block_rep(cin, cout, reps, stride, dilation, grow_first, is_last)])
         projects = cout != cin or stride != 1
         self.skip = nn.SequentialCell(_conv(cin, cout, 1, stride), _bn(cout)) if projects else nn.Identity()
         self.end_with_relu = end_with_relu

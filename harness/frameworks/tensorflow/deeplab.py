@@ -68,7 +68,7 @@ import math
 # The design's numbers are the workload's (harness/workloads/deepcam.py), which PyTorch's
 # port (harness/frameworks/pytorch/deepcam.py) builds from too.
 from harness.workloads.deepcam import (ASPP, ASPP_RATES, BLOCKS, BN_EPSILON, BN_MOMENTUM, DECODER, ENTRY, EXIT,
-                                       EXIT_RATES, LOW_LEVEL, MIDDLE_BLOCKS, OUTPUT_STRIDE, channels)
+                                       EXIT_RATES, LOW_LEVEL, MIDDLE_BLOCKS, OUTPUT_STRIDE, block_rep, channels)
 
 
 def build(height: int, width: int, inputs: int, classes: int, scale: float = 1.0,
@@ -143,20 +143,15 @@ class _Builder:
     def block(self, x, inplanes, planes, reps, name, stride=1, dilation=1, end_with_relu=True,
               grow_first=True, is_last=False):
         """The reference's Block (see the module docstring)."""
-        planes_c, in_c = self.c(planes), self.c(inplanes)
-        widths = ([planes_c] + [planes_c] * (reps - 1) if grow_first else [in_c] * (reps - 1) + [planes_c])
-        y, k = x, 0
-        for i, f in enumerate(widths):
-            y = self.separable(y, f, f"{name}.rep.{k}", dilation=dilation)
-            y = self.bn(y, f"{name}.rep.{k + 1}")
-            k += 2
-            if i < len(widths) - 1:      # the reference drops the ReLU after the last
-                y = self.relu(y, f"{name}.rep.{k}")
-                k += 1
-        if stride != 1:
-            y = self.separable(y, planes_c, f"{name}.rep.{k}", stride=stride)
-        elif is_last:
-            y = self.separable(y, planes_c, f"{name}.rep.{k}")
+        planes_c, y = self.c(planes), x
+        for k, (kind, *args) in enumerate(block_rep(self.c(inplanes), planes_c, reps, stride, dilation, grow_first,
+                                                    is_last)):
+            at = f"{name}.rep.{k}"   # the reference's layer names
+            if kind == "separable":
+                _, out, step, rate = args
+                y = self.separable(y, out, at, stride=step, dilation=rate)
+            else:
+                y = self.bn(y, at) if kind == "bn" else self.relu(y, at)
         skip = x
         if planes != inplanes or stride != 1:
             skip = self.L.Conv2D(planes_c, 1, strides=stride, use_bias=False,
