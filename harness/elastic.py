@@ -213,9 +213,10 @@ class World:
         2 of 5,000 and 1 of 7,000 agreements of two ranks with no fault (Horovod's thread
         busy on a job's communicator, the cores oversubscribed 3 x; both ranks got 0, each
         time), which ended a run with no rank lost (test_cosmoflow's and test_options' runs,
-        in about half of the fresh suites of 2026-11-27/28). Each rank asks again with its own flag: the answer is uniform, so
-        every rank asks as often; a real "no" stays one (the erring rank says 0 again, a dead
-        one never says 1), a spurious one came back 1 at the first retry, each time seen."""
+        in about half of the fresh suites of 2026-11-27/28). Each rank asks again with its
+        own flag: the answer is uniform, so every rank asks as often; a real "no" stays one
+        (the erring rank says 0 again, a dead one never says 1), a spurious one came back 1
+        at the first retry, each time seen."""
         for _ in range(AGREE_TRIES):
             try:
                 if self.comm.Agree(ok):
