@@ -203,7 +203,9 @@ class Sampler:
             # Node CPU from our own cpu_times deltas: psutil.cpu_percent keeps module state.
             now = psutil.cpu_times()
             (busy1, all1), (busy0, all0) = _busy_all(now), _busy_all(self._node_last)
-            self._cpu_node.append(100.0 * (busy1 - busy0) / (all1 - all0) if all1 > all0 else 0.0)
+            # at most 100: a fully busy interval gives busy == all in ticks, but the float sums of
+            # psutil's fields came out 100.0000000323 once (the suite, 2026-11-28)
+            self._cpu_node.append(min(100.0, 100.0 * (busy1 - busy0) / (all1 - all0)) if all1 > all0 else 0.0)
             self._node_last = now
         except Exception:
             self._errors += 1
