@@ -12,6 +12,7 @@ signature and feed come from the workload's TensorFlow module (models.get).
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -23,6 +24,11 @@ from harness.train import Recipe, Schedule, TrainResult, lr_scale, replica_check
 def setup_devices(local_rank: int, sharing: int) -> dict:
     """Pin this rank before TensorFlow starts its runtime: one GPU per local rank where
     there are GPUs, and `threads(sharing)`."""
+    # tf_keras imports pandas where it is installed (the venv's is mlperf-logging's) only to
+    # accept DataFrames in Model.fit, which no rank passes: ~0.7 s of every rank's start here
+    # (import tensorflow 4.5-5.3 s with it, 4.2-4.8 without). A None entry makes that
+    # import fail as if pandas were absent; where pandas is already loaded it stays.
+    sys.modules.setdefault("pandas", None)
     import tensorflow as tf
     tf.get_logger().setLevel("ERROR")  # Horovod's per-test broadcasts retrace; TF warns each time
     threads_, inter_op = threads(sharing)
@@ -114,7 +120,8 @@ class Trainer:
     def sync(self) -> None:
         """Horovod averages gradients only: the batch-norm statistics differ per replica,
         and every rank of the job predicts with the root's (training never reads them)."""
-        self.hvd.broadcast_variables(self.model.non_trainable_variables, root_rank=0)
+        if self.size > 1:
+            self.hvd.broadcast_variables(self.model.non_trainable_variables, root_rank=0)
 
     def consistency(self) -> tuple[float, str]:
         """replica_check of this rank's trainable weights against the job root's (Horovod's broadcast)."""
@@ -145,7 +152,8 @@ def _make_step(workload, module, model, recipe: Recipe, size: int, schedule, tor
     # trace: a tf.function that creates variables is traced a second time without them
     # (tracing the step twice cost ~15 % of a small test's run here). Zeros either way.
     opt.build(model.trainable_variables)
-    hvd.broadcast_variables(model.variables, root_rank=0)
+    if size > 1:   # one rank is its own root (Horovod's broadcast would copy it onto itself)
+        hvd.broadcast_variables(model.variables, root_rank=0)
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hpcai500_step")  # steps taken: in the graph
 
     def loss_and_grads(x, y, tape_wrapper):
@@ -185,10 +193,15 @@ def _reduced(recipe: Recipe, loss_and_grads, size: int, torus=None):
     import tensorflow as tf
     compression = hvd.Compression.fp16 if recipe.comm_precision == "fp16" else hvd.Compression.none
     op = hvd.Adasum if recipe.allreduce == "adasum" else hvd.Average
+    plain = lambda x, y: loss_and_grads(x, y, lambda t: t)  # noqa: E731
+    if size == 1 and recipe.compiler != "xla":
+        # A job of one rank exchanges nothing: Horovod's tape would wrap each gradient in a
+        # tf.cond whose identity branch it takes where its process set has one rank (no
+        # compression, no Adasum), and tracing those conds cost ~2 s of a small test's set-up
+        return plain
     if recipe.compiler != "xla" and recipe.comm_precision != "int8" and recipe.allreduce != "torus":
         return lambda x, y: loss_and_grads(x, y, lambda t: hvd.DistributedGradientTape(t, compression=compression,
                                                                                          op=op))
-    plain = lambda x, y: loss_and_grads(x, y, lambda t: t)  # noqa: E731
     local = tf.function(plain, jit_compile=True, autograph=False) if recipe.compiler == "xla" else plain
     if recipe.comm_precision == "int8":
         exchange = lambda grads: communication.int8_average(grads, hvd)  # noqa: E731
