@@ -67,6 +67,32 @@ def _builder():
     return deeplab._Builder(L, lambda c: c, deeplab.ASPP_RATES, deeplab.EXIT_RATES)
 
 
+def test_taps_on_the_map_by_hand():
+    # kernel 3: the outer taps sit `rate` pixels from the centre, on a map of `size` iff rate < size
+    assert [deeplab.taps_on_map(4, r, 3) for r in (1, 3, 4, 6, 18)] == [slice(0, 3)] * 2 + [slice(1, 2)] * 3
+    assert deeplab.taps_on_map(6, 6, 3) == slice(1, 2) and deeplab.taps_on_map(7, 6, 3) == slice(0, 3)
+    assert deeplab.taps_on_map(1, 1, 1) == slice(0, 1) and deeplab.taps_on_map(10, 2, 5) == slice(0, 5)
+    assert deeplab.taps_on_map(3, 2, 5) == slice(1, 4)       # 5 taps, 2 apart: the +-4 ones miss a 3-pixel map
+
+
+@pytest.mark.parametrize("shape, rate", [((4, 6), 6), ((4, 6), 18), ((4, 12), 6), ((4, 6), 2)])
+def test_an_atrous_convolution_computes_keras_own(shape, rate):
+    """The ASPP's dilated convolution leaves out the taps that read only padding (both axes at
+    4 x 6 with rate 6 or 18, the rows only at 4 x 12; none at rate 2): the output and both
+    gradients are the full convolution's (TensorFlow's own, the same kernel)."""
+    x = tf.random.stateless_normal((2, *shape, 5), seed=(1, 2))
+    layer = deeplab._atrous_conv2d(L)(4, 3, dilation_rate=rate, padding="same", use_bias=False)
+    layer.build(x.shape)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        ours = layer(x)
+        theirs = tf.nn.convolution(x, layer.kernel, padding="SAME", dilations=rate)
+        lo, lt = tf.reduce_sum(ours * ours), tf.reduce_sum(theirs * theirs)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+    for mine, full in zip(tape.gradient(lo, [x, layer.kernel]), tape.gradient(lt, [x, layer.kernel])):
+        np.testing.assert_allclose(mine.numpy(), full.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_a_blocks_branch_is_the_references_layer_for_layer():
     """The reference's Block, as all three ports build it (deepcam.block_rep): entry block 1
     (64 -> 128, 2 reps, stride 2) grows at its first layer, has no ReLU after its last BN

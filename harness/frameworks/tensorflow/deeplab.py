@@ -63,6 +63,7 @@ in seconds; 1 and 16 build the reference. Pure model code: TensorFlow is importe
 """
 from __future__ import annotations
 
+import functools
 import math
 
 # The design's numbers are the workload's (harness/workloads/deepcam.py), which PyTorch's
@@ -86,6 +87,40 @@ def build(height: int, width: int, inputs: int, classes: int, scale: float = 1.0
     deep, low = b.xception(x, middle)
     out = b.decoder(b.aspp(deep), low, classes)
     return tf.keras.Model(x, out, name=name)
+
+
+def taps_on_map(size: int, rate: int, kernel: int) -> slice:
+    """The taps along one axis of a "same"-padded convolution (stride 1, dilated `rate`)
+    that read the map of `size` pixels from some output pixel: tap a reads the pixel
+    (a - (kernel - 1) / 2) x rate away, inside the map from some pixel iff that distance is
+    under `size`. Every other tap reads padding's zeros only. Pure."""
+    half = (kernel - 1) // 2
+    reach = min(half, (size - 1) // rate)    # the farthest tap from the centre that can land on the map
+    return slice(half - reach, half + reach + 1)
+
+
+@functools.cache
+def _atrous_conv2d(layers):
+    """Keras' Conv2D that leaves out of the computation the taps that read only padding
+    (`taps_on_map`): the same output and gradients (those taps' gradients are 0 in the
+    full convolution too), the same kernel, weights and Table 3 count (the walker counts
+    a Conv2D by its kernel). Why: at small sizes the ASPP's 4 x 6 map (64 x 96 inputs) is
+    smaller than its rates (6, 12, 18), and TensorFlow runs a dilated convolution on a CPU
+    through a SpaceToBatch grid padded to multiples of the rate: their backward passes took
+    12.8 of the 13.4 s step at 64 x 96 (bench/deepcam_profile.py). At 768 x 1152 the map
+    (48 x 72) holds every tap and the layer is Keras' own."""
+    import tensorflow as tf
+
+    class AtrousConv2D(layers.Conv2D):
+        def convolution_op(self, inputs, kernel):
+            rows, cols = (taps_on_map(n, r, k) for n, r, k in zip(inputs.shape[1:3], self.dilation_rate,
+                                                                  self.kernel_size))
+            if (rows.stop - rows.start, cols.stop - cols.start) == tuple(self.kernel_size):
+                return super().convolution_op(inputs, kernel)
+            taps = kernel[rows, cols]
+            return tf.nn.convolution(inputs, taps, padding="SAME", dilations=[
+                r if t > 1 else 1 for r, t in zip(self.dilation_rate, taps.shape[:2])])
+    return AtrousConv2D
 
 
 class _Builder:
@@ -125,10 +160,11 @@ class _Builder:
         if stride > 1:
             x = self.L.ZeroPadding2D((kernel - 1) // 2, name=name + ".pad")(x)
         bound = 1.0 / math.sqrt(kernel * kernel * x.shape[-1])
-        return self.L.Conv2D(filters, kernel, strides=stride, dilation_rate=dilation,
-                             padding="valid" if stride > 1 else "same", use_bias=bias,
-                             kernel_initializer=init or self.kaiming_normal(),
-                             bias_initializer=tf.keras.initializers.RandomUniform(-bound, bound), name=name)(x)
+        layer = _atrous_conv2d(self.L) if dilation > 1 and stride == 1 else self.L.Conv2D
+        return layer(filters, kernel, strides=stride, dilation_rate=dilation,
+                     padding="valid" if stride > 1 else "same", use_bias=bias,
+                     kernel_initializer=init or self.kaiming_normal(),
+                     bias_initializer=tf.keras.initializers.RandomUniform(-bound, bound), name=name)(x)
 
     def separable(self, x, filters, name, stride=1, dilation=1):
         """SeparableConv2d_same: depthwise 3x3 then pointwise 1x1, no bias, nothing
