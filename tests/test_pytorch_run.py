@@ -6,30 +6,17 @@ check runs MLPerf's checker on every base model's log). A mixed sweep (both fram
 side by side) and the option lines PyTorch refuses are tests/test_plan.py's and below."""
 import io
 import json
-import sys
 
 import pytest
 
 from harness import verify
 from harness.workloads import cosmoflow
-from tests.conftest import SMALL_MODELS, cluster_mpirun, dat_text, mpirun, results, without
+from tests.conftest import SMALL_MODELS, cluster_mpirun, dat_text, forwarded, mpirun, results, without
 
 pytest.importorskip("torch")
 
 def _wrapper(folder):
     return without(folder, "tensorflow", "tf_keras", "keras", "horovod")
-
-
-def _forwarded(out: str, report: str) -> bool:
-    """`out` is `report` with pieces left out at most (a subsequence of its characters), ends
-    as it does, and holds most of it. Reports a forwarding that lost bytes on stderr."""
-    it = iter(report)
-    if not (all(ch in it for ch in out) and out.endswith(report.splitlines()[-1] + "\n")
-            and len(out) > len(report) // 2):
-        return False
-    if out != report:
-        print(f"mpirun forwarded {len(out)} of the report's {len(report)} characters", file=sys.stderr)
-    return True
 
 
 def _passes(folder, p, tests: int, tv="B32C32SRPT", quality: bool = True):
@@ -44,12 +31,8 @@ def _passes(folder, p, tests: int, tv="B32C32SRPT", quality: bool = True):
     (run,) = [d for d in folder.iterdir() if not d.name.startswith(".")]
     report = (run / "report.txt").read_text()
     assert report.count("...... PASSED") == tests and "FAILED" not in report, report[-2000:]
-    # stdout (line 4's device 6) is the report as mpirun forwarded it. Open MPI's forwarding has dropped
-    # bytes on its way (report.txt whole): a block's end twice in one suite run (session 21), a piece of
-    # a conventions line once on two simulated nodes (session 22), never reproduced on purpose. So what
-    # arrived must be the report with pieces missing at most: nothing the harness wrote wrong or twice,
-    # and its end there
-    assert _forwarded(p.stdout, report), (len(p.stdout), len(report), p.stdout[-500:])
+    # stdout: the report as mpirun forwarded it, pieces lost at most (tests/conftest.forwarded)
+    assert forwarded(p.stdout, report), (len(p.stdout), len(report), p.stdout[-500:])
     res = results(folder)
     assert len(res["tests"]) == tests
     assert res["environment"]["frameworks"] == ["pytorch"] and "tensorflow" not in res["environment"]
@@ -196,7 +179,7 @@ def test_ic_cosmoflow_deepcam_and_ewa_train_in_pytorch_without_tensorflow(tmp_pa
     report = (run / "report.txt").read_text()
     assert report.count("...... PASSED") == 8 and "FAILED" not in report, [
         (t["workload"], t["M"], t["P"], t["consistency"]) for t in res["tests"]]
-    assert _forwarded(p.stdout, report), (len(p.stdout), len(report), p.stdout[-500:])
+    assert forwarded(p.stdout, report), (len(p.stdout), len(report), p.stdout[-500:])
     assert "tensorflow" not in res["environment"]
     assert [(t["workload"], t["M"], t["P"]) for t in res["tests"]] == [
         (w, m, p_) for w in ("ic", "cosmoflow", "deepcam", "ewa") for m, p_ in ((2, 1), (1, 2))]
