@@ -74,6 +74,13 @@ def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = HANG, quick: boo
 # conventions line on two simulated nodes (session 22) and on one node (2026-11-28, the shipped file's
 # run), a PASSED line (2026-11-28). A test holds stdout to report.txt with `forwarded` and counts in
 # report.txt.
+def report_of(runs: Path) -> str:
+    """report.txt of the one run folder under `runs` (what the harness wrote, whatever
+    mpirun's forwarding of stdout lost on the way)."""
+    (run,) = [d for d in runs.iterdir() if not d.name.startswith(".")]
+    return (run / "report.txt").read_text()
+
+
 def forwarded(out: str, report: str) -> bool:
     """`out` is `report` with pieces left out at most (a subsequence of its characters), ends
     as it does, and holds most of it. Reports a forwarding that lost bytes on stderr."""
