@@ -77,8 +77,7 @@ def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = HANG, quick: boo
 def report_of(runs: Path) -> str:
     """report.txt of the one run folder under `runs` (what the harness wrote, whatever
     mpirun's forwarding of stdout lost on the way)."""
-    (run,) = [d for d in runs.iterdir() if not d.name.startswith(".")]
-    return (run / "report.txt").read_text()
+    return (run_dir(runs) / "report.txt").read_text()
 
 
 def forwarded(out: str, report: str) -> bool:
@@ -123,10 +122,15 @@ def without(folder: Path, *names: str) -> tuple[str, str]:
     return (str(path), str(ROOT / "hpcai500.py"))
 
 
-def results(results_dir: Path) -> dict:
+def run_dir(results_dir: Path) -> Path:
+    """The one run folder under a results directory (line 5's; its dot-folders are caches)."""
     runs = sorted(p for p in results_dir.iterdir() if not p.name.startswith("."))
     assert len(runs) == 1, runs
-    return json.loads((runs[0] / "results.json").read_text())
+    return runs[0]
+
+
+def results(results_dir: Path) -> dict:
+    return json.loads((run_dir(results_dir) / "results.json").read_text())
 
 
 def result(**fields):

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from harness import report, results  # noqa: E402
-from tests.conftest import result  # noqa: E402
+from tests.conftest import result, run_dir  # noqa: E402
 from harness.workloads import DataError, Dataset, cosmoflow as cf, cosmoflow_synthetic as cs, tfrecord  # noqa: E402
 
 SIDE = 32
@@ -323,18 +323,14 @@ def cosmoflow_run(tmp_path_factory):
     return folder, mpirun(2, [str(folder / "c.dat")], folder, timeout=600, env={"HPCAI500_COSMO_WIDTH": "8"})
 
 
-def _run_dir(folder):
-    return next(p for p in (folder / "runs").iterdir() if not p.name.startswith("."))
-
-
 @pytest.mark.mpi
 def test_bagged_cosmoflow_trains_consistently_and_beats_the_trivial_baseline(cosmoflow_run):
     folder, p = cosmoflow_run
     assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads((_run_dir(folder) / "results.json").read_text())
+    res = json.loads((run_dir(folder / "runs") / "results.json").read_text())
     tests = res["tests"]
     assert [(t["M"], t["P"]) for t in tests] == [(2, 1)]
-    report = (_run_dir(folder) / "report.txt").read_text()   # not stdout: mpirun's forwarding can lose bytes
+    report = (run_dir(folder / "runs") / "report.txt").read_text()   # not stdout: mpirun's forwarding can lose bytes
     assert all(t["consistency"]["passed"] for t in tests) and report.count("...... PASSED") == 1
     data = cf.read(str(folder / "runs" / ".data" / cs.directory_name(160, SIDE)))
     trivial = cf.trivial_error(cf.train_targets(data).mean(0), data)
@@ -358,7 +354,7 @@ def test_bagged_cosmoflow_trains_consistently_and_beats_the_trivial_baseline(cos
 def test_cosmoflow_logs_eval_error_and_passes_mlperfs_own_checker(cosmoflow_run, tmp_path):
     folder, p = cosmoflow_run
     assert p.returncode == 0, p.stderr[-3000:]
-    logs = sorted((_run_dir(folder) / "mllog").glob("*.log"))
+    logs = sorted((run_dir(folder / "runs") / "mllog").glob("*.log"))
     assert len(logs) == 2      # 2 base models
     rules = os.path.join(os.path.dirname(os.path.dirname(__file__)), "harness", "mllog_rules", "common.yaml")
     for log in logs:
@@ -379,7 +375,7 @@ def test_cosmoflow_logs_eval_error_and_passes_mlperfs_own_checker(cosmoflow_run,
 def test_the_cosmoflow_run_verifies(cosmoflow_run):
     folder, p = cosmoflow_run
     assert p.returncode == 0, p.stderr[-3000:]
-    out = subprocess.run([sys.executable, "hpcai500.py", "--verify", str(_run_dir(folder))],
+    out = subprocess.run([sys.executable, "hpcai500.py", "--verify", str(run_dir(folder / "runs"))],
                          cwd=os.path.dirname(os.path.dirname(__file__)), capture_output=True, text=True)
     assert out.returncode == 0, "\n".join(ln for ln in out.stdout.splitlines() if "FAILED" in ln)
     lines = out.stdout.splitlines()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import verify
-from tests.conftest import HANG, ROOT, SMALL_MODELS, dat_text, mpi_env, results
+from tests.conftest import HANG, ROOT, SMALL_MODELS, dat_text, mpi_env, results, run_dir
 
 @pytest.fixture(scope="module")
 def ms_python(request) -> Path:
@@ -59,7 +59,7 @@ def test_the_shipped_sweep_trains_in_mindspore(ms_python, tmp_path, ranks):
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=5, l35="mindspore", **extra))
     p = _ms_mpirun(ms_python, ranks, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    run = run_dir(tmp_path / "runs")
     report = (run / "report.txt").read_text()
     layouts = {1: [(1, 1)], 4: [(1, 1), (2, 1), (4, 1), (1, 4)]}[ranks]
     assert report.count("...... PASSED") == len(layouts) and "FAILED" not in report, report[-2000:]

@@ -11,7 +11,8 @@ import pytest
 
 from harness import verify
 from harness.workloads import cosmoflow
-from tests.conftest import SMALL_MODELS, cluster_mpirun, dat_text, forwarded, mpirun, report_of, results, without
+from tests.conftest import (SMALL_MODELS, cluster_mpirun, dat_text, forwarded, mpirun, report_of, results, run_dir,
+                            without)
 
 pytest.importorskip("torch")
 
@@ -175,7 +176,7 @@ def test_ic_cosmoflow_deepcam_and_ewa_train_in_pytorch_without_tensorflow(tmp_pa
     res = results(tmp_path / "runs")
     # which test's check said what, and by how much: a failure names its test. Counted in report.txt:
     # stdout is what mpirun forwarded, which lost a block's PASSED line once (2026-11-28, report.txt whole)
-    (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    run = run_dir(tmp_path / "runs")
     report = (run / "report.txt").read_text()
     assert report.count("...... PASSED") == 8 and "FAILED" not in report, [
         (t["workload"], t["M"], t["P"], t["consistency"]) for t in res["tests"]]
