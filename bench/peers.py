@@ -164,7 +164,10 @@ def bare_ms_loop(case: str, steps: int, fed: bool = False) -> None:
     needs MindSpore's own cluster, which the harness does not form (facts.py says why): the
     bare loop's gradients then go over MPI on the host as the harness's do, so that the
     ratio measures the harness's loop, feed and clock, not another exchange."""
+    import platform
     import numpy as np
+    from harness.frameworks.mindspore import facts
+    os.environ.update(facts.isa_cap(os.environ, platform.machine()))   # as the harness's runs (facts.ISA_CAP)
     import mindspore as ms
     from mindspore import nn
     from mpi4py import MPI

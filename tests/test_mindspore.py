@@ -10,6 +10,7 @@ exchange averages over MPI in FP32 and FP16 to the bit."""
 import io
 import json
 import os
+import platform
 import subprocess
 from pathlib import Path
 
@@ -71,8 +72,30 @@ def test_the_shipped_sweep_trains_in_mindspore(ms_python, tmp_path, ranks):
         assert t["framework"] == "mindspore" and t["tv"] == "B32C32SRMS" and t["consistency"]["passed"]
         assert t["weights"] == 151_434 and t["utilisation"]["gemm"] > 0
         assert t["quality"] > 0.5 or (t["P"] > 1 and max(t["final_loss"]) < 0.5), (t["index"], t["quality"])
+    # oneDNN capped at AVX2 by the harness (facts.ISA_CAP), in force and said so
+    if platform.machine() == "x86_64":
+        assert res["environment"]["library_settings"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+        assert "LIB ENV : ONEDNN_MAX_CPU_ISA=AVX2\n" in report
+        assert "- MindSpore's CPU kernels (oneDNN): ONEDNN_MAX_CPU_ISA=AVX2 (the harness sets" in report
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
+
+
+def test_the_onednn_cap_is_set_on_x86_where_the_user_set_none():
+    """facts.isa_cap by hand: AVX2 on x86-64 alone, never over the user's own cap (either
+    of oneDNN's names), none on other CPUs; the report's line names what was in force."""
+    from harness.frameworks.mindspore import facts
+    assert facts.isa_cap({}, "x86_64") == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert facts.isa_cap({"PATH": "/bin"}, "AMD64") == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert facts.isa_cap({"ONEDNN_MAX_CPU_ISA": "ALL"}, "x86_64") == {}
+    assert facts.isa_cap({"DNNL_MAX_CPU_ISA": "AVX512_CORE"}, "x86_64") == {}
+    assert facts.isa_cap({}, "aarch64") == {}
+    (line,) = facts.isa_lines({"library_settings": {"ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}})
+    assert line.startswith("MindSpore's CPU kernels (oneDNN): ONEDNN_MAX_CPU_ISA=AVX2 (the harness sets ")
+    (line,) = facts.isa_lines({"library_settings": {"DNNL_MAX_CPU_ISA": "ALL"}})
+    assert line.startswith("MindSpore's CPU kernels (oneDNN): DNNL_MAX_CPU_ISA=ALL (")
+    (line,) = facts.isa_lines({"library_settings": {}})
+    assert line.startswith("MindSpore's CPU kernels (oneDNN): neither set, oneDNN's own choice of ISA (")
 
 
 def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):

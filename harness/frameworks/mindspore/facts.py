@@ -25,7 +25,18 @@ REQUIRES = (("mindspore", "mindspore (requirements-mindspore.txt, a venv of its 
                           " VENV=.venv-mindspore FRAMEWORKS=mindspore)"),)
 # The environment variables only MindSpore reads: a run without it leaves them out of its record
 OWN_VARIABLES = ("MS_", "GLOG_")
-ENVIRONMENT = {}   # nothing to set before MindSpore is imported
+ENVIRONMENT = {}   # nothing to set for every framework before any is imported (ISA_CAP: MindSpore's runs alone)
+# oneDNN, MindSpore's CPU kernels, capped at AVX2 on x86-64 where the user has not capped it
+# (interface.py sets it before MindSpore is imported, so in MindSpore's runs only): MindSpore 2.10's
+# oneDNN 3.10 runs MindSpore's convolutions (plain NCHW tensors) on an AVX-512 CPU through
+# jit_uni_ncsp with a reference kernel inside (ONEDNN_VERBOSE: "jit_uni_ncsp:conv+ref:any"). Measured
+# 2026-11-28 on an AMD EPYC with AVX-512 (Zen 5), one thread: a 64-channel 3 x 3 convolution at 56 x 56,
+# batch 8, 1.0 GFLOPS, 66 under AVX2 (oneDNN's gemm convolution; PyTorch's oneDNN on that CPU: 137);
+# the shipped digits sweep's step 27 x faster; a 1024 matrix product 151 GFLOPS, 88 under AVX2. Every
+# model MindSpore builds here is convolutional. PyTorch's and TensorFlow's oneDNN pick fast kernels on
+# that CPU: the cap is not theirs (ENVIRONMENT would set it for every framework).
+ISA_CAP = ("ONEDNN_MAX_CPU_ISA", "AVX2")
+ISA_NAMES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")   # oneDNN reads either (DNNL_: its older name)
 REFUSES = {
     ("allreduce", "hierarchical"): "a MindSpore job averages over its MPI communicator in one all-reduce;"
                                    " use ring",
@@ -49,6 +60,29 @@ COMPILERS = {}     # line 33: none; its graph mode is how it always runs
 NO_COMPILER = "graph mode, mindspore.jit of the forward and backward pass"
 # The exchange runs on the host over MPI: ranks may share a device
 GPU_OF_ITS_OWN = False
+
+
+def isa_cap(environ, machine: str) -> dict[str, str]:
+    """The variable to set before MindSpore is imported: ISA_CAP on x86-64 (`machine`:
+    platform.machine()), nothing where the user has set either of ISA_NAMES or oneDNN's
+    ISAs are not x86's. Pure."""
+    if machine.lower() not in ("x86_64", "amd64") or any(n in environ for n in ISA_NAMES):
+        return {}
+    return dict([ISA_CAP])
+
+
+def isa_lines(environment: dict) -> list[str]:
+    """The report's line on the oneDNN ISA MindSpore ran with: the value in force on rank 0
+    (results.json: environment.library_settings; the LIB ENV lines), and why the harness caps it."""
+    settings = environment.get("library_settings", {})
+    named = [f"{n}={settings[n]}" for n in ISA_NAMES if n in settings]
+    why = (f"the harness sets {ISA_CAP[0]}={ISA_CAP[1]} on x86-64 where neither is set: oneDNN 3.10 runs"
+           " MindSpore's NCHW convolutions on AVX-512 CPUs through a reference kernel (1.0 against 66 GFLOPS"
+           " under AVX2, a 3 x 3 convolution of 64 channels at 56 x 56, AMD EPYC Zen 5), while AVX2 costs its"
+           " matrix products (151 against 88 GFLOPS at 1024); set either to choose another ISA:"
+           " harness/frameworks/mindspore/facts.py")
+    in_force = ", ".join(named) if named else "neither set, oneDNN's own choice of ISA"
+    return [f"MindSpore's CPU kernels (oneDNN): {in_force} ({why})"]
 
 
 def compiler_missing(compiler: str, environ) -> str | None:
@@ -99,10 +133,12 @@ def option_lines(cfg) -> list[str]:
 
 
 def conventions(cfg, environment: dict, schema: tuple[int, int]) -> list[str]:
-    """The report's lines on how MindSpore trains this input (the same in every schema)."""
-    return option_lines(cfg)
+    """The report's lines on how MindSpore trains this input, then the oneDNN ISA it ran
+    with (from the run's environment; the same in every schema)."""
+    return option_lines(cfg) + isa_lines(environment)
 
 
 def stated(cfg, schema: tuple[int, int]) -> list[list[str]]:
-    """For --verify: the lines of `conventions`, which follow from the input alone."""
+    """For --verify: the lines of `conventions` that follow from the input alone (not the
+    ISA line: it follows from the run's environment, which --verify prints, not re-derives)."""
     return [option_lines(cfg)]

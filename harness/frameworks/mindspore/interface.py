@@ -6,10 +6,18 @@ roofline micro-kernels (kernels.py). Imports MindSpore, never TensorFlow, Horovo
 """
 from __future__ import annotations
 
-import mindspore as ms
+import os
+import platform
 
-from harness import communication
-from harness.frameworks.mindspore import facts, flops, kernels, models, train
+from harness.frameworks.mindspore import facts
+
+# Before MindSpore (and its oneDNN) is imported: the ISA cap, in MindSpore's runs only (facts.ISA_CAP says why)
+os.environ.update(facts.isa_cap(os.environ, platform.machine()))
+
+import mindspore as ms  # noqa: E402
+
+from harness import communication  # noqa: E402
+from harness.frameworks.mindspore import flops, kernels, models, train  # noqa: E402
 
 NAME = facts.NAME
 
