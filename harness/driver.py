@@ -153,12 +153,27 @@ def _guarded(args, world, watchdog) -> int:
         watchdog.stop()  # the run is over: MPI_Finalize may wait for slower ranks' output
 
 
+# Where the launch keeps a job whose rank died (ULFM: the venv's mpirun), MPI_Abort ends only
+# its caller, and two ranks calling it at once can leave mpirun hung for good with every rank
+# gone. Measured 2026-11-28, the venv's Open MPI 5 (mpi4py, ranks blocked in a barrier or
+# asleep): one rank's MPI_Abort of 4 ended that rank alone and mpirun never exited (20 of 20;
+# 2 ranks: the other was ended); every rank calling MPI_Abort within 3 ms: mpirun hung with no
+# rank left in 6 of 50 launches of 2 ranks and 3 of 20 of 4 (without ULFM: 0 of 30); every rank
+# ending itself with exit status 1 instead: mpirun exited 1 every time (30 of 30 on 2 ranks,
+# 20 of 20 on 4). A watchdog fires on every stuck rank within one look, so there it is the
+# exit: each stuck rank ends itself, the others learn it from ULFM in their next collective
+# (or their own watchdog ends them), and mpirun's exit status is 1.
 def _give_up(world) -> None:
-    """The watchdog's end of a rank without progress: MPI_Abort under `abort`, and for world
-    rank 0 (the coordinator: a hung one holds the results; a non-zero exit, where mpirun
-    exits 0 when every rank was SIGKILLed under ULFM); else this process alone, SIGKILLed,
-    so that ULFM tells its partners (harness/elastic.py)."""
+    """The watchdog's end of a rank without progress. Under `abort`, and for world rank 0
+    (the coordinator: a hung one holds the results): the job's end, a non-zero exit (where
+    mpirun exits 0 when every rank was SIGKILLed under ULFM): this rank's exit status 1 where
+    the launch has ULFM (above), else MPI_Abort. Else this process alone, SIGKILLed, so that
+    ULFM tells its partners (harness/elastic.py)."""
     if world.policy == "abort" or world.rank == 0:
+        if world.ulfm:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         world.Abort(1)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -191,6 +206,7 @@ def _run(args, world, watchdog) -> int:
     given = planning.read(world, args.dat, args.resume)
     world.policy = settings.value(elastic.SETTING)
     tolerance = world.bcast(_fault_tolerance(world.policy) if world.rank == 0 else None, root=0)
+    world.ulfm = tolerance["ulfm"]   # how the watchdog ends the job (_give_up)
     nodes = topology.discover(world)
     # Validate and load before TensorFlow is imported (~3 s a rank): a refused input stops
     # at once, and the loaders run no TensorFlow op, so the pinning below still works.

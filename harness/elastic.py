@@ -164,6 +164,7 @@ class World:
     def __init__(self, comm, policy: str, clock=time.perf_counter):
         # plain attributes: only a name missing here reaches the communicator (__getattr__)
         self.comm, self.policy, self.origin, self.losses = comm, policy, comm.rank, []
+        self.ulfm = False   # the launch keeps a job whose rank died (launch_survives), once the run has agreed it
         self._clock, self._t0 = clock, clock()
         self._launch = list(range(comm.size))   # launch rank of each rank of `comm`
         self.launched = comm.size               # ranks at launch

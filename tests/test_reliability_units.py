@@ -34,6 +34,34 @@ def test_watchdog_fires_with_rank_and_phase_when_nothing_beats(capsys):
     assert "during training, test 2 (watchdog limit 0.2 s); aborting the job" in err
 
 
+# driver._give_up, what the watchdog calls, in a process of its own (it ends that process):
+# a stand-in world whose Abort says so and returns (the SIGKILL after it then ends the process)
+_GIVE_UP = """
+import sys
+from harness.driver import _give_up
+class World:
+    rank, policy, ulfm = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "ulfm"
+    def Abort(self, code):
+        print(f"MPI_Abort({code})", flush=True)
+_give_up(World())
+"""
+
+
+@pytest.mark.parametrize("rank,policy,launch,status,said", [
+    (1, "abort", "ulfm", 1, ""),                  # ULFM: the exit, not MPI_Abort (driver.py: why)
+    (0, "drop", "ulfm", 1, ""),                   # the coordinator ends the job whatever the policy
+    (1, "drop", "ulfm", -9, ""),                  # a lost rank under drop: SIGKILLed, ULFM tells its partners
+    (1, "abort", "plain", -9, "MPI_Abort(1)\n"),   # no ULFM: MPI_Abort ends every rank (the stand-in returns)
+    (0, "retrain", "plain", -9, "MPI_Abort(1)\n")])
+def test_the_watchdog_ends_a_ulfm_job_by_exit_status_not_mpi_abort(rank, policy, launch, status, said):
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    p = subprocess.run([sys.executable, "-c", _GIVE_UP, str(rank), policy, launch], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (status, said), p.stderr[-2000:]
+
+
 class Clock:
     """The watchdog's clock (harness.watchdog.time), moved only by the sleeps the test and
     Watchdog.wait take: a beat's age is what the code under test made it. On the real
