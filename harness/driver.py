@@ -204,9 +204,7 @@ def _run(args, world, watchdog) -> int:
 
     watchdog.beat("input")
     given = planning.read(world, args.dat, args.resume)
-    world.policy = settings.value(elastic.SETTING)
-    tolerance = world.bcast(_fault_tolerance(world.policy) if world.rank == 0 else None, root=0)
-    world.ulfm = tolerance["ulfm"]   # how the watchdog ends the job (_give_up)
+    tolerance = _agreed_tolerance(world)
     nodes = topology.discover(world)
     # Validate and load before TensorFlow is imported (~3 s a rank): a refused input stops
     # at once, and the loaders run no TensorFlow op, so the pinning below still works.
@@ -361,6 +359,15 @@ def _submission(world, environment: dict) -> dict:
                     f"{environment['nodes']} x {node.get('cpu_model') or environment['machine']}")
     return {"org": settings.value("HPCAI500_SUBMITTER_ORG"), "platform": world.bcast(platform, root=0),
             "status": settings.value("HPCAI500_SUBMISSION_STATUS")}
+
+
+def _agreed_tolerance(world) -> dict:
+    """COLLECTIVE: rank 0's _fault_tolerance on every rank, and the world's policy and
+    ULFM flag set from it (how the watchdog ends the job: _give_up)."""
+    world.policy = settings.value(elastic.SETTING)
+    tolerance = world.bcast(_fault_tolerance(world.policy) if world.rank == 0 else None, root=0)
+    world.ulfm = tolerance["ulfm"]
+    return tolerance
 
 
 def _fault_tolerance(policy: str) -> dict:
