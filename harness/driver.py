@@ -147,7 +147,7 @@ def _guarded(args, world, watchdog) -> int:
         return 1
     except BaseException as e:  # noqa: BLE001 - any other failure must not leave ranks hanging
         print(crash(world.origin, watchdog.phase, e), file=sys.stderr, flush=True)
-        world.Abort(1)
+        _end_job(world)
         return 1
     finally:
         watchdog.stop()  # the run is over: MPI_Finalize may wait for slower ranks' output
@@ -162,19 +162,25 @@ def _guarded(args, world, watchdog) -> int:
 # ending itself with exit status 1 instead: mpirun exited 1 every time (30 of 30 on 2 ranks,
 # 20 of 20 on 4). A watchdog fires on every stuck rank within one look, so there it is the
 # exit: each stuck rank ends itself, the others learn it from ULFM in their next collective
-# (or their own watchdog ends them), and mpirun's exit status is 1.
+# (or their own watchdog ends them), and mpirun's exit status is 1. A failure raised on
+# several ranks at once (the crash path) would race the same way.
+def _end_job(world) -> None:
+    """This rank's end of the whole job with a non-zero status (mpirun exits 0 when every
+    rank was SIGKILLed under ULFM): its exit status 1 where the launch has ULFM (above),
+    else MPI_Abort, which there ends every rank."""
+    if world.ulfm:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    world.Abort(1)
+
+
 def _give_up(world) -> None:
-    """The watchdog's end of a rank without progress. Under `abort`, and for world rank 0
-    (the coordinator: a hung one holds the results): the job's end, a non-zero exit (where
-    mpirun exits 0 when every rank was SIGKILLed under ULFM): this rank's exit status 1 where
-    the launch has ULFM (above), else MPI_Abort. Else this process alone, SIGKILLed, so that
-    ULFM tells its partners (harness/elastic.py)."""
+    """The watchdog's end of a rank without progress: the job's (_end_job) under `abort`
+    and for world rank 0 (the coordinator: a hung one holds the results); else this
+    process alone, SIGKILLed, so that ULFM tells its partners (harness/elastic.py)."""
     if world.policy == "abort" or world.rank == 0:
-        if world.ulfm:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
-        world.Abort(1)
+        _end_job(world)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
