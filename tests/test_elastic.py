@@ -20,7 +20,7 @@ from harness import division, elastic, heartbeat, mllog, plan, report, results
 from tests.conftest import HANG, ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, result
 from tests.conftest import results as read_results
 
-WATCHDOG = 30   # s, as tests/test_run.py's: a legitimate gap between beats was 6 s with three runs at once
+WATCHDOG = 15   # s, as tests/test_run.py's (its comment: PyTorch's legitimate gaps between beats, at most 4.6 s in a suite)
 
 
 # ------------------------------------------------------------------ pure logic

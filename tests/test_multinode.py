@@ -234,13 +234,14 @@ def _gone(c, nodes, t0, limit=120) -> float:
     return time.monotonic() - t0
 
 
-def _finished_test_intact(tmp_path, reason=None):
-    """Test 1 stands in results.json; test 2 is recorded as interrupted for `reason`
-    (None: rank 0 may have been ended before it could record it)."""
+def _finished_test_intact(tmp_path, reason=None, test=2):
+    """Test 1 stands in results.json; the run is recorded as interrupted for `reason`
+    during test `test` (reason None: rank 0 may have been ended before it could record it)."""
     res = results(tmp_path / "runs")
     assert [t["index"] for t in res["tests"]] == [1] and res["tests"][0]["consistency"]["passed"]
     if reason:
-        assert res["status"] == "interrupted" and res["interrupted"] == {"reason": reason, "test": 2}, res["status"]
+        assert res["status"] == "interrupted" and res["interrupted"] == {"reason": reason, "test": test}, \
+            (res["status"], res["interrupted"])
     else:
         assert res["status"] in ("running", "interrupted")
 
@@ -271,15 +272,20 @@ def test_a_node_that_dies_ends_the_job_within_a_minute(tmp_path):
     # What Open MPI does next is its own: mostly mpirun exits 247 and n1's ranks get its
     # SIGTERM, which rank 0 records (`interrupted`); once in five fresh-clone runs it exited
     # 0 and n1's ranks were gone at once (status stays `running`). Either way test 1 stands,
-    # and only `complete` says the run finished (README).
-    recorded = results(tmp_path / "runs")["status"] == "interrupted"
-    _finished_test_intact(tmp_path, signals.reason(signal.SIGTERM) if recorded else None)
+    # and only `complete` says the run finished (README). ULFM may be first (once in a suite,
+    # 2026-11-28): n1's ranks find n2's lost in their next world step, test 2 is left out
+    # (every base model lost a rank) and the SIGTERM comes after it, outside a test.
+    res = results(tmp_path / "runs")
+    recorded = res["status"] == "interrupted"
+    lost_first = [(s["index"], s["cause"]) for s in res["skipped"]] == [(2, "lost")]
+    _finished_test_intact(tmp_path, signals.reason(signal.SIGTERM) if recorded else None, None if lost_first else 2)
     deadline = time.monotonic() + 120     # a hang bound: dead once 12 stamps 0.5 s apart are missed (6 s)
     while (state := _status(tmp_path / "runs"))[0] == 2 and time.monotonic() < deadline:   # still stamping, or fresh
         time.sleep(0.5)
     print(f"node death: mpirun exit {p.returncode}; --status {state}")
     assert state[0] == (3 if recorded else 5), state
-    assert (f": interrupted: {signals.reason(signal.SIGTERM)} during test 2; 1 of 2 test run(s) finished"
+    during = "; 1 of 1 test run(s) finished" if lost_first else " during test 2; 1 of 2 test run(s) finished"
+    assert (f": interrupted: {signals.reason(signal.SIGTERM)}{during}"
             if recorded else ": dead: not running: last heartbeat at ") in state[1], state
 
 
