@@ -8,7 +8,8 @@ survivors can agree (MPI_Comm_agree) and shrink the communicator to themselves.
 
 Per the policy (`--on-fault`, HPCAI500_ON_FAULT):
 
-* `abort`: a fault's exception reaches the driver, which calls MPI_Abort (as before).
+* `abort`: a fault's exception reaches the driver, which ends the job (as before): MPI_Abort,
+  or where the launch has ULFM each rank's exit status 1 (harness/driver._end_job).
 * `drop`: every world-level step of the run (the roofline's barrier and gather; in each
   test, its start, the end of the sampler's sends, staging, the start barrier of
   training, each evaluation, the end) runs through `World.step`: each rank tries the step, a rank that
@@ -272,9 +273,13 @@ def describe(losses) -> str:
     return "; ".join(out)
 
 
-def lines(tolerance: dict) -> list[str]:
-    """The report's parameter lines (and --check's) for results.json's fault_tolerance."""
-    what = {"abort": "a lost rank ends the run (MPI_Abort)",
+def lines(tolerance: dict, schema: tuple[int, int] | None = None) -> list[str]:
+    """The report's parameter lines (and --check's) for results.json's fault_tolerance, as
+    results schema `schema` wrote them (None: today's; --verify passes an earlier run's:
+    before 2.14 `abort` said MPI_Abort whatever the launch)."""
+    ends = "MPI_Abort" if not tolerance["ulfm"] or (schema and schema < (2, 14)) else \
+        "each rank's exit status 1: under ULFM MPI_Abort ends only its caller"   # harness/driver._end_job
+    what = {"abort": f"a lost rank ends the run ({ends})",
             "drop": "a lost rank costs the base models it touched; the test and the sweep go on with the survivors",
             "retrain": "a lost rank's base models are trained again on the survivors once the others finish (the"
                        " ensemble whole, Time carrying the cost); the sweep goes on with the survivors"}

@@ -11,10 +11,10 @@ the world-level steps of a test (the end of the sampler's sends, staging, the st
 barrier of training, each evaluation, the end) run through `World.step`, which shrinks
 the world to the survivors and redoes the step without the lost jobs, whose surviving
 ranks follow as idle ranks do. Any other failure (or any fault under `abort`, or one
-outside those steps) ends the job through the driver's MPI_Abort, so no rank is left
-waiting. Under `retrain` the test then goes on in waves that train its lost base models
-again on the survivors (_waves), each wave a pass of the same steps (_pass), and its figures
-are over every pass (measure).
+outside those steps) ends the job through the driver (_end_job: MPI_Abort, or under ULFM
+each rank's exit status 1), so no rank is left waiting. Under `retrain` the test then
+goes on in waves that train its lost base models again on the survivors (_waves), each
+wave a pass of the same steps (_pass), and its figures are over every pass (measure).
 """
 from __future__ import annotations
 

@@ -563,7 +563,7 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     tests = res.tests
     params = (dat.describe(cfg, results.minor(res.schema)) + settings.describe(res.settings)
               + settings.describe_library(res.environment)
-              + (elastic.lines(res.fault_tolerance) if res.fault_tolerance else []))
+              + (elastic.lines(res.fault_tolerance, results.minor(res.schema)) if res.fault_tolerance else []))
     segs = [("header", report.header(res.hpcai500, res.tv_legend or dat.TV_LEGEND_BEFORE_2_13, params,
                                      res.conventions), False)]
     # a test skipped at the start, after the header; one left out after a loss of ranks, after

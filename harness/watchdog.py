@@ -4,7 +4,7 @@ A collective whose partner is stuck (not dead: ULFM tells the survivors of a dea
 blocks forever; the batch system would kill the job hours later with nothing said.
 The main thread calls `beat(phase)` at every training step and phase change; a daemon
 thread checks the age of the last beat and, past the limit, prints the rank and the
-phase and calls `abort`: MPI_Abort, which ends every rank, or under `--on-fault drop`
+phase and calls `abort`: the job's end (harness/driver._end_job), or under `--on-fault drop`
 the rank's own end, which makes it a lost rank like a dead one (harness/elastic.py):
 its job's ranks, stuck with it, learn it in their collective, the other jobs go on.
 """

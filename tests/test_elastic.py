@@ -24,6 +24,18 @@ WATCHDOG = 15   # s, as tests/test_run.py's (its comment: PyTorch's legitimate g
 
 
 # ------------------------------------------------------------------ pure logic
+def test_the_abort_line_names_how_the_job_ends():
+    """Under ULFM MPI_Abort ends only its caller, so the job ends by each rank's exit status
+    (harness/driver._end_job) and the report says so; without ULFM, MPI_Abort. A run of
+    results schema 2.13 said MPI_Abort whatever the launch: --verify re-renders its words."""
+    ulfm = {"policy": "abort", "ulfm": True, "how": "ULFM on"}
+    exits = "FAULTS  : --on-fault abort: a lost rank ends the run (each rank's exit status 1: under ULFM" \
+            " MPI_Abort ends only its caller)"
+    assert elastic.lines(ulfm) == elastic.lines(ulfm, (2, 14)) == [exits, "FAULTS  : ULFM on"]
+    assert elastic.lines(ulfm, (2, 13))[0] == "FAULTS  : --on-fault abort: a lost rank ends the run (MPI_Abort)"
+    assert elastic.lines({**ulfm, "ulfm": False})[0] == elastic.lines(ulfm, (2, 13))[0]
+
+
 def test_lost_jobs_are_those_with_a_lost_launch_rank():
     jobs = [(0, 1), (2, 3), (4, 5)]
     assert elastic.lost_jobs(jobs, [0, 1, 2, 3, 4, 5], {3}) == [1]
@@ -475,7 +487,8 @@ def test_on_fault_abort_ends_the_run_as_before(tmp_path):
     p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:kill"}, ["--on-fault", "abort"], l9=1, l10=2, l11=2, l15=3, l30=0,
              l35="pytorch")
     assert "hpcai500: rank 2 failed during training, test 1" in p.stderr, p.stderr[-3000:]
-    assert "FAULTS  : --on-fault abort: a lost rank ends the run (MPI_Abort)" in p.stdout
+    # the venv's launch has ULFM: the job ends by each rank's exit status (harness/driver._end_job)
+    assert "FAULTS  : --on-fault abort: a lost rank ends the run (each rank's exit status 1: under ULFM" in p.stdout
     res = read_results(tmp_path / "runs")
     assert res["tests"] == [] and res["fault_tolerance"]["policy"] == "abort"
     assert res["settings"]["HPCAI500_ON_FAULT"] == "abort"      # the command line's choice, on record
