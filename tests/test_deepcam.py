@@ -135,15 +135,19 @@ def test_the_profiler_counts_a_cropped_transposed_convolution_on_its_uncropped_o
     assert flops.profiler_flops(model) == 67_392
 
 
-@pytest.mark.parametrize("size, rates, within", [((768, 1152), None, 0.01), ((64, 96), ((1, 1, 1, 1), (1, 1)), 0.02)])
-def test_flops_agree_with_tensorflows_profiler(size, rates, within):
+@pytest.mark.parametrize("size, shrunk, within", [((768, 1152), {}, 0.01),
+                                                  ((64, 96), {"rates": ((1, 1, 1, 1), (1, 1)), "scale": 0.25,
+                                                              "middle": 2}, 0.02)])
+def test_flops_agree_with_tensorflows_profiler(size, shrunk, within):
     """At 768 x 1152 the reference model: +0.59 % from the profiler (it counts no ReLU or
     batch norm, and counts the 4 transposed convolutions on their uncropped outputs, above).
     At 64 x 96 the 4 x 6 feature map is smaller than the dilated kernels (rates up to 18):
     TensorFlow runs a dilated convolution on a SpaceToBatch grid padded to multiples of the
     rate, and the profiler counts that padding (1.9 x ours there); so the small size is
-    compared undilated, where the taps are the same operations."""
-    model = deeplab.build(*size, 16, 3, **({"rates": rates} if rates else {}))
+    compared undilated, where the taps are the same operations, and at a quarter of the
+    width with 2 middle blocks: every kind of layer still, +0.98 % (+0.95 % at full width,
+    which took 10.9 s to build and profile against 1.5 s)."""
+    model = deeplab.build(*size, 16, 3, **shrunk)
     ours, theirs = flops.count(model).forward, flops.profiler_flops(model)
     assert abs(theirs / ours - 1) < within, (ours, theirs)
     if size == (768, 1152):
