@@ -20,7 +20,7 @@ from harness import division, elastic, heartbeat, mllog, plan, report, results
 from tests.conftest import HANG, ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, result
 from tests.conftest import results as read_results
 
-WATCHDOG = 15   # s, as tests/test_run.py's (its comment: PyTorch's legitimate gaps between beats, at most 4.6 s in a suite)
+WATCHDOG = 15   # s, as tests/test_run.py's for PyTorch (its comment: gaps between beats of at most 4.6 s)
 
 
 # ------------------------------------------------------------------ pure logic

@@ -298,7 +298,7 @@ def _status(path):
 
 def test_a_cut_link_ends_every_rank_through_the_watchdog(tmp_path):
     """n2's link goes down mid-training: no process dies and TCP retries for minutes, so
-    every rank waits in Horovod's all-reduce until the watchdog (20 s here) aborts it, on
+    every rank waits in Gloo's all-reduce (FAULT_DAT: PyTorch) until the watchdog (20 s here) aborts it, on
     both sides of the cut. mpirun itself then waits for the daemon it cannot reach (until
     TCP gives up, ~15 min with Linux's defaults): the test ends it once every rank is gone."""
     c = simulated_cluster("faultlink", 2, 247)
