@@ -116,13 +116,13 @@ def test_the_shipped_sweep_in_pytorch_on_two_nodes(cluster, tmp_path, pmap):
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l12=pmap, l15=2, l30=0, l35="pytorch", **layouts))
     p = cluster_mpirun(cluster, "n1:2,n2:2", [tmp_path / "t.dat"], tmp_path, program=_wrapper(tmp_path))
     # 2 epochs: what learning takes is the one-node runs' to show (1 x 4 reaches ~0.5 only after 3)
-    res = _passes(tmp_path / "runs", p, 5 if pmap == 0 else 1,
-                  ["B32C32SRPT"] * 4 + ["B32C32SRPT2SPP2"] if pmap == 0 else ["B32C32SRPT"], quality=False)
+    tvs = ["B32C32SRPT"] * 4 + ["B32C32SRPT2SPP2"] if pmap == 0 else ["B32C32SRPT"]
+    res = _passes(tmp_path / "runs", p, len(tvs), tvs, quality=False)
     assert res["environment"]["hosts"] == ["n1", "n2"]
     assert len(res["skipped"]) == 3 * (1 - pmap)                          # P = 1 with mixed:2
-    dp = res["tests"][3 if pmap == 0 else 0]
-    assert sorted(dp["jobs"][0]) == [0, 1, 2, 3] and dp["exchange"] == ["DDP all-reduce, Gloo"]
+    dp = next(t for t in res["tests"] if t["P"] == 4)                     # the model of 4 ranks, data parallel
     assert dp["jobs"] == [[0, 1, 2, 3] if pmap == 0 else [0, 2, 1, 3]], dp["jobs"]   # PMAP 1: round-robin
+    assert dp["exchange"] == ["DDP all-reduce, Gloo"]
     if pmap == 0:
         mixed = res["tests"][4]
         assert mixed["jobs"] == dp["jobs"] and mixed["pipeline"]["replicas"] == 2
