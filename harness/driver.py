@@ -215,16 +215,8 @@ def _run(args, world, watchdog) -> int:
     # Validate and load before TensorFlow is imported (~3 s a rank): a refused input stops
     # at once, and the loaders run no TensorFlow op, so the pinning below still works.
     plan = planning.make(world, given, nodes, watchdog)
-    watchdog.beat("device set-up")
     cfg = plan.cfg
-    with native_stderr_captured() as native:   # each framework the sweep names; rank 0's first for the report
-        devices = [frameworks.get(name).setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
-                   for name in cfg.frameworks][0]
-    if not devices["gpus_on_node"] and telemetry.gpu_inventory():
-        say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but"
-            f" {cfg.frameworks[0]} found none; its start-up messages:\n{native[0]}")
-    first_failure(world, planning.shared_gpu_problem(cfg, plan.tests, nodes.node_of_rank,
-                                                     world.allgather(devices["gpus_on_node"]), nodes.hosts))
+    devices = _devices(world, plan, nodes, watchdog)
     if args.check:
         if world.rank == 0:
             print("\n".join(planning.describe(plan, world.size) + elastic.lines(tolerance)), flush=True)
@@ -232,8 +224,7 @@ def _run(args, world, watchdog) -> int:
 
     ceilings = None
     if cfg.roofline:
-        watchdog.beat("roofline micro-kernels")
-        ceilings = _roofline(world, cfg.frameworks, cfg.precisions)
+        ceilings = _roofline(world, cfg.frameworks, cfg.precisions, watchdog)
     watchdog.beat("inventory")
     environment, nodes = _inventory(world, nodes, devices, cfg.frameworks)
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
@@ -251,7 +242,40 @@ def _run(args, world, watchdog) -> int:
     watchdog.beat("the summary and charts")
     if output[0]:
         output[0].finish()
+    _wait_for_the_summary(world, watchdog)
     return 0
+
+
+def _devices(world, plan, nodes, watchdog) -> dict:
+    """Each framework the sweep names set up on this rank (rank 0's first's devices, for the
+    report), agreed: GPUs shared as the plan allows on every node."""
+    watchdog.beat("device set-up")
+    cfg = plan.cfg
+    with native_stderr_captured() as native:
+        devices = [frameworks.get(name).setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
+                   for name in cfg.frameworks][0]
+    # asleep: a framework's import takes seconds, longer where ranks share cores, and a rank
+    # done first would keep a core busy in the blocking gather below while others import
+    watchdog.wait(world.Ibarrier(), "device set-up: waiting for the other ranks")
+    if not devices["gpus_on_node"] and telemetry.gpu_inventory():
+        say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but"
+            f" {cfg.frameworks[0]} found none; its start-up messages:\n{native[0]}")
+    first_failure(world, planning.shared_gpu_problem(cfg, plan.tests, nodes.node_of_rank,
+                                                     world.allgather(devices["gpus_on_node"]), nodes.hosts))
+    return devices
+
+
+def _wait_for_the_summary(world, watchdog) -> None:
+    """Every rank waits, asleep, for the coordinator's summary and charts before MPI_Finalize:
+    Open MPI 5's finalize polls, so a rank that reached it first kept a core busy for as long
+    as the coordinator wrote (measured: 4.1 s of CPU over a 4 s wait, 2 ranks), the core the
+    coordinator needs where ranks share cores. A peer lost here changes nothing written:
+    its error is left to MPI_Finalize, as before this wait."""
+    try:
+        watchdog.wait(world.Ibarrier(), "waiting for the coordinator's summary and charts")
+    except Exception as e:  # noqa: BLE001 - an MPI error only; anything else goes on up
+        if not elastic.is_mpi_error(e):
+            raise
 
 
 def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
@@ -403,21 +427,27 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance
     return report.Output(cfg, record, params, plan.previous)
 
 
-def _roofline(world, names, precisions) -> dict | None:
+def _roofline(world, names, precisions, watchdog) -> dict | None:
     """GEMM, convolution and triad on every rank at once (they share the node's memory
     and power, as training does), in each framework of the sweep (`names`: a test's
     utilisation is measured against the library that trained it) and each precision;
     per-rank figures on rank 0, keyed by frameworks.roofline_key, indexed by launch rank
-    (None for a rank lost before its figures were gathered: under `drop` the barrier and the
-    gather are world steps, harness/elastic.py, and no later test runs on a lost rank)."""
+    (None for a rank lost before its figures were gathered: under `drop` the barriers and the
+    gather are world steps, harness/elastic.py, and no later test runs on a lost rank). The
+    barriers wait asleep (Watchdog.wait): a rank done first must not keep a core busy while
+    others still measure on it."""
     out = {}
     for name in names:
         for prec in precisions:
             key = frameworks.roofline_key(name, prec)
-            world.step(f"the roofline ({key}): its start", lambda: world.Barrier())   # the world as it stands
+            world.step(f"the roofline ({key}): its start",   # the world as it stands
+                       lambda: watchdog.wait(world.Ibarrier(), "roofline micro-kernels: waiting for the other ranks"))
+            watchdog.beat("roofline micro-kernels")
             fault.point(world.origin, "roofline")
             with native_stderr_captured():  # the triad's first XLA compilation prints banners
                 mine = frameworks.get(name).roofline(prec, settings.value("HPCAI500_ROOFLINE_QUICK") == "1")
+            world.step(f"the roofline ({key}): its end",
+                       lambda: watchdog.wait(world.Ibarrier(), "roofline micro-kernels: waiting for the other ranks"))
             per_rank = world.step(f"the roofline ({key}): the gather of its figures",
                                   lambda: world.gather(mine, root=0))
             if world.rank == 0:

@@ -114,7 +114,7 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     if problem:
         raise RunError(problem)
     watchdog.beat("data loading")
-    datas = load(world, cfg)
+    datas = load(world, cfg, watchdog.wait)
     planned, skipped = batches(cfg, planned, skipped, datas)
     planned = tuple(judged(cfg, p, datas[p.test.workload], given.settings) for p in planned)
     runs = tuple((p, rep) for p in planned for rep in range(cfg.repetitions) if (p.test.index, rep) not in given.done)
@@ -301,16 +301,18 @@ def results_dir_problem(cfg: dat.Config) -> str | None:
     return None
 
 
-def load(world, cfg: dat.Config) -> dict:
+def load(world, cfg: dat.Config, wait) -> dict:
     """Each workload's data on every rank; synthetic data is written once per node
-    under <results>/.data (harness/files.node_once)."""
+    under <results>/.data (harness/files.node_once), the node's other ranks waiting asleep
+    (`wait`: Watchdog.wait): in a blocking barrier each would keep a core busy while the
+    writer needs one."""
     datas = {}
     for name in cfg.workloads:
         wl = workloads.get(name)
         node = topology.node_comm(world)
         try:
-            datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"),
-                                                       node.rank, node.Barrier),
+            datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"), node.rank,
+                                                       lambda: wait(node.Ibarrier(), "data loading: waiting for the node's writer")),
                                f"{cfg.path}:8: found {cfg.dataset.text!r} with workload {name} (line 7), expected a"
                                f" dataset {name} can read")
         finally:
