@@ -71,3 +71,33 @@ def _grads(model, x, y):
     model.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     return [p for p in model.parameters()]
+
+
+@pytest.mark.parametrize("comm", ["fp16", "int8"])
+def test_a_job_of_one_rank_exchanges_nothing(tmp_path, comm):
+    """A base model of one rank (P = 1, its Exchange line "none (P = 1)"): one training step
+    with line 21's fp16 or int8 leaves the weights bit for bit where FP32's leaves them, as
+    in TensorFlow and MindSpore. Under DDP the step's hook cast the gradients to FP16 or
+    quantised them even with no partner to exchange with."""
+    import numpy as np
+    from harness import train, workloads
+    from harness.frameworks.pytorch import models
+    from harness.frameworks.pytorch import train as pt
+    from harness.workloads import digits
+    data, dev = digits.load(workloads.Dataset.parse("embedded"), str(tmp_path)), torch.device("cpu")
+    wl, module = workloads.get("digits"), models.get("digits")
+    x, y = module.inputs(data.x_train[:32], dev), module.targets(data.y_train[:32], dev)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        weights = {}
+        for precision in ("fp32", comm):
+            model = pt.build(wl, data, 42, 0, dev)
+            step = pt.Step(wl, module, model, train.Recipe(32, 1, 0.05, 0, comm_precision=precision), dev,
+                           lambda taken: 0.05)
+            step(x, y)
+            weights[precision] = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+            step = None
+            gc.collect()     # as the harness's Job.close: a DDP wrapper freed before its group goes
+    finally:
+        dist.destroy_process_group()
+    assert np.array_equal(weights["fp32"], weights[comm])

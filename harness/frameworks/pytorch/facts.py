@@ -67,14 +67,23 @@ LAYOUT = {(2, 0): "on a GPU the models and their 4-D inputs are channels-last in
                   " for convolutions, as NVIDIA's PyTorch references train); on CPUs channels-first, but digits"
                   " channels-last (oneDNN trains its small convolutions faster so: bench/layout.py)"}
 
+# A job's exchange as each results schema stated it: from 2.15 a job of one rank has no DDP (train.Step)
+ALONE = {(2, 0): "", (2, 15): " (a job of one rank exchanges nothing: no DDP)"}
+INDUCTOR_ALONE = {(2, 0): "", (2, 15): "; of the model itself in a job of one rank, which has no DDP"}
+
+
+def _as_of(stated: dict, schema: tuple[int, int]) -> str:
+    return stated[max(v for v in stated if v <= schema)]
+
 
 def option_lines(cfg, schema: tuple[int, int]) -> list[str]:
     """What the Table 2 choices of this input mean in PyTorch, stated in the report (as
     results schema `schema` stated them)."""
-    layout = LAYOUT[max(v for v in LAYOUT if v <= schema)]
+    layout = _as_of(LAYOUT, schema)
     lines = ["PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs, NCCL on GPUs), wired"
              " from MPI (the job root's TCPStore, its address broadcast over the job's communicator; no torchrun);"
-             " DistributedDataParallel averages the gradients in buckets during the backward pass; the optimizers"
+             f" DistributedDataParallel averages the gradients in buckets during the backward pass{_as_of(ALONE, schema)};"
+             " the optimizers"
              " are torch.optim's with Keras' defaults (Adam's and AdaGrad's epsilon 1e-7, AdaGrad's initial"
              " accumulator 0.1; SGD's momentum applied as PyTorch does, v = m v + g); weight decay on kernels only"
              f" (never biases or batch norm); {layout}"]
@@ -96,8 +105,9 @@ def option_lines(cfg, schema: tuple[int, int]) -> list[str]:
                      " gradients")
     if cfg.compiler == "inductor":
         lines.append("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on CPUs, Triton on"
-                     " GPUs); forward and backward pass compiled, graphs split at DDP's buckets so each bucket's"
-                     " all-reduce starts during the backward pass; loss, update and evaluation run eagerly;"
+                     f" GPUs{_as_of(INDUCTOR_ALONE, schema)}); forward and backward pass compiled, graphs split at"
+                     " DDP's buckets so each bucket's all-reduce starts during the backward pass; loss, update and"
+                     " evaluation run eagerly;"
                      " compilation happens in the warm-up, before the clock")
     return lines
 

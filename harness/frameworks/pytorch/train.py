@@ -203,15 +203,19 @@ class Step:
     compression hook for line 21's fp16), the gradients clipped where the workload's
     options say so, the update at the LR
     `schedule(step number)` gives, with a dynamic gradient scaler for fp16. The job's
-    ranks start from the root's weights (DDP broadcasts them when it wraps the model)."""
+    ranks start from the root's weights (DDP broadcasts them when it wraps the model).
+    A job of one rank exchanges nothing (its Exchange line: "none (P = 1)"), as in
+    TensorFlow and MindSpore: no DDP, whose hook would still cast its gradients to FP16
+    (line 21's fp16) or quantise them (int8) and which copies them through its buckets
+    every step."""
 
     def __init__(self, workload, module, model, recipe: train.Recipe, dev, schedule):
         self.module, self.model, self.dev, self.schedule = module, model, dev, schedule
-        self.ddp = _ddp(model, dev, recipe.comm_precision)
+        wrapped = _ddp(model, dev, recipe.comm_precision) if dist.get_world_size() > 1 else model
         # line 33's inductor: torch.compile of the DDP-wrapped model (PyTorch's way: DDP's
         # optimizer splits the graph at its buckets, so each bucket's all-reduce still starts
         # during the backward pass); compiled at the first call, in the warm-up before the clock
-        self.forward = torch.compile(self.ddp) if recipe.compiler == "inductor" else self.ddp
+        self.forward = torch.compile(wrapped) if recipe.compiler == "inductor" else wrapped
         self.opt, self.config = make_optimizer(recipe.optimizer, model, schedule(0), workload.MOMENTUM,
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
         self.max_norm = self.config.get("global_clipnorm", 0.0)
