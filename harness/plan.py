@@ -310,9 +310,10 @@ def load(world, cfg: dat.Config, wait) -> dict:
     for name in cfg.workloads:
         wl = workloads.get(name)
         node = topology.node_comm(world)
+        writer = lambda: wait(node.Ibarrier(), "data loading: waiting for the node's writer")  # noqa: E731
         try:
             datas[name] = agree(world, lambda: wl.load(cfg.dataset, os.path.join(cfg.results_dir, ".data"), node.rank,
-                                                       lambda: wait(node.Ibarrier(), "data loading: waiting for the node's writer")),
+                                                       writer),
                                f"{cfg.path}:8: found {cfg.dataset.text!r} with workload {name} (line 7), expected a"
                                f" dataset {name} can read")
         finally:

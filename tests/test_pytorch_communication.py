@@ -1,6 +1,7 @@
 """harness/frameworks/pytorch/communication.py: line 21's int8 exchange as a DDP hook.
 The arithmetic by hand; the hook on a one-rank Gloo group in this process (a real DDP
-backward through it); two ranks under mpirun: tests/test_pytorch_run.py."""
+backward through it); two ranks under mpirun: tests/test_pytorch_run.py. A job of one
+rank exchanges nothing (train.Step: no DDP), and the conventions say so."""
 import gc
 import math
 
@@ -97,7 +98,25 @@ def test_a_job_of_one_rank_exchanges_nothing(tmp_path, comm):
             step(x, y)
             weights[precision] = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
             step = None
-            gc.collect()     # as the harness's Job.close: a DDP wrapper freed before its group goes
+            gc.collect()     # a DDP wrapper, where one was made, freed before its group goes (as Job.close)
     finally:
         dist.destroy_process_group()
     assert np.array_equal(weights["fp32"], weights[comm])
+
+
+def test_the_conventions_say_so_from_schema_2_15_and_verify_reads_2_14s_words():
+    """--verify holds a run's conventions to the words its results schema stated: 2.15 adds
+    the one-rank job's missing DDP to PyTorch's line and to line 33's inductor line, 2.14 had
+    neither (harness/frameworks/pytorch/facts.py)."""
+    from types import SimpleNamespace
+    from harness.frameworks.pytorch import facts
+    cfg = SimpleNamespace(precisions=["fp32"], comm_precision="fp32", modes=["data"], optimizer="sgd",
+                          compiler="inductor")
+    now, before = facts.option_lines(cfg, (2, 15)), facts.option_lines(cfg, (2, 14))
+    assert "during the backward pass (a job of one rank exchanges nothing: no DDP); the optimizers" in now[0]
+    assert "during the backward pass; the optimizers" in before[0]
+    assert now[-1].startswith("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on CPUs,"
+                              " Triton on GPUs; of the model itself in a job of one rank, which has no DDP); ")
+    assert before[-1].startswith("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on"
+                                 " CPUs, Triton on GPUs); ")
+    assert facts.stated(cfg, (2, 14)) == [before]

@@ -82,8 +82,8 @@ def option_lines(cfg, schema: tuple[int, int]) -> list[str]:
     layout = _as_of(LAYOUT, schema)
     lines = ["PyTorch: each job's ranks are one torch.distributed process group (Gloo on CPUs, NCCL on GPUs), wired"
              " from MPI (the job root's TCPStore, its address broadcast over the job's communicator; no torchrun);"
-             f" DistributedDataParallel averages the gradients in buckets during the backward pass{_as_of(ALONE, schema)};"
-             " the optimizers"
+             " DistributedDataParallel averages the gradients in buckets during the backward pass"
+             f"{_as_of(ALONE, schema)}; the optimizers"
              " are torch.optim's with Keras' defaults (Adam's and AdaGrad's epsilon 1e-7, AdaGrad's initial"
              " accumulator 0.1; SGD's momentum applied as PyTorch does, v = m v + g); weight decay on kernels only"
              f" (never biases or batch norm); {layout}"]
