@@ -33,7 +33,7 @@ RING = "DDP all-reduce"   # line 22's ring in a job's Exchange line
 FEED = ("in PyTorch on the rank's own threads, no DataLoader workers (ic: Pillow decodes in as many"
         " threads as the step has, that many batches ahead; the other workloads' batches are made"
         " between steps)")
-WARM_UP = "PyTorch's DDP buckets"
+WARM_UP = "PyTorch's first allocations and, in a job of 2 or more ranks, DDP's buckets"   # one rank: no DDP (train.Step)
 # Line 33's compilers it offers, as the parameter block says them, and how it runs without one
 COMPILERS = {"inductor": "torch.compile, TorchInductor (forward and backward pass)"}
 NO_COMPILER = "eager"

@@ -252,7 +252,8 @@ class Step:
 
     def undone_warm_up(self, batches) -> None:
         """Set-up before the clock, like MLPerf's init phase: real steps on `batches`
-        (DDP's buckets, the allocator's first growth, the first all-reduces), then every
+        (the allocator's first growth; DDP's buckets and the first all-reduces where the job
+        has 2 or more ranks), then every
         state the step writes put back (weights, batch-norm statistics, the optimizer's
         slots, the loss scale, the step number, the random generators dropout draws
         from): the timed epochs then train from exactly the state a run without warm-up
