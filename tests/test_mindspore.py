@@ -48,21 +48,20 @@ def test_the_mindspore_venv_holds_no_other_framework(ms_python):
 
 @pytest.mark.parametrize("ranks", [1, 4])
 def test_the_shipped_sweep_trains_in_mindspore(ms_python, tmp_path, ranks):
-    """The shipped HPCAI500.dat with line 35 mindspore, 5 epochs of 10, on one node: 1 rank
+    """The shipped HPCAI500.dat with line 35 mindspore, 3 epochs of 10, on one node: 1 rank
     trains test 1 (M = 1; the sweep's M = 2 and 4 skipped for want of ranks); 4 ranks the
-    shipped M = 1, 2, 4 base models of one rank and one base model of all 4 (its gradients
-    averaged over MPI in FP32). Every test PASSED, --verify passes (MLPerf's checker on every
-    base model's log); each learnt the digits (Top-1 > 0.5, or a final loss under 0.5 for the
-    base model of 4 ranks, which trains a quarter of the steps; measured 0.97-0.99 where P = 1,
-    and 0.88 at a loss of 0.39 where P = 4: 1.65 after 3 epochs). 2 nodes x 2 ranks: the
-    test below; 2 ranks: the runs after it."""
-    extra = {1: {}, 4: {"l9": 4, "l10": "1 2 4 1", "l11": "1 1 1 4"}}[ranks]
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=5, l35="mindspore", **extra))
+    shipped M = 1, 2, 4 base models of one rank. Every test PASSED, --verify passes
+    (MLPerf's checker on every base model's log); each learnt the digits (Top-1 > 0.5;
+    measured 0.84, 0.91 and 0.96 on 4 ranks, 0.97-0.99 after 5 epochs: MindSpore's digits
+    step is ~4 x TensorFlow's on a CPU, so the suite trains it 3). A base model of 4 ranks
+    (its gradients averaged over MPI): the two-node test below, in int8; 2 ranks: the runs
+    after it, the FP32 exchange."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l15=3, l35="mindspore"))
     p = _ms_mpirun(ms_python, ranks, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     run = run_dir(tmp_path / "runs")
     report = (run / "report.txt").read_text()
-    layouts = {1: [(1, 1)], 4: [(1, 1), (2, 1), (4, 1), (1, 4)]}[ranks]
+    layouts = {1: [(1, 1)], 4: [(1, 1), (2, 1), (4, 1)]}[ranks]
     assert report.count("...... PASSED") == len(layouts) and "FAILED" not in report, report[-2000:]
     res = results(tmp_path / "runs")
     assert [(t["M"], t["P"]) for t in res["tests"]] == layouts
@@ -71,7 +70,7 @@ def test_the_shipped_sweep_trains_in_mindspore(ms_python, tmp_path, ranks):
     for t in res["tests"]:
         assert t["framework"] == "mindspore" and t["tv"] == "B32C32SRMS" and t["consistency"]["passed"]
         assert t["weights"] == 151_434 and t["utilisation"]["gemm"] > 0
-        assert t["quality"] > 0.5 or (t["P"] > 1 and max(t["final_loss"]) < 0.5), (t["index"], t["quality"])
+        assert t["quality"] > 0.5, (t["index"], t["quality"])
     # oneDNN capped at AVX2 by the harness (facts.ISA_CAP), in force and said so
     if platform.machine() == "x86_64":
         assert res["environment"]["library_settings"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
