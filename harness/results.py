@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.15"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.16"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -56,6 +56,8 @@ SCHEMA = "2.15"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   has ULFM (each rank's exit status 1; MPI_Abort there ends only its caller)
                  # 2.15: PyTorch's conventions say a job of one rank has no DDP (its gradients were
                  #   cast or quantised by line 21's DDP hook before, where its Exchange said none)
+                 # 2.16: TensorFlow's conventions state, for a deepcam input, where its DeepLabv3+ skips
+                 #   the padding taps of a dilated convolution that the FLOP count credits
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of

@@ -75,6 +75,25 @@ def test_taps_on_the_map_by_hand():
     assert deeplab.taps_on_map(3, 2, 5) == slice(1, 4)       # 5 taps, 2 apart: the +-4 ones miss a 3-pixel map
 
 
+def test_the_conventions_say_where_tensorflow_skips_taps_the_count_credits():
+    """From results schema 2.16 TensorFlow's conventions name the sizes where its ASPP skips
+    padding taps: a map side of 18 (the largest rate) keeps the centre tap only, 19 all three,
+    so inputs of 16 x 18 = 288 px or less on a side; a 2.15 run's words (--verify) and an input
+    without deepcam have no such line."""
+    from types import SimpleNamespace
+    from harness.frameworks.tensorflow import facts
+    assert deeplab.taps_on_map(288 // 16, 18, 3) == slice(1, 2) and deeplab.taps_on_map(304 // 16, 18, 3) == slice(0, 3)
+    line = facts.taps_line()
+    assert line.startswith("DeepCAM in TensorFlow: where a side of the encoder's map (the input / 16) is no longer"
+                           " than a dilation rate (the ASPP's 6, 12, 18: inputs of 288 px or less on a side)")
+    assert line.endswith("At the reference's 768 x 1152 (a 48 x 72 map) every tap is computed")
+    cfg = SimpleNamespace(workloads=("digits", "deepcam"), precisions=["fp32"], comm_precision="fp32", allreduce="ring",
+                          optimizer="sgd", compiler="none")
+    assert facts.option_lines(cfg, False, (2, 16)) == [line]
+    assert facts.option_lines(cfg, True, (2, 15)) == [] and facts.stated(cfg, (2, 15)) == [[], []]
+    assert facts.option_lines(SimpleNamespace(**{**vars(cfg), "workloads": ("digits",)}), False, (2, 16)) == []
+
+
 @pytest.mark.parametrize("shape, rate", [((4, 6), 6), ((4, 6), 18), ((4, 12), 6), ((4, 6), 2)])
 def test_an_atrous_convolution_computes_keras_own(shape, rate):
     """The ASPP's dilated convolution leaves out the taps that read only padding (both axes at

@@ -7,6 +7,7 @@ there and never names the framework itself.
 from __future__ import annotations
 
 from harness import communication, workloads
+from harness.workloads import deepcam
 
 NAME = "tensorflow"     # line 35's keyword
 TITLE = "TensorFlow"    # in the report's sentences
@@ -76,10 +77,27 @@ def build_line(build: dict) -> str:
              " CUDA-aware; `make venv GPU=1` builds NCCL in)") + "; each test's Exchange line says what carried its jobs")
 
 
-def option_lines(cfg, nccl: bool) -> list[str]:
+# From results schema 2.16 the conventions say where TensorFlow's DeepLabv3+ skips taps its count credits
+TAPS_STATED = (2, 16)
+
+
+def taps_line() -> str:
+    """DeepCAM in TensorFlow: the dilated convolutions' taps that read only padding, left out of
+    the computation (deeplab._atrous_conv2d) and counted (Table 3's arithmetic)."""
+    rates = deepcam.ASPP_RATES[1:]
+    side = deepcam.OUTPUT_STRIDE * max(rates)
+    return (f"DeepCAM in TensorFlow: where a side of the encoder's map (the input / {deepcam.OUTPUT_STRIDE}) is no"
+            f" longer than a dilation rate (the ASPP's {', '.join(map(str, rates))}: inputs of {side} px or less"
+            " on a side), a dilated convolution leaves out the taps that can only read padding, with the same"
+            " output and gradients (harness/frameworks/tensorflow/deeplab.py); the FLOPs count every tap (Table"
+            " 3's arithmetic), so there TensorFlow is credited with multiplications by padding that it skips. At"
+            " the reference's 768 x 1152 (a 48 x 72 map) every tap is computed")
+
+
+def option_lines(cfg, nccl: bool, schema: tuple[int, int]) -> list[str]:
     """What the Table 2 choices of this input mean in TensorFlow with Horovod (`nccl`: its
-    build has NCCL), stated in the report."""
-    lines = []
+    build has NCCL), stated in the report (as results schema `schema` stated them)."""
+    lines = [taps_line()] if "deepcam" in cfg.workloads and schema >= TAPS_STATED else []
     if set(cfg.precisions) - {"fp32"}:
         lines.append("Mixed precision (fp16, bf16): Keras policy, FP32 master weights, logits/softmax/loss"
                      " in FP32, fp16 with dynamic loss scaling; FLOPs counted as for fp32")
@@ -116,13 +134,14 @@ def option_lines(cfg, nccl: bool) -> list[str]:
 
 def conventions(cfg, environment: dict, schema: tuple[int, int]) -> list[str]:
     """The report's lines on how TensorFlow trains this input: Horovod's build (results.json's
-    environment), then what the input's Table 2 choices mean with it (the same in every schema)."""
+    environment), then what the input's Table 2 choices mean with it, as results schema
+    `schema` states them."""
     build = environment["horovod_build"]
-    return [build_line(build), *option_lines(cfg, bool(build["nccl"]))]
+    return [build_line(build), *option_lines(cfg, bool(build["nccl"]), schema)]
 
 
 def stated(cfg, schema: tuple[int, int]) -> list[list[str]]:
     """For --verify: the lines of `conventions` that follow from the input alone, one list
     for each build they may have been stated for (with NCCL or without); results schema
     `schema` stated the same."""
-    return [option_lines(cfg, nccl) for nccl in (False, True)]
+    return [option_lines(cfg, nccl, schema) for nccl in (False, True)]
