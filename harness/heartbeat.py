@@ -142,32 +142,35 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
     failed = [t for t in rec.tests if not t.consistency.get("passed")]
     stop = rec.interrupted or {}
     during = f" during test {stop['test']}" if stop.get("test") else ""
+    lost = losses(rec)
+    # a run that did not complete names its losses too: a test left out for lost ranks is
+    # not among those planned, so its count alone ("1 of 1") would read as nothing missing
+    also = f"; {lost}" if lost else ""
     if rec.status == "complete":
         if failed:
             names = ", ".join(f"test {t.index}" + (f" rep {t.repetition}" if t.repetition else "") for t in failed)
             return State("failed", False, f"complete, but {names} failed the replica consistency check",
                          finished, planned)
-        lost = losses(rec)
         if lost:   # every test that ran PASSED, but ranks were lost (harness/elastic.py)
             return State("complete-with-losses", False, f"every test PASSED, {lost}", finished, planned)
         return State("complete", False, "every test PASSED", finished, planned)
     if rec.status == "interrupted":
         reason = str(stop.get("reason", "no reason recorded"))
         name = "failed" if reason.startswith(results.ERROR_PREFIX) else "interrupted"
-        return State(name, False, f"{reason}{during}", finished, planned)
+        return State(name, False, f"{reason}{during}{also}", finished, planned)
     if beat is None:
         return State("running", None, f"status `{rec.status}` and no heartbeat file: a live run cannot be told"
-                     " from a dead one (a run of a version before heartbeats?)", finished, planned)
+                     f" from a dead one (a run of a version before heartbeats?){also}", finished, planned)
     age, interval = now - float(beat["time"]), float(beat.get("interval") or settings.TABLE[SETTING].default)
     where = f"{beat.get('host', '?')} pid {beat.get('pid', '?')}"
     last = f"last heartbeat at {_clock(beat['time'])} ({age:.0f} s ago, {where})"
     if alive is False:
-        return State("dead", False, f"not running: {last}, that process is gone; status left `running`",
+        return State("dead", False, f"not running: {last}, that process is gone; status left `running`{also}",
                      finished, planned)
     if alive is None and age > STALE_INTERVALS * interval:
         return State("dead", False, f"not running: {last}, none for {STALE_INTERVALS} intervals of {interval:g} s;"
-                     " status left `running`", finished, planned)
-    return State("running", True, last, finished, planned)
+                     f" status left `running`{also}", finished, planned)
+    return State("running", True, f"{last}{also}", finished, planned)
 
 
 def losses(rec: results.Record) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness import division, elastic, heartbeat, mllog, plan, report, results
-from tests.conftest import HANG, ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, result
+from tests.conftest import HANG, ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, record, result
 from tests.conftest import results as read_results
 
 WATCHDOG = 15   # s, as tests/test_run.py's for PyTorch (its comment: gaps between beats of at most 4.6 s)
@@ -117,6 +117,19 @@ def test_status_tells_a_run_complete_with_losses_by_its_own_exit():
     rec.tests[0] = result()
     rec.skipped = []
     assert heartbeat.judge(rec, None, 0.0, None).name == "complete"
+
+
+def test_status_of_an_interrupted_run_names_its_losses():
+    """The shipped sweep on 2 ranks (test 3 skipped for want of ranks), ended by a signal after
+    rank 1 was lost and test 2 left out: test 2 is no longer planned, so "1 of 1" alone would
+    hide it; the line names the losses."""
+    rec = record("interrupted", [result()], {"reason": "SIGTERM received", "test": None}, reps=1)
+    rec.skipped.append({"index": 2, "reason": "x", "cause": "lost", "repetition": 0})
+    rec.fault_tolerance = {"policy": "drop", "ulfm": True, "how": "x",
+                           "losses": [elastic.entry(elastic.Loss((1,), "test 2", 3.0, 9.0))]}
+    assert heartbeat.judge(rec, None, 0.0, None).line() == (
+        "interrupted: SIGTERM received; with losses: rank(s) 1 lost, 0 base model(s) dropped, 1 test run(s) left"
+        " out; 1 of 1 test run(s) finished")
 
 
 def test_status_names_ranks_lost_outside_any_test():
