@@ -133,31 +133,35 @@ def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 
 
-def test_ic_cosmoflow_and_deepcam_train_in_mindspore(ms_python, tmp_path, monkeypatch):
-    """ic's ResNet, CosmoFlow's 3D CNN and DeepCAM's DeepLabv3+, shrunk (conftest.SMALL_MODELS: ic's stem
-    8 wide, one bottleneck a stage; cosmoflow's first block 4 filters; deepcam's channels
-    x 1/8, one middle block), on synthetic:16:32 (TFRecords, JPEGs by Pillow; deepcam's HDF5
-    at 32 x 48), one base model of 2 ranks each: PASSED, --verify passes; their weights the
-    PyTorch twins' (tests/test_pytorch_run.py: 133 378, 90 832 and 523 983; cosmoflow's by hand:
-    convolutions 27 Cin F + F = 436 + 872 + 3472 + 13 856 + 55 360, dense 65 x 128 + 129 x 64 +
-    65 x 4 = 16 836), cosmoflow's count its formula, 41 987 272 a sample, deepcam's PyTorch's
-    count of the same shrunk model at 32 x 48 (harness/frameworks/pytorch/flops.count), 14 765 988.
-    At the reference sizes the ResNet-50's and DeepLabv3+'s counts are
-    test_digits_count_and_the_mpi_exchange_in_mindspore's."""
+def test_ic_cosmoflow_deepcam_and_ewa_train_in_mindspore(ms_python, tmp_path, monkeypatch):
+    """ic's ResNet, CosmoFlow's 3D CNN, DeepCAM's DeepLabv3+ and ewa's Faster-RCNN, shrunk
+    (conftest.SMALL_MODELS: ic's stem 8 wide, one bottleneck a stage; cosmoflow's first block
+    4 filters; deepcam's channels x 1/8, one middle block; ewa's small backbone below 384 px),
+    on synthetic:16:32 (TFRecords, JPEGs by Pillow; deepcam's HDF5 at 32 x 48, ewa's at 32 x
+    48), one base model of 2 ranks each: PASSED, --verify passes; their weights the PyTorch
+    twins' (tests/test_pytorch_run.py: 133 378, 90 832, 523 983 and 542 725; cosmoflow's by
+    hand: convolutions 27 Cin F + F = 436 + 872 + 3472 + 13 856 + 55 360, dense 65 x 128 +
+    129 x 64 + 65 x 4 = 16 836), cosmoflow's count its formula, 41 987 272 a sample, deepcam's
+    PyTorch's count of the same shrunk model at 32 x 48 (harness/frameworks/pytorch/
+    flops.count), 14 765 988; ewa's steps eager, as the report says. At the reference sizes
+    the ResNet-50's and DeepLabv3+'s counts are test_digits_count_and_the_mpi_exchange_in_
+    mindspore's, ewa's tests/test_mindspore_ewa.py's."""
     from harness.workloads import cosmoflow
-    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=3, l7="ic cosmoflow deepcam",
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l6=4, l7="ic cosmoflow deepcam ewa",
                                              l8="synthetic:16:32", l9=1, l10=1, l11=2, l14=2, l15=2, l30=0,
                                              l35="mindspore"))
     p = _ms_mpirun(ms_python, 2, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path, env=SMALL_MODELS)
     assert p.returncode == 0, p.stderr[-3000:]
-    ic, cosmo, deepcam = results(tmp_path / "runs")["tests"]
-    for t in (ic, cosmo, deepcam):
+    ic, cosmo, deepcam, ewa = results(tmp_path / "runs")["tests"]
+    for t in (ic, cosmo, deepcam, ewa):
         assert t["framework"] == "mindspore" and t["consistency"]["passed"], t["consistency"]
-    assert (ic["weights"], cosmo["weights"], deepcam["weights"]) == (133_378, 90_832, 523_983)
+    assert (ic["weights"], cosmo["weights"], deepcam["weights"], ewa["weights"]) == (133_378, 90_832, 523_983, 542_725)
     assert deepcam["workload"] == "deepcam" and deepcam["forward_flops_per_sample"] == 14_765_988
+    assert ewa["workload"] == "ewa" and 0.0 <= ewa["quality"] <= 1.0
     monkeypatch.setenv("HPCAI500_COSMO_WIDTH", "4")                  # the formula at the run's width
     assert cosmo["forward_flops_per_sample"] == cosmoflow.forward_flops(32) == 41_987_272
     (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    assert "- ewa in MindSpore: eager steps (PyNative), not one mindspore.jit graph" in (run / "report.txt").read_text()
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 

@@ -51,7 +51,7 @@ NO_PIPELINE = ("MindSpore's pipeline parallelism is its auto-parallel on its own
                " here; PyTorch's torch.distributed.pipelining carries the model, pipeline and mixed modes:"
                " name pytorch on line 35")
 # The workloads whose model is built in MindSpore (harness/frameworks/mindspore/models.py, one module each)
-BUILT = ("digits", "ic", "cosmoflow", "deepcam")
+BUILT = ("digits", "ic", "cosmoflow", "deepcam", "ewa")
 SPLIT = ()
 RING = "all-reduce over MPI, host memory"   # line 22's ring in a job's Exchange line
 FEED = "on the host between steps (the workloads' numpy batches, channels first)"
@@ -95,8 +95,13 @@ def carriers(allreduce: str) -> set[str]:
     return {"MPI"}
 
 
-def option_lines(cfg) -> list[str]:
-    """What the Table 2 choices of this input mean in MindSpore, stated in the report."""
+# From results schema 2.16 MindSpore builds ewa, and its conventions say how that model steps
+EWA_STATED = (2, 16)
+
+
+def option_lines(cfg, schema: tuple[int, int]) -> list[str]:
+    """What the Table 2 choices of this input mean in MindSpore, stated in the report (as
+    results schema `schema` stated them)."""
     lines = ["MindSpore: graph mode; each step's forward and backward pass one mindspore.jit graph, on the CPU"
              " (device_target CPU); each job's gradients averaged over the job's MPI communicator (mpi4py,"
              " host memory: flattened into one buffer, one all-reduce a step, divided by P) before the"
@@ -105,6 +110,14 @@ def option_lines(cfg) -> list[str]:
              " (an MPI broadcast); the optimizers are mindspore.nn's with Keras' defaults (Adam's epsilon"
              " 1e-7, AdaGrad's initial accumulator 0.1, MindSpore's AdaGrad has no epsilon; SGD's momentum"
              " applied as v = m v + g); weight decay on kernels only (never biases or batch norm)"]
+    if "ewa" in cfg.workloads and schema >= EWA_STATED:
+        lines.append("ewa in MindSpore: eager steps (PyNative), not one mindspore.jit graph: the proposals (decode,"
+                     " top-k, greedy NMS) and the loss's matching and sampling run on the host in numpy inside the"
+                     " forward pass (harness/frameworks/mindspore/ewa.py); the gradient flows through the RPN's and"
+                     " the head's outputs and the ROI crop (mindspore.ops.grid_sample) into the backbone, as in the"
+                     " other two frameworks; under fp16 the RPN's and the head's output layers and the ROI crop"
+                     " compute in FP32, as Keras' float32 layers (MindSpore 2.10's CPU grid_sample does not finish"
+                     " in FP16)")
     if "fp16" in cfg.precisions:
         lines.append("Mixed precision in MindSpore (fp16): mindspore.amp's O2, as Keras' mixed_float16 (every cell"
                      " computes in FP16 but batch norm, FP32 master weights, the output and the loss in FP32); a"
@@ -133,12 +146,12 @@ def option_lines(cfg) -> list[str]:
 
 
 def conventions(cfg, environment: dict, schema: tuple[int, int]) -> list[str]:
-    """The report's lines on how MindSpore trains this input, then the oneDNN ISA it ran
-    with (from the run's environment; the same in every schema)."""
-    return option_lines(cfg) + isa_lines(environment)
+    """The report's lines on how MindSpore trains this input, as results schema `schema`
+    states them, then the oneDNN ISA it ran with (from the run's environment)."""
+    return option_lines(cfg, schema) + isa_lines(environment)
 
 
 def stated(cfg, schema: tuple[int, int]) -> list[list[str]]:
     """For --verify: the lines of `conventions` that follow from the input alone (not the
     ISA line: it follows from the run's environment, which --verify prints, not re-derives)."""
-    return [option_lines(cfg)]
+    return [option_lines(cfg, schema)]

@@ -45,9 +45,11 @@ _CONTAINERS = (nn.SequentialCell, nn.CellList)
 
 
 def count(model: nn.Cell, sample) -> flops.FlopCount:
-    """Table 3 FLOPs of one sample's forward pass; `sample`: one input of batch 1."""
-    if sample.shape[0] != 1:
-        raise ValueError(f"harness.flops: found a sample of batch {sample.shape[0]}, expected batch 1")
+    """Table 3 FLOPs of one sample's forward pass; `sample`: one input of batch 1 (a Tensor,
+    or a tuple of them whose first is the images: ewa's detector takes its boxes too)."""
+    batch = (sample[0] if isinstance(sample, tuple) else sample).shape[0]
+    if batch != 1:
+        raise ValueError(f"harness.flops: found a sample of batch {batch}, expected batch 1")
     records, outputs, hooks = [], [0], []
     for name, cell in model.cells_and_names():
         if cell.cells():

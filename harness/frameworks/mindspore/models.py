@@ -29,9 +29,13 @@ class Model(Protocol):
     # Optional (DEFAULTS): coupled weight decay on the kernels, the Keras twin's L2 kernel
     # regularizer (train.make_optimizer).
     L2: float
+    # Optional (DEFAULTS): whether a step's forward and backward pass compile into one
+    # mindspore.jit graph; False: eager (PyNative), for a model whose forward pass runs host
+    # code (ewa's NMS). Its outputs may then be a dict (the loss reads them by name).
+    JIT: bool
 
 
-DEFAULTS = {"batches": None, "L2": 0.0}
+DEFAULTS = {"batches": None, "L2": 0.0, "JIT": True}
 
 
 def channels_first(x: np.ndarray):

@@ -39,10 +39,17 @@ def build(workload, data, seed: int, job: int, precision: str) -> nn.Cell:
     """The job's model, initialised from (seed, job) as the other frameworks' are; the
     Step then makes the job's ranks equal by broadcasting the root's weights. Line 17's
     fp16: mindspore.amp's O2, Keras' mixed_float16 (every cell computes in FP16 but batch
-    norm, the weights FP32 and cast at use, the output cast back to FP32)."""
+    norm and the cells that say FP32, as Keras' float32 layers, the weights FP32 and cast at
+    use, the output cast back to FP32)."""
     ms.set_seed((seed * 1_000_003 + job) % 2**31)
     model = models.get(workload.NAME).build_model(data)
-    return ms.amp.auto_mixed_precision(model, amp_level="O2", dtype=ms.float16) if precision == "fp16" else model
+    if precision != "fp16":
+        return model
+    model = ms.amp.auto_mixed_precision(model, amp_level="O2", dtype=ms.float16)
+    for _, cell in model.cells_and_names():   # a cell that says it computes in FP32 (ewa's heads and ROI crop)
+        if getattr(cell, "FP32", False):
+            cell.to_float(ms.float32)
+    return model
 
 
 def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, options: dict, l2: float = 0.0):
@@ -174,14 +181,15 @@ class Step:
         model.set_train(True)
 
         def forward(x, y, scale):   # the loss times the loss scale (1 but in fp16); the loss itself the aux
-            loss = module.loss(model(x).astype(ms.float32), y).mean()
+            loss = module.loss(fp32(model(x)), y).mean()
             return loss * scale, loss
         grad = ms.value_and_grad(forward, None, self.opt.parameters, has_aux=True)
-        self.grad = ms.jit(grad)
+        self.grad = ms.jit(grad) if module.JIT else grad
         self.scale = LossScale() if recipe.precision == "fp16" else None
         self.fused = None
-        if comm.size == 1 and self.scale is None and not self.config.get("global_clipnorm") and isinstance(
-                self.opt, nn.Optimizer):   # nothing to exchange or check: MindSpore's own optimizer in the graph
+        # a job of one rank: nothing to exchange or check, MindSpore's own optimizer in the graph
+        if module.JIT and comm.size == 1 and self.scale is None and not self.config.get("global_clipnorm") \
+                and isinstance(self.opt, nn.Optimizer):
 
             def fused(x, y, scale):
                 (_, loss), grads = grad(x, y, scale)
@@ -209,17 +217,22 @@ class Step:
         """Set-up before the clock, like MLPerf's init phase: `steps` real steps (the jit
         graph's compilation, the first exchange), then every state the step writes put back
         (the model's weights and batch-norm statistics, the optimizer's slots and step, the
-        step number, the global random generator). Dropout's masks inside the jit graph come
-        from its operator's own generator, which MindSpore does not expose: the timed epochs
-        draw other masks than a run without warm-up would."""
+        step number, the global random generator, a model's own numpy generator `host_rng`:
+        ewa's draws). Dropout's masks inside the jit graph come from its operator's own
+        generator, which MindSpore does not expose: the timed epochs draw other masks than a
+        run without warm-up would."""
         params = [*self.model.get_parameters(), *self.opt.get_parameters()]
         saved = {id(p): p.asnumpy().copy() for p in params}
         rng, taken, scale = ms.get_rng_state(), self.taken, dataclasses.replace(self.scale) if self.scale else None
+        host = getattr(self.model, "host_rng", None)
+        host_state = host.bit_generator.state if host is not None else None
         for _, (x, y) in zip(range(steps), batches):
             float(self(x, y).asnumpy())   # waits for the step
         for p in params:
             put(p, saved[id(p)])
         ms.set_rng_state(rng)
+        if host is not None:
+            host.bit_generator.state = host_state
         self.taken, self.scale = taken, scale
 
 
@@ -250,6 +263,14 @@ def clipped(grads: list, max_norm: float) -> list:
     norm = float(np.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads)))
     factor = max_norm / (norm + 1e-6)
     return [g * np.float32(factor) for g in grads] if factor < 1 else grads
+
+
+def fp32(outputs):
+    """A model's outputs in FP32: a Tensor, or a dict of them (ewa's detector; its host
+    arrays as they are)."""
+    if isinstance(outputs, dict):
+        return {k: v.astype(ms.float32) if isinstance(v, ms.Tensor) else v for k, v in outputs.items()}
+    return outputs.astype(ms.float32)
 
 
 def class_probabilities(model: nn.Cell, inputs, classes: int) -> np.ndarray:
