@@ -577,6 +577,24 @@ def test_flops_backbone_and_rpn_agree_with_the_profiler(model):
     assert ours.forward - ours.by_operator["normalization"] - ours.by_operator["elementwise"] <= theirs
 
 
+def test_the_trunk_every_port_builds_by_hand():
+    """detector.trunk, the one description of the backbone the three ports build: the small
+    one of widths (32, 64), a block each, stride 2 on each block's first 3 x 3 (the first
+    block keeps 32 channels: no projection); ResNet-50's stem 7 x 7 / 2 and a max pool, 3 + 4
+    + 6 bottlenecks, 64 -> 256 at stride 1 first, stride 2 at the first of conv3's and conv4's
+    (on the 3 x 3: v1.5), 1024 channels out."""
+    from harness.workloads import detector
+    stem, pool, blocks = detector.trunk(detector.Config(32, 48, 3, backbone="small"))
+    assert (stem, pool) == ((32, 3, 2), False)
+    assert blocks == [(32, 32, 2, [(32, 32, 3, 2, True), (32, 32, 3, 1, False)]),
+                      (32, 64, 2, [(32, 64, 3, 2, True), (64, 64, 3, 1, False)])]
+    stem, pool, blocks = detector.trunk(detector.Config(768, 1152, 15))
+    assert (stem, pool, len(blocks)) == ((64, 7, 2), True, 13)
+    assert blocks[0] == (64, 256, 1, [(64, 64, 1, 1, True), (64, 64, 3, 1, True), (64, 256, 1, 1, False)])
+    assert blocks[3] == (256, 512, 2, [(256, 128, 1, 1, True), (128, 128, 3, 2, True), (128, 512, 1, 1, False)])
+    assert [b[2] for b in blocks] == [1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1, 1, 1] and blocks[-1][1] == 1024
+
+
 def test_backbone_choice_and_resnet50_trunk(monkeypatch):
     """ResNet-50 at full size, the small backbone below 384 px, HPCAI500_EWA_BACKBONE
     overriding; the ResNet-50 trunk is conv1 to conv4 (43 convolutions: stem, 13

@@ -57,6 +57,33 @@ BACKBONE_ENV = "HPCAI500_EWA_BACKBONE"
 RESNET50 = ((64, 3, 1), (128, 4, 2), (256, 6, 2))   # conv2..conv4: inner width, blocks, stride
 
 
+def trunk(cfg: Config) -> tuple[tuple, bool, list[tuple]]:
+    """The backbone as every port builds it: (stem, pool, blocks). The stem one conv-bn-ReLU
+    (filters, kernel, stride) on the image's channels, then where `pool` a 3 x 3 max pool of
+    stride 2; each residual block (cin, cout, stride, branch), relu(shortcut + branch), the
+    shortcut a 1 x 1 conv-bn of that stride from cin to cout where stride > 1 or cin != cout
+    (else the input), the branch conv-bns (cin, cout, kernel, stride, relu). ResNet-50's conv1
+    to conv4 (v1.5 bottlenecks: the stride on the 3 x 3), or the narrow basic blocks of
+    cfg.widths and cfg.blocks. Pure."""
+    blocks = []
+    if cfg.backbone == "resnet50":
+        cin = 64
+        for inner, count, stride in RESNET50:
+            for b in range(count):
+                s = stride if b == 0 else 1
+                blocks.append((cin, 4 * inner, s, [(cin, inner, 1, 1, True), (inner, inner, 3, s, True),
+                                                   (inner, 4 * inner, 1, 1, False)]))
+                cin = 4 * inner
+        return (64, 7, 2), True, blocks
+    cin = cfg.widths[0]
+    for width, count in zip(cfg.widths, cfg.blocks):
+        for b in range(count):
+            s = 2 if b == 0 else 1
+            blocks.append((cin, width, s, [(cin, width, 3, s, True), (width, width, 3, 1, False)]))
+            cin = width
+    return (cfg.widths[0], 3, 2), False, blocks
+
+
 def config_for(height: int, width: int, max_boxes: int, backbone: str | None = None) -> Config:
     """The ResNet-50 model at 384 pixels and above (the benchmark's 768 x 1152), the
     small one below (tests, laptops); `backbone` or HPCAI500_EWA_BACKBONE (resnet50,

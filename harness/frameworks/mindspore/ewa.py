@@ -36,7 +36,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from harness.frameworks.mindspore import models, train
+from harness.frameworks.mindspore import ic, models, train
 from harness.workloads import detection as det
 from harness.workloads import detector, ewa
 
@@ -54,43 +54,23 @@ def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, relu: bool = Tru
     return nn.SequentialCell(*layers, nn.ReLU()) if relu else nn.SequentialCell(*layers)
 
 
-class _Residual(nn.Cell):
-    """relu(shortcut(x) + branch(x)); the shortcut a projection where the shape changes. Its
-    own arithmetic, the add and the ReLU, is what `records` tells Table 3's count."""
+class _Residual(ic.Residual):
+    """relu(shortcut(x) + branch(x)) (ic.Residual: its arithmetic for Table 3's count); the
+    shortcut a projection where the shape changes."""
 
     def __init__(self, cin: int, cout: int, stride: int, branch: list):
         super().__init__()
         self.shortcut = nn.Identity() if (stride == 1 and cin == cout) else _conv_bn(cin, cout, 1, stride, relu=False)
         self.branch = nn.SequentialCell(*branch)
 
-    def construct(self, x):
-        return ops.relu(self.shortcut(x) + self.branch(x))
-
-    @staticmethod
-    def records(output) -> list[dict]:
-        return [{"kind": "merge", "inputs": 2, "out": output.size},
-                {"kind": "activation", "activation": "relu", "out": output.size}]
-
 
 def backbone(cfg: detector.Config) -> tuple[nn.SequentialCell, int]:
-    """(the trunk, its output channels): ResNet-50's conv1 to conv4 (v1.5 bottlenecks,
-    stride 16), or the narrow basic-block backbone of cfg.widths and cfg.blocks."""
-    if cfg.backbone == "resnet50":
-        layers, cin = [_conv_bn(cfg.channels, 64, 7, 2), nn.MaxPool2d(3, 2, pad_mode="pad", padding=1)], 64
-        for inner, blocks, stride in detector.RESNET50:
-            for b in range(blocks):
-                s = stride if b == 0 else 1
-                layers.append(_Residual(cin, 4 * inner, s, [_conv_bn(cin, inner, 1), _conv_bn(inner, inner, 3, s),
-                                                            _conv_bn(inner, 4 * inner, 1, relu=False)]))
-                cin = 4 * inner
-        return nn.SequentialCell(*layers), cin
-    layers, cin = [_conv_bn(cfg.channels, cfg.widths[0], 3, 2)], cfg.widths[0]
-    for width, blocks in zip(cfg.widths, cfg.blocks):
-        for b in range(blocks):
-            s = 2 if b == 0 else 1
-            layers.append(_Residual(cin, width, s, [_conv_bn(cin, width, 3, s), _conv_bn(width, width, 3, relu=False)]))
-            cin = width
-    return nn.SequentialCell(*layers), cin
+    """(the trunk, its output channels): detector.trunk's layers, ResNet-50's conv1 to conv4
+    or the narrow basic-block backbone."""
+    stem, pool, blocks = detector.trunk(cfg)
+    layers = [_conv_bn(cfg.channels, *stem), *([nn.MaxPool2d(3, 2, pad_mode="pad", padding=1)] if pool else [])]
+    layers += [_Residual(cin, cout, stride, [_conv_bn(*c) for c in branch]) for cin, cout, stride, branch in blocks]
+    return nn.SequentialCell(*layers), blocks[-1][1]
 
 
 class FasterRCNN(nn.Cell):

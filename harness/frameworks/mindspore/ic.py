@@ -36,9 +36,23 @@ def _bn(c: int, zero: bool = False) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(c, eps=ic.BN_EPSILON, momentum=ic.BN_MOMENTUM, gamma_init="zeros" if zero else "ones")
 
 
-class Bottleneck(nn.Cell):
-    """relu(shortcut(x) + branch(x)); its own arithmetic, the add and the ReLU, is what
-    `records` tells Table 3's count (harness/frameworks/mindspore/flops.py)."""
+class Residual(nn.Cell):
+    """relu(shortcut(x) + branch(x)), its cells set by a subclass; its own arithmetic, the
+    add and the ReLU, is what `records` tells Table 3's count (harness/frameworks/mindspore/
+    flops.py). ewa's backbone builds on it too."""
+
+    def construct(self, x):
+        return ops.relu(self.shortcut(x) + self.branch(x))
+
+    @staticmethod
+    def records(output) -> list[dict]:
+        return [{"kind": "merge", "inputs": 2, "out": output.size},
+                {"kind": "activation", "activation": "relu", "out": output.size}]
+
+
+class Bottleneck(Residual):
+    """ResNet-50 v1.5's bottleneck: the stride on its 3 x 3, a projection shortcut where the
+    shape changes, the branch's last batch norm from gamma 0."""
 
     def __init__(self, cin: int, inner: int, stride: int):
         super().__init__()
@@ -48,14 +62,6 @@ class Bottleneck(nn.Cell):
         self.branch = nn.SequentialCell(_conv(cin, inner, 1), _bn(inner), nn.ReLU(),
                                         _conv(inner, inner, 3, stride), _bn(inner), nn.ReLU(),   # v1.5
                                         _conv(inner, out, 1), _bn(out, zero=True))
-
-    def construct(self, x):
-        return ops.relu(self.shortcut(x) + self.branch(x))
-
-    @staticmethod
-    def records(output) -> list[dict]:
-        return [{"kind": "merge", "inputs": 2, "out": output.size},
-                {"kind": "activation", "activation": "relu", "out": output.size}]
 
 
 def resnet_v1_5(classes: int, width: int = ic.WIDTH, stages=ic.STAGES) -> nn.Cell:

@@ -68,24 +68,12 @@ class _Residual(nn.Module):
 
 
 def backbone(cfg: detector.Config) -> tuple[nn.Sequential, int]:
-    """(the trunk, its output channels): ResNet-50's conv1 to conv4 (v1.5 bottlenecks,
-    stride 16), or the narrow basic-block backbone of cfg.widths and cfg.blocks."""
-    if cfg.backbone == "resnet50":
-        layers, cin = [_conv_bn(cfg.channels, 64, 7, 2), nn.MaxPool2d(3, 2, 1)], 64
-        for inner, blocks, stride in detector.RESNET50:
-            for b in range(blocks):
-                s = stride if b == 0 else 1
-                layers.append(_Residual(cin, 4 * inner, s, [_conv_bn(cin, inner, 1), _conv_bn(inner, inner, 3, s),
-                                                            _conv_bn(inner, 4 * inner, 1, relu=False)]))
-                cin = 4 * inner
-        return nn.Sequential(*layers), cin
-    layers, cin = [_conv_bn(cfg.channels, cfg.widths[0], 3, 2)], cfg.widths[0]
-    for width, blocks in zip(cfg.widths, cfg.blocks):
-        for b in range(blocks):
-            s = 2 if b == 0 else 1
-            layers.append(_Residual(cin, width, s, [_conv_bn(cin, width, 3, s), _conv_bn(width, width, 3, relu=False)]))
-            cin = width
-    return nn.Sequential(*layers), cin
+    """(the trunk, its output channels): detector.trunk's layers, ResNet-50's conv1 to conv4
+    or the narrow basic-block backbone."""
+    stem, pool, blocks = detector.trunk(cfg)
+    layers = [_conv_bn(cfg.channels, *stem), *([nn.MaxPool2d(3, 2, 1)] if pool else [])]
+    layers += [_Residual(cin, cout, stride, [_conv_bn(*c) for c in branch]) for cin, cout, stride, branch in blocks]
+    return nn.Sequential(*layers), blocks[-1][1]
 
 
 class FasterRCNN(nn.Module):

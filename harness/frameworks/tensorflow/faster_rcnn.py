@@ -43,9 +43,9 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 2 API (tf-keras), bef
 import tensorflow as tf  # noqa: E402
 
 from harness.workloads import detection as det  # noqa: E402
-from harness.workloads.detector import (RESNET50, ROI_BATCH, ROI_POS_FRACTION, ROI_POS_IOU,  # noqa: E402
+from harness.workloads.detector import (ROI_BATCH, ROI_POS_FRACTION, ROI_POS_IOU,  # noqa: E402
                                         RPN_BATCH, RPN_NEG_IOU, RPN_POS_FRACTION, RPN_POS_IOU, Config,
-                                        checked)
+                                        checked, trunk)
 
 
 class _TensorFlow:
@@ -95,8 +95,8 @@ def build(cfg: Config):
 
 
 def _backbone(images, cfg: Config):
-    """The feature map at stride 16: ResNet-50's conv1 to conv4 (v1.5 bottlenecks), or
-    the narrow basic-block backbone of cfg.widths and cfg.blocks."""
+    """The feature map: detector.trunk's layers, ResNet-50's conv1 to conv4 (v1.5
+    bottlenecks, stride 16), or the narrow basic-block backbone."""
     L = tf.keras.layers
 
     def conv_bn(x, filters, kernel, stride=1, relu=True):
@@ -104,27 +104,16 @@ def _backbone(images, cfg: Config):
         x = L.BatchNormalization()(x)
         return L.ReLU()(x) if relu else x
 
-    if cfg.backbone == "resnet50":
-        x = conv_bn(images, 64, 7, 2)
+    stem, pool, blocks = trunk(cfg)
+    x = conv_bn(images, *stem)
+    if pool:
         x = L.MaxPooling2D(3, 2, padding="same")(x)
-        for inner, blocks, stride in RESNET50:
-            for b in range(blocks):
-                s = stride if b == 0 else 1
-                # bottleneck, stride on the 3 x 3 (v1.5); projection shortcut on change
-                short = x if (s == 1 and x.shape[-1] == 4 * inner) else conv_bn(x, 4 * inner, 1, s, relu=False)
-                y = conv_bn(x, inner, 1)
-                y = conv_bn(y, inner, 3, s)
-                y = conv_bn(y, 4 * inner, 1, relu=False)
-                x = L.ReLU()(L.Add()([short, y]))
-        return x
-    x = conv_bn(images, cfg.widths[0], 3, 2)
-    for width, blocks in zip(cfg.widths, cfg.blocks):
-        for b in range(blocks):
-            stride = 2 if b == 0 else 1
-            short = x if (stride == 1 and x.shape[-1] == width) else conv_bn(x, width, 1, stride, relu=False)
-            y = conv_bn(x, width, 3, stride)
-            y = conv_bn(y, width, 3, relu=False)
-            x = L.ReLU()(L.Add()([short, y]))
+    for cin, cout, stride, branch in blocks:
+        short = x if (stride == 1 and cin == cout) else conv_bn(x, cout, 1, stride, relu=False)
+        y = x
+        for _, filters, kernel, s, relu in branch:
+            y = conv_bn(y, filters, kernel, s, relu)
+        x = L.ReLU()(L.Add()([short, y]))
     return x
 
 
