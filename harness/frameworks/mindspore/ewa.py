@@ -130,8 +130,9 @@ class FasterRCNN(nn.Cell):
         idx = np.argsort(-logits, axis=1, kind="stable")[:, :top]        # topk's order: ties by index
         scores = np.take_along_axis(logits, idx, 1)
         boxes = np.take_along_axis(boxes, idx[..., None], 1)
-        kept = np.stack([_padded(b[nms(b, 1 / (1 + np.exp(-s)), cfg.rois, cfg.rpn_nms_iou)], cfg.rois)
-                         for b, s in zip(boxes, scores)])
+        with np.errstate(over="ignore"):   # a logit under -88 overflows exp in FP32: its sigmoid is 0, rightly
+            probs = 1 / (1 + np.exp(-scores))
+        kept = np.stack([_padded(b[nms(b, p, cfg.rois, cfg.rpn_nms_iou)], cfg.rois) for b, p in zip(boxes, probs)])
         if self.training:
             truth = np.where(gt[..., :1] >= 0, gt[..., 1:5], 0.0)
             kept = np.concatenate([kept[:, :cfg.rois - cfg.max_boxes], truth.astype(kept.dtype)], axis=1)
