@@ -266,8 +266,7 @@ def _per_image(values, mask, chosen):
 def loss_terms(gt, outputs: dict) -> dict:
     """The four per-image terms, as faster_rcnn.loss_terms computes them (its comments say
     why), the gradient through the outputs' Tensors."""
-    t = targets_of(gt.asnumpy().astype(np.float32) if isinstance(gt, ms.Tensor) else np.asarray(gt, np.float32),
-                   outputs)
+    t = targets_of(train.host(gt).astype(np.float32), outputs)
     bce = ops.binary_cross_entropy_with_logits(outputs["rpn_logits"], t["rpn_pos"], reduction="none")
     n, r = t["labels"].shape
     ce = ops.cross_entropy(outputs["cls_logits"].reshape(n * r, -1), t["labels"].reshape(-1),
@@ -285,9 +284,8 @@ def detections(outputs: dict, cfg: detector.Config, score_threshold: float = 0.0
     boxes, class-wise NMS at IoU 0.5 (K a class at most), the K best over all classes, as
     tf.image.combined_non_max_suppression picks them. On the host."""
     rois = np.asarray(outputs["rois"], np.float32)
-    as_numpy = lambda v: v.asnumpy() if isinstance(v, ms.Tensor) else np.asarray(v)   # noqa: E731
-    boxes = clip(det.decode(as_numpy(outputs["box_deltas"]).astype(np.float32), rois, np), cfg.height, cfg.width)
-    logits = as_numpy(outputs["cls_logits"]).astype(np.float32)
+    boxes = clip(det.decode(train.host(outputs["box_deltas"]).astype(np.float32), rois, np), cfg.height, cfg.width)
+    logits = train.host(outputs["cls_logits"]).astype(np.float32)
     e = np.exp(logits - logits.max(-1, keepdims=True))
     probs = (e / e.sum(-1, keepdims=True))[..., 1:] * (det.area(rois) > 0)[..., None]   # empty ROIs detect nothing
     k, out = cfg.detections, []
@@ -332,5 +330,5 @@ def predict(model: nn.Cell, data, rows: slice) -> np.ndarray:
     empty = ms.Tensor(np.full((batch, data.max_boxes, 5), -1.0, np.float32))
     feed = ((x, empty[:x.shape[0]]) for x in (models.channels_first(data.normalised("val", index[lo:lo + batch]))
                                               for lo in range(0, len(index), batch)))
-    out = train.outputs(model, feed, lambda outputs: ms.Tensor(detections(outputs, cfg)))
+    out = train.outputs(model, feed, lambda outputs: detections(outputs, cfg))
     return out.reshape(len(index), -1) if len(out) else np.zeros((0, ewa.score_width(data)))

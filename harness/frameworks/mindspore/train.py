@@ -280,14 +280,19 @@ def class_probabilities(model: nn.Cell, inputs, classes: int) -> np.ndarray:
     return out if len(out) else np.zeros((0, classes), np.float32)
 
 
+def host(value) -> np.ndarray:
+    """A Tensor's values on the host; a host array (or anything numpy takes) as it is."""
+    return value.asnumpy() if isinstance(value, ms.Tensor) else np.asarray(value)
+
+
 def outputs(model: nn.Cell, inputs, post=lambda out: out.astype(ms.float32)) -> np.ndarray:
-    """`post` of the model's outputs (FP32 by default) over the batches `inputs`, in eval
-    mode, concatenated on the host (an empty array where `inputs` is): the one loop of
-    every workload's predict()."""
+    """`post` of the model's outputs (FP32 by default; a Tensor or a host array: ewa's
+    detections are made on the host) over the batches `inputs`, in eval mode, concatenated
+    on the host (an empty array where `inputs` is): the one loop of every workload's predict()."""
     was = model.training
     model.set_train(False)
     try:
-        out = [post(model(x)).asnumpy() for x in inputs]
+        out = [host(post(model(x))) for x in inputs]
     finally:
         model.set_train(was)
     return np.concatenate(out) if out else np.zeros((0,), np.float32)
