@@ -308,8 +308,11 @@ def _starts_mpirun(item) -> bool:
 
 
 # The real runs several tests read: under pytest-xdist (`make test` runs two workers) the
-# tests of one run go to one worker (--dist loadgroup), so that each run happens once.
-SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run", "cluster")
+# tests of one run go to one worker (--dist loadgroup), so that each run happens once. A
+# module-scoped fixture is made once per worker, not once: the MindSpore process whose figures
+# tests/test_mindspore_ewa.py compares (~37 s alone) ran on both workers at once until named here.
+SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run", "cluster",
+               "mindspore_figures")
 
 
 def pytest_addoption(parser):
