@@ -5,7 +5,6 @@
     python hpcai500.py --check HPCAI500.dat
 """
 import os
-import sys
 
 if __name__ == "__main__":
     # Before MPI starts: where PyPI Open MPI's PMIx finds its files, and the security
@@ -20,5 +19,5 @@ if __name__ == "__main__":
     from harness import frameworks
     for name, value in frameworks.environment().items():
         os.environ.setdefault(name, value)
-    from harness.driver import main
-    sys.exit(main())
+    from harness.driver import end, main
+    end(main())

