@@ -59,18 +59,23 @@ class _Parser(argparse.ArgumentParser):
 
 
 def end(status: int) -> None:
-    """This process's exit with `status` once main() has returned: the exit handlers run
-    (Horovod's shutdown, then MPI_Finalize: mpi4py registered it first, so it runs last),
-    what is buffered is written (Python's streams, and C's: a library's printf to a pipe is
-    block-buffered), then the process ends without the interpreter's teardown of every
-    module and the frameworks' C++ destructors: 1.3 s of CPU a process for TensorFlow with
-    Horovod, 0.5 s for PyTorch, measured 2026-11-29 (import, then exit, against import, then
-    os._exit), at every rank's end, where ranks share cores (8 PyTorch ranks on 2 cores: 3.5 s
-    from the last rank's MPI_Finalize to mpirun's exit, 0.2 s without it). Nothing of the
-    run's is left to it: every file is written and closed before main() returns."""
+    """This process's exit with `status` once main() has returned: Python's exit handlers run
+    (Horovod's shutdown among them), then MPI_Finalize (mpi4py's own is a C-level exit
+    handler, which os._exit would skip: under srun a rank ended without it was reported
+    exit code 14), what is buffered is written (Python's streams, and C's: a library's printf
+    to a pipe is block-buffered), then the process ends without the interpreter's teardown
+    of every module and the frameworks' C++ destructors: 1.3 s of CPU a process for
+    TensorFlow with Horovod, 0.5 s for PyTorch, measured 2026-11-29 (import, then exit,
+    against import, then os._exit), at every rank's end, where ranks share cores (8 PyTorch
+    ranks on 2 cores: 3.5 s from the last rank's MPI_Finalize to mpirun's exit, 0.2 s
+    without it). Nothing of the run's is left to it: every file is written and closed
+    before main() returns. A run that lost ranks ends in elastic.leave instead."""
     import atexit
     import ctypes
     atexit._run_exitfuncs()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
     ctypes.CDLL(None).fflush(None)
