@@ -312,7 +312,7 @@ def test_a_cut_link_ends_every_rank_through_the_watchdog(tmp_path):
     finally:
         c.down()
     print(f"cut link: the last rank ended {seconds:.1f} s after it")
-    # the watchdog's 20 s, a look every 5 s, then the abort (21-26 s in all here): 100 s over the limit is a
+    # the watchdog's 20 s, a look every second, then the abort (21-26 s in all here with a look every 5 s): 100 s over the limit is a
     # hang bound, not a speed figure; without the watchdog the ranks would wait for TCP to give up (~15 min)
     assert seconds < 20 + 100, (seconds, err.read_text()[-3000:])
     assert "no progress for" in err.read_text() and "watchdog limit 20 s" in err.read_text()

@@ -62,6 +62,41 @@ def test_the_watchdog_ends_a_ulfm_job_by_exit_status_not_mpi_abort(rank, policy,
     assert (p.returncode, p.stdout) == (status, said), p.stderr[-2000:]
 
 
+# driver.end, a finished rank's exit, in a process of its own: Python's exit handler, then
+# MPI_Finalize (wrapped here to say so), what Python and C buffered (to a pipe: block-buffered,
+# no newline), and the status; the interpreter's teardown skipped (it would delete `kept`:
+# "teardown")
+_END = """
+import atexit, ctypes, os, sys
+from mpi4py import MPI
+from harness.driver import end
+finalize = MPI.Finalize
+def finalized():
+    finalize()
+    print("finalized", MPI.Is_finalized())
+MPI.Finalize = finalized
+atexit.register(lambda: print("python handler"))
+libc = ctypes.CDLL(None)
+libc.printf(b"C buffer|")
+class Teardown:
+    def __del__(self, write=os.write):
+        write(1, b"teardown\\n")
+kept = Teardown()
+end(3)
+"""
+
+
+def test_a_finished_rank_runs_its_exit_handlers_finalizes_and_flushes_then_exits_at_once():
+    import subprocess
+    import sys
+    from tests.conftest import ROOT, mpi_env
+    p = subprocess.run([sys.executable, "-c", _END], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=mpi_env())
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert sorted(p.stdout.replace("|", "|\n").splitlines()) == ["C buffer|", "finalized True", "python handler"], \
+        p.stdout
+
+
 class Clock:
     """The watchdog's clock (harness.watchdog.time), moved only by the sleeps the test and
     Watchdog.wait take: a beat's age is what the code under test made it. On the real

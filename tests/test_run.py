@@ -1,12 +1,15 @@
 """The benchmark for real: hpcai500.py under mpirun --oversubscribe, real Horovod, real TF."""
 import json
+import subprocess
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness import mllog, sampler
 from harness.workloads import Dataset, digits
-from tests.conftest import ROOT, dat_text, forwarded, mpi_env, mpirun, mpirun_cmd, results, without
+from tests.conftest import HANG, ROOT, dat_text, forwarded, mpi_env, mpirun, mpirun_cmd, results, without
 
 
 @pytest.mark.slow
@@ -179,7 +182,6 @@ def test_a_signal_keeps_finished_tests_and_records_the_interrupted_one(tmp_path,
     1 of 3 fresh-clone suites: recorded as between the tests, test None). The run folder is
     named on stderr at the start: after a Ctrl-C mpirun forwards no more of the ranks' output."""
     import signal
-    import subprocess
     import threading
     from harness import signals
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l13=2, l14="32 16", l15=8,
@@ -235,7 +237,6 @@ HARNESS_ONLY = {"l35": "pytorch"}
 
 def _status(*args):
     """`hpcai500.py ARGS` (--status, --summarize: no MPI): (exit status, stdout)."""
-    import subprocess
     import sys
     p = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), *map(str, args)], capture_output=True, text=True,
                        timeout=60)
@@ -257,8 +258,6 @@ def test_a_job_killed_at_once_is_told_dead_and_resumes(tmp_path):
     --summarize says so beside the rows; --resume finishes the run, and --status then
     exits 0. Trained by PyTorch (HARNESS_ONLY)."""
     import signal
-    import subprocess
-    import time
 
     import psutil
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l13=2, l14="32 16", l15=4,
@@ -298,7 +297,6 @@ def test_other_load_is_reported_warned_and_verified(tmp_path):
     bench/common.py's noise gauge, the same counter over the whole run, agrees with it
     on a quiet machine: bench/telemetry.py --other-load measures that."""
     import os
-    import subprocess
     import sys
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores: one for the rank, one for the spinner")
@@ -329,7 +327,6 @@ def _resume(cmd, env, tmp_path, run, before):
     """--resume runs only what is missing, in the same folder, with the same input. Its
     refusals (every test finished, another input file) are checked on the same folder
     in-process: a refusal's exit on every rank is tests/test_bad_input.py's."""
-    import subprocess
     from harness import dat, plan
     from harness.errors import RunError
     p = subprocess.run(cmd[:-1] + ["--resume", str(run), cmd[-1]], capture_output=True, text=True, env=env,
@@ -367,32 +364,64 @@ WATCHDOG = 15
 WATCHDOG_TENSORFLOW = 30
 
 
-@pytest.mark.slow
-def test_watchdog_aborts_a_job_stuck_in_a_collective(run_dat, tmp_path):
+def _started(folder: Path, np_: int, args, env: dict, **lines) -> subprocess.Popen:
+    """mpirun of a dat file written in `folder` (results under folder/runs), its output to
+    folder/out.txt and folder/err.txt."""
+    (folder / "t.dat").write_text(dat_text(l5=folder / "runs", **lines))
+    with open(folder / "out.txt", "w") as out, open(folder / "err.txt", "w") as err:
+        return subprocess.Popen(mpirun_cmd(np_, [*args, folder / "t.dat"]), cwd=folder, env=mpi_env(True, env),
+                                stdout=out, stderr=err, text=True)
+
+
+def _ended(p: subprocess.Popen, folder: Path) -> subprocess.CompletedProcess:
+    p.wait(timeout=HANG)
+    return subprocess.CompletedProcess(p.args, p.returncode, (folder / "out.txt").read_text(),
+                                       (folder / "err.txt").read_text())
+
+
+@pytest.fixture(scope="module")
+def watchdog_runs(tmp_path_factory):
+    """The two runs below, overlapped: each spends most of its time asleep (a hung rank's
+    30 s, a slowed rank's 22 s of sleeps), so the second starts once the first has hung,
+    after its import and model build, whose CPU would otherwise stretch the second's gaps
+    between beats (its limit's margin). Returns {"hang": ..., "idle": ...}, each (folder,
+    CompletedProcess). 41 + 29 s of the suite one after the other, ~42 s so."""
+    hang, idle = tmp_path_factory.mktemp("hang"), tmp_path_factory.mktemp("idle")
+    # rank 1 stops making progress at step 5; TensorFlow's: Horovod's all-reduce holds rank 0
+    first = _started(hang, 2, ["--watchdog", WATCHDOG_TENSORFLOW, "--on-fault", "abort"],
+                     {"HPCAI500_FAULT": "1:5:hang"}, l9=1, l10=1, l11=2, l15=2, l30=0)
+    deadline = time.monotonic() + HANG
+    while "HPCAI500_FAULT fires: hang" not in (hang / "err.txt").read_text():
+        assert first.poll() is None and time.monotonic() < deadline, (hang / "err.txt").read_text()[-3000:]
+        time.sleep(0.1)
+    # rank 0 trains 1 epoch of 90 steps of 16, sleeping fault.SLOW_STEP s before each (~22 s at no CPU
+    # cost, whatever the machine's speed); rank 1, idle (M = 1, P = 1), waits for the job in one go
+    second = _started(idle, 2, ["--watchdog", WATCHDOG], {"HPCAI500_FAULT": "0:0:slow"}, l9=1, l10=1, l11=1, l14=16,
+                      l15=1, l30=0, l31=0, **HARNESS_ONLY)
+    return {"hang": (hang, _ended(first, hang)), "idle": (idle, _ended(second, idle))}
+
+
+def test_watchdog_aborts_a_job_stuck_in_a_collective(watchdog_runs):
     """Rank 1 stops making progress (alive, not dead): rank 0 waits in Horovod's
     all-reduce; the watchdog turns that silent hang into an abort naming the phase.
     Under `--on-fault abort`: under drop a hung rank ends alone (tests/test_elastic.py)."""
-    p = run_dat(2, ["--watchdog", str(WATCHDOG_TENSORFLOW), "--on-fault", "abort"],
-                env={"HPCAI500_FAULT": "1:5:hang"}, l9=1, l10=1, l11=2, l15=2, l30=0)
+    _, p = watchdog_runs["hang"]
     assert p.returncode != 0
     assert "no progress for" in p.stderr and "during training, test 1" in p.stderr, p.stderr[-2000:]
     assert f"(watchdog limit {WATCHDOG_TENSORFLOW} s); aborting the job" in p.stderr
 
 
-@pytest.mark.slow
-def test_watchdog_spares_ranks_that_wait_for_other_jobs(run_dat, tmp_path):
+def test_watchdog_spares_ranks_that_wait_for_other_jobs(watchdog_runs):
     """An idle rank waits a whole test for the job to finish: that is not a hang. The
-    job's rank trains longer than the limit, slowly and at no CPU cost: it sleeps
-    fault.SLOW_STEP s before each step (HPCAI500_FAULT's `slow`), 1 epoch of 90 steps
-    of 16 (~22 s), whatever the machine's speed. Trained by PyTorch (HARNESS_ONLY): an idle rank
-    is the harness's, whatever the framework."""
+    job's rank trains longer than the limit, slowly and at no CPU cost (HPCAI500_FAULT's
+    `slow`). Trained by PyTorch (HARNESS_ONLY): an idle rank is the harness's, whatever
+    the framework."""
     from harness import fault
-    enough = WATCHDOG * 1.25     # past the limit and the watchdog's next look (every limit / 4)
-    p = run_dat(2, ["--watchdog", str(WATCHDOG)], env={"HPCAI500_FAULT": "0:0:slow"}, l9=1, l10=1,
-                l11=1, l14=16, l15=1, l30=0, l31=0, **HARNESS_ONLY)   # the idle rank waits in one go
+    folder, p = watchdog_runs["idle"]
+    enough = WATCHDOG * 1.25     # past the limit and the watchdog's next look (every limit / 4 at most)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "no progress" not in p.stderr
-    t = results(tmp_path / "runs")["tests"][0]
+    t = results(folder / "runs")["tests"][0]
     assert t["idle_ranks"] == [1]
     assert t["train_seconds"] > max(enough, fault.SLOW_STEP * t["epochs"] * sum(t["steps_per_epoch"]))   # idle wait
     # the idle rank's wait is the job's training, not evaluation time: eval_seconds is the job's. Counted as
