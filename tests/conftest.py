@@ -312,7 +312,7 @@ def _starts_mpirun(item) -> bool:
 # module-scoped fixture is made once per worker, not once: the MindSpore process whose figures
 # tests/test_mindspore_ewa.py compares (~37 s alone) ran on both workers at once until named here.
 SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run", "cluster",
-               "mindspore_figures", "watchdog_runs")
+               "mindspore_figures", "watchdog_runs", "failing_runs")
 
 
 def pytest_addoption(parser):

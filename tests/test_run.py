@@ -144,27 +144,42 @@ def test_no_layout_that_fits_stops_every_rank_with_one_message(run_dat, tmp_path
 # training, in evaluation, before the run folder exists (a raise is a bug, not a fault: it ends the run
 # under --on-fault drop too; a SIGKILLed rank, world rank 0's included: tests/test_elastic.py). The
 # fault specs themselves: tests/test_reliability_units.py.
-@pytest.mark.parametrize("fault,expect,framework", [
-    ("1:5", "rank 1 failed during training, test 1: RuntimeError", "tensorflow"),
-    ("1:eval", "rank 1 failed during evaluation, test 1: RuntimeError", "pytorch"),
-    ("1:roofline", "rank 1 failed during roofline micro-kernels", "tensorflow")])
-def test_a_failing_rank_ends_the_whole_job(run_dat, tmp_path, fault, expect, framework):
+FAILURES = [("1:5", "rank 1 failed during training, test 1: RuntimeError", "tensorflow"),
+            ("1:eval", "rank 1 failed during evaluation, test 1: RuntimeError", "pytorch"),
+            ("1:roofline", "rank 1 failed during roofline micro-kernels", "tensorflow")]
+
+
+@pytest.fixture(scope="module")
+def failing_runs(tmp_path_factory):
+    """The three runs of FAILURES at once, {fault: (folder, CompletedProcess)}: a raise in a
+    test waits up to elastic.DETECT_SECONDS (10 s) for ULFM to name a dead partner before it
+    is taken for a bug, asleep, and no watchdog limit or timing is asserted here, so the runs
+    share the cores without changing what they show (16 + 18 + 5 s one after the other)."""
+    started = {}
+    for fault, _, framework in FAILURES:
+        folder = tmp_path_factory.mktemp("fault")
+        started[fault] = folder, _started(folder, 2, [], {"HPCAI500_FAULT": fault}, l9=1, l10=1, l11=2, l15=1,
+                                          l30=int(fault.endswith("roofline")), l35=framework)
+    return {fault: (folder, _ended(p, folder)) for fault, (folder, p) in started.items()}
+
+
+@pytest.mark.parametrize("fault,expect,framework", FAILURES)
+def test_a_failing_rank_ends_the_whole_job(failing_runs, fault, expect, framework):
     """No rank may be left blocked in a collective when its partner dies: Horovod's
     all-reduce (a rank raising or killed in training), the harness's evaluation reduction
     (PyTorch's job), the micro-kernels' barrier."""
-    p = run_dat(2, env={"HPCAI500_FAULT": fault}, l9=1, l10=1, l11=2, l15=1,
-                l30=int(fault.endswith("roofline")), l35=framework)
+    folder, p = failing_runs[fault]
     assert p.returncode != 0
     if expect:   # a raise: where it was raised, in the failing rank's traceback
         assert 'rank 1:   File "' in p.stderr and "harness/fault.py" in p.stderr, p.stderr[-2000:]
         assert "rank 1: RuntimeError: fault injected by HPCAI500_FAULT" in p.stderr, p.stderr[-2000:]
     if fault.endswith("roofline"):   # before the run folder exists: nothing written
         assert expect in p.stderr, p.stderr[-2000:]
-        assert not (tmp_path / "runs").exists() or not any(
-            d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+        assert not (folder / "runs").exists() or not any(
+            d for d in (folder / "runs").iterdir() if not d.name.startswith("."))
         return
     assert expect in p.stderr, p.stderr[-2000:]
-    t = results(tmp_path / "runs")  # parses: nothing half-written
+    t = results(folder / "runs")  # parses: nothing half-written
     # MPI_Abort makes mpirun SIGTERM the other ranks: rank 0 may record the interruption
     assert t["status"] in ("running", "interrupted") and t["tests"] == []
 
