@@ -78,8 +78,8 @@ def end(status: int) -> None:
         mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
-    ctypes.CDLL(None).fflush(None)
-    os._exit(status)
+    ctypes.CDLL(None).fflush(None)   # C's too here (nothing is stuck: the run is over)
+    signals.exit_now(status)
 
 
 def _quiet_exit(status: int) -> None:
@@ -193,9 +193,7 @@ def _end_job(world) -> None:
     rank was SIGKILLed under ULFM): its exit status 1 where the launch has ULFM (above),
     else MPI_Abort, which there ends every rank."""
     if world.ulfm:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        signals.exit_now(1)
     world.Abort(1)
 
 

@@ -32,9 +32,10 @@ ULFM must be on at launch: `launch_survives` says whether it is, from what Open 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
+
+from harness import signals
 
 POLICIES = ("abort", "drop", "retrain")
 SETTING = "HPCAI500_ON_FAULT"
@@ -296,6 +297,4 @@ def leave(status: int) -> None:
     launch's processes waited forever for a dead one in 2 of 2 PyTorch runs under load (the
     ranks stuck in ompi_mpi_finalize's wait after the report was whole), while leaving so
     lets mpirun end the job and exit 0 (seen with ULFM on)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    signals.exit_now(status)

@@ -49,6 +49,16 @@ def on_signal(handler) -> None:
     _handler = handler
 
 
+def exit_now(status: int) -> None:
+    """End this process at once with `status`, what Python's streams hold written first:
+    no exit handler, no MPI_Finalize, no interpreter teardown (each caller says why). Not
+    C's buffers: a rank stuck inside a C write holds that stream's lock, and the watchdog's
+    exit (harness/driver._end_job) must not wait for it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def _wait() -> None:
     signum = signal.sigwait(SIGNALS)
     try:
@@ -57,6 +67,4 @@ def _wait() -> None:
     except BaseException as e:  # noqa: BLE001 - we are exiting anyway; say why not cleanly
         print(f"hpcai500: while stopping on {signal.Signals(signum).name}: {e}", file=sys.stderr, flush=True)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + signum)
+        exit_now(128 + signum)
