@@ -285,7 +285,7 @@ def host(value) -> np.ndarray:
     return value.asnumpy() if isinstance(value, ms.Tensor) else np.asarray(value)
 
 
-def outputs(model: nn.Cell, inputs, post=lambda out: out.astype(ms.float32)) -> np.ndarray:
+def outputs(model: nn.Cell, inputs, post=fp32) -> np.ndarray:
     """`post` of the model's outputs (FP32 by default; a Tensor or a host array: ewa's
     detections are made on the host) over the batches `inputs`, in eval mode, concatenated
     on the host (an empty array where `inputs` is): the one loop of every workload's predict()."""
