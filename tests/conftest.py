@@ -80,6 +80,24 @@ def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = HANG, quick: boo
                           text=True, timeout=timeout)
 
 
+def mpirun_started(folder: Path, np_: int, args, env: dict | None = None, **lines) -> subprocess.Popen:
+    """mpirun of a dat file written in `folder` (dat_text's lines; results under folder/runs),
+    left running: for a test that acts while it runs, or runs several at once. Its output
+    goes to folder/out.txt and folder/err.txt, which the test may read as it goes
+    (mpirun_ended collects them)."""
+    (folder / "t.dat").write_text(dat_text(l5=folder / "runs", **lines))
+    with open(folder / "out.txt", "w") as out, open(folder / "err.txt", "w") as err:
+        return subprocess.Popen(mpirun_cmd(np_, [*args, folder / "t.dat"]), cwd=folder, env=mpi_env(True, env),
+                                stdout=out, stderr=err, text=True)
+
+
+def mpirun_ended(p: subprocess.Popen, folder: Path) -> subprocess.CompletedProcess:
+    """mpirun_started's run once it has ended, as mpirun() returns one."""
+    p.wait(timeout=HANG)
+    return subprocess.CompletedProcess(p.args, p.returncode, (folder / "out.txt").read_text(),
+                                       (folder / "err.txt").read_text())
+
+
 # stdout (line 4's device 6) is the report as mpirun forwarded it. Open MPI's forwarding has dropped
 # bytes on its way, report.txt whole: a block's end twice in one suite run (session 21), a piece of a
 # conventions line on two simulated nodes (session 22) and on one node (2026-11-28, the shipped file's
@@ -281,7 +299,7 @@ def _names_mpirun(code, module, seen) -> bool:
     if "mpirun" in code.co_consts:    # a command built by hand: [..., BIN / "mpirun", ...]
         return True
     for name in code.co_names:
-        if name in ("mpirun", "mpirun_cmd", "run_dat", "cluster_mpirun"):
+        if name in ("mpirun", "mpirun_cmd", "mpirun_started", "run_dat", "cluster_mpirun"):
             return True
         helper = getattr(module, name, None)
         if isinstance(helper, types.FunctionType) and helper.__module__ == module.__name__ \

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness import division, elastic, heartbeat, mllog, plan, report, results
-from tests.conftest import HANG, ROOT, dat_text, mpi_env, mpirun, mpirun_cmd, record, result
+from tests.conftest import HANG, ROOT, dat_text, mpirun, mpirun_ended, mpirun_started, record, result
 from tests.conftest import results as read_results
 
 WATCHDOG = 15   # s, as tests/test_run.py's for PyTorch (its comment: gaps between beats of at most 4.6 s)
@@ -323,19 +323,15 @@ def _killed_from_outside(tmp_path, framework):
     """The run below with world rank 3 SIGKILLed by pid from outside, as the OOM killer or an
     operator does, while job 1 trains its first epoch (slowed from step 5: 0.25 s a step);
     job 0, not slowed, has said its epoch 1 by then."""
-    path = tmp_path / "t.dat"
-    path.write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="2 1 4", l11="2 2 1", l15=3, l30=0, l35=framework))
-    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
-    with open(out, "w") as o, open(err, "w") as e:
-        p = subprocess.Popen(mpirun_cmd(4, ["--on-fault", "drop", path]), cwd=tmp_path, env=mpi_env(True, {"HPCAI500_FAULT": "3:5:slow"}),
-                             stdout=o, stderr=e, text=True)
+    p = mpirun_started(tmp_path, 4, ["--on-fault", "drop"], {"HPCAI500_FAULT": "3:5:slow"}, l9=3, l10="2 1 4",
+                       l11="2 2 1", l15=3, l30=0, l35=framework)
+    err = tmp_path / "err.txt"
     deadline = time.monotonic() + HANG
     while "test 1/3 " + framework + " M=2 P=2 B=32 : epoch 1/3" not in err.read_text():
         assert p.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
         time.sleep(0.05)
     os.kill(_rank_pid(p.pid, 3), signal.SIGKILL)
-    p.wait(timeout=HANG)
-    return subprocess.CompletedProcess(p.args, p.returncode, out.read_text(), err.read_text())
+    return mpirun_ended(p, tmp_path)
 
 
 @pytest.mark.parametrize("framework,fault,found", [

@@ -2,14 +2,14 @@
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness import mllog, sampler
 from harness.workloads import Dataset, digits
-from tests.conftest import HANG, ROOT, dat_text, forwarded, mpi_env, mpirun, mpirun_cmd, results, without
+from tests.conftest import (HANG, ROOT, dat_text, forwarded, mpi_env, mpirun, mpirun_cmd, mpirun_ended,
+                            mpirun_started, results, without)
 
 
 @pytest.mark.slow
@@ -158,9 +158,9 @@ def failing_runs(tmp_path_factory):
     started = {}
     for fault, _, framework in FAILURES:
         folder = tmp_path_factory.mktemp("fault")
-        started[fault] = folder, _started(folder, 2, [], {"HPCAI500_FAULT": fault}, l9=1, l10=1, l11=2, l15=1,
-                                          l30=int(fault.endswith("roofline")), l35=framework)
-    return {fault: (folder, _ended(p, folder)) for fault, (folder, p) in started.items()}
+        started[fault] = folder, mpirun_started(folder, 2, [], {"HPCAI500_FAULT": fault}, l9=1, l10=1, l11=2,
+                                                l15=1, l30=int(fault.endswith("roofline")), l35=framework)
+    return {fault: (folder, mpirun_ended(p, folder)) for fault, (folder, p) in started.items()}
 
 
 @pytest.mark.parametrize("fault,expect,framework", FAILURES)
@@ -379,21 +379,6 @@ WATCHDOG = 15
 WATCHDOG_TENSORFLOW = 30
 
 
-def _started(folder: Path, np_: int, args, env: dict, **lines) -> subprocess.Popen:
-    """mpirun of a dat file written in `folder` (results under folder/runs), its output to
-    folder/out.txt and folder/err.txt."""
-    (folder / "t.dat").write_text(dat_text(l5=folder / "runs", **lines))
-    with open(folder / "out.txt", "w") as out, open(folder / "err.txt", "w") as err:
-        return subprocess.Popen(mpirun_cmd(np_, [*args, folder / "t.dat"]), cwd=folder, env=mpi_env(True, env),
-                                stdout=out, stderr=err, text=True)
-
-
-def _ended(p: subprocess.Popen, folder: Path) -> subprocess.CompletedProcess:
-    p.wait(timeout=HANG)
-    return subprocess.CompletedProcess(p.args, p.returncode, (folder / "out.txt").read_text(),
-                                       (folder / "err.txt").read_text())
-
-
 @pytest.fixture(scope="module")
 def watchdog_runs(tmp_path_factory):
     """The two runs below, overlapped: each spends most of its time asleep (a hung rank's
@@ -403,17 +388,17 @@ def watchdog_runs(tmp_path_factory):
     CompletedProcess). 41 + 29 s of the suite one after the other, ~42 s so."""
     hang, idle = tmp_path_factory.mktemp("hang"), tmp_path_factory.mktemp("idle")
     # rank 1 stops making progress at step 5; TensorFlow's: Horovod's all-reduce holds rank 0
-    first = _started(hang, 2, ["--watchdog", WATCHDOG_TENSORFLOW, "--on-fault", "abort"],
-                     {"HPCAI500_FAULT": "1:5:hang"}, l9=1, l10=1, l11=2, l15=2, l30=0)
+    first = mpirun_started(hang, 2, ["--watchdog", WATCHDOG_TENSORFLOW, "--on-fault", "abort"],
+                           {"HPCAI500_FAULT": "1:5:hang"}, l9=1, l10=1, l11=2, l15=2, l30=0)
     deadline = time.monotonic() + HANG
     while "HPCAI500_FAULT fires: hang" not in (hang / "err.txt").read_text():
         assert first.poll() is None and time.monotonic() < deadline, (hang / "err.txt").read_text()[-3000:]
         time.sleep(0.1)
     # rank 0 trains 1 epoch of 90 steps of 16, sleeping fault.SLOW_STEP s before each (~22 s at no CPU
     # cost, whatever the machine's speed); rank 1, idle (M = 1, P = 1), waits for the job in one go
-    second = _started(idle, 2, ["--watchdog", WATCHDOG], {"HPCAI500_FAULT": "0:0:slow"}, l9=1, l10=1, l11=1, l14=16,
-                      l15=1, l30=0, l31=0, **HARNESS_ONLY)
-    return {"hang": (hang, _ended(first, hang)), "idle": (idle, _ended(second, idle))}
+    second = mpirun_started(idle, 2, ["--watchdog", WATCHDOG], {"HPCAI500_FAULT": "0:0:slow"}, l9=1, l10=1, l11=1,
+                            l14=16, l15=1, l30=0, l31=0, **HARNESS_ONLY)
+    return {"hang": (hang, mpirun_ended(first, hang)), "idle": (idle, mpirun_ended(second, idle))}
 
 
 def test_watchdog_aborts_a_job_stuck_in_a_collective(watchdog_runs):
