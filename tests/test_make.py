@@ -33,7 +33,7 @@ def test_mindspore_gets_a_venv_of_its_own(tmp_path):
     refused, naming the protobufs; `make test` builds it for the suite."""
     ms = _recipe(tmp_path, "FRAMEWORKS=mindspore").stdout
     assert "grep -v -E '^(tensorflow|tf-keras|numpy=|#)' requirements.txt" in ms
-    assert f"-m pip install -r {tmp_path / 'v'}/requirements.txt -r requirements-mindspore.txt" in ms
+    assert f"-m pip install --no-cache-dir -r {tmp_path / 'v'}/requirements.txt -r requirements-mindspore.txt" in ms
     assert "horovod" not in ms and "requirements-pytorch.txt" not in ms
     both = _recipe(tmp_path, "FRAMEWORKS=tensorflow mindspore")
     assert both.returncode != 0 and "MindSpore 2.10 needs protobuf >= 7.34, TensorFlow 2.18 < 6" in both.stderr
@@ -66,3 +66,19 @@ def test_the_venv_turns_ulfm_on_for_its_own_mpi_only(tmp_path):
     are the site's (MPI=site)."""
     assert f"bash scripts/ulfm.sh {tmp_path / 'v'}/etc" in _recipe(tmp_path).stdout
     assert "scripts/ulfm.sh" not in _recipe(tmp_path, "MPI=site").stdout
+
+
+def test_a_new_venv_is_refused_beforehand_where_its_disk_has_no_room(tmp_path):
+    """A venv made anew first asks scripts/room.sh for room (pip, out of room, stops inside an
+    800 MB wheel with Errno 28): the sum of its parts, by framework; the script, run for real,
+    names the free and the needed megabytes and the disk, and passes where there is room."""
+    assert f'scripts/room.sh {tmp_path / "v"} 4700 "tensorflow pytorch"' in _recipe(tmp_path).stdout
+    assert f'scripts/room.sh {tmp_path / "v"} 4500 "mindspore"' in _recipe(tmp_path, "FRAMEWORKS=mindspore").stdout
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize // 2**20
+    short = subprocess.run(["bash", "scripts/room.sh", str(tmp_path / "v"), str(free + 10**6), "mindspore"], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert short.returncode == 1 and f"expected at least {free + 10**6} MB: a venv with mindspore" in short.stderr
+    assert short.stderr.startswith("scripts/room.sh: found ") and f"(for {tmp_path / 'v'})" in short.stderr
+    room = subprocess.run(["bash", "scripts/room.sh", str(tmp_path / "v"), "1", "mindspore"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert (room.returncode, room.stderr) == (0, "")
