@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -89,6 +90,15 @@ def mpirun_started(folder: Path, np_: int, args, env: dict | None = None, **line
     with open(folder / "out.txt", "w") as out, open(folder / "err.txt", "w") as err:
         return subprocess.Popen(mpirun_cmd(np_, [*args, folder / "t.dat"]), cwd=folder, env=mpi_env(True, env),
                                 stdout=out, stderr=err, text=True)
+
+
+def mpirun_says(p: subprocess.Popen, folder: Path, text: str) -> None:
+    """Wait until mpirun_started's run has written `text` to its stderr, while it runs (a hang
+    bound of HANG s)."""
+    deadline = time.monotonic() + HANG
+    while text not in (err := (folder / "err.txt").read_text()):
+        assert p.poll() is None and time.monotonic() < deadline, err[-3000:]
+        time.sleep(0.05)
 
 
 def mpirun_ended(p: subprocess.Popen, folder: Path) -> subprocess.CompletedProcess:
@@ -330,7 +340,8 @@ def _starts_mpirun(item) -> bool:
 # module-scoped fixture is made once per worker, not once: the MindSpore process whose figures
 # tests/test_mindspore_ewa.py compares (~37 s alone) ran on both workers at once until named here.
 SHARED_RUNS = ("bagging_run", "sweep_runs", "stop_run", "train_checks", "cosmoflow_run", "cluster",
-               "mindspore_figures", "watchdog_runs", "failing_runs")
+               "mindspore_figures", "watchdog_runs", "failing_runs", "hung_and_abort_runs",
+               "node_faults")
 
 
 def pytest_addoption(parser):

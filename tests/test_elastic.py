@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness import division, elastic, heartbeat, mllog, plan, report, results
-from tests.conftest import HANG, ROOT, dat_text, mpirun, mpirun_ended, mpirun_started, record, result
+from tests.conftest import ROOT, dat_text, mpirun, mpirun_ended, mpirun_says, mpirun_started, record, result
 from tests.conftest import results as read_results
 
 WATCHDOG = 15   # s, as tests/test_run.py's for PyTorch (its comment: gaps between beats of at most 4.6 s)
@@ -325,11 +325,7 @@ def _killed_from_outside(tmp_path, framework):
     job 0, not slowed, has said its epoch 1 by then."""
     p = mpirun_started(tmp_path, 4, ["--on-fault", "drop"], {"HPCAI500_FAULT": "3:5:slow"}, l9=3, l10="2 1 4",
                        l11="2 2 1", l15=3, l30=0, l35=framework)
-    err = tmp_path / "err.txt"
-    deadline = time.monotonic() + HANG
-    while "test 1/3 " + framework + " M=2 P=2 B=32 : epoch 1/3" not in err.read_text():
-        assert p.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
-        time.sleep(0.05)
+    mpirun_says(p, tmp_path, "test 1/3 " + framework + " M=2 P=2 B=32 : epoch 1/3")
     os.kill(_rank_pid(p.pid, 3), signal.SIGKILL)
     return mpirun_ended(p, tmp_path)
 
@@ -477,33 +473,46 @@ def test_world_rank_0_killed_between_tests_costs_nothing_and_rank_1_takes_over(t
     assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
 
 
-def test_a_hung_rank_costs_its_job_through_the_watchdog(tmp_path):
+@pytest.fixture(scope="module")
+def hung_and_abort_runs(tmp_path_factory):
+    """The two runs below, overlapped: the hung rank's run spends the watchdog's 15 s with job 1
+    asleep, so the abort run starts once the hang has fired (after the first run's imports,
+    whose CPU could stretch job 0's gaps between beats, the margin of its limit). Returns
+    {"hang": ..., "abort": ...}, each (folder, CompletedProcess)."""
+    hang, abort = tmp_path_factory.mktemp("hang"), tmp_path_factory.mktemp("abort")
+    lines = dict(l9=1, l10=2, l11=2, l15=3, l30=0, l35="pytorch")
+    first = mpirun_started(hang, 4, ["--watchdog", WATCHDOG, "--on-fault", "drop"], {"HPCAI500_FAULT": "3:30:hang"},
+                           **lines)
+    mpirun_says(first, hang, "HPCAI500_FAULT fires: hang")
+    second = mpirun_started(abort, 4, ["--on-fault", "abort"], {"HPCAI500_FAULT": "3:30:kill"}, **lines)
+    return {"hang": (hang, mpirun_ended(first, hang)), "abort": (abort, mpirun_ended(second, abort))}
+
+
+def test_a_hung_rank_costs_its_job_through_the_watchdog(hung_and_abort_runs):
     """Rank 3 stops making progress in training; rank 2, its partner, waits in Gloo's
     all-reduce (PyTorch: its ranks start in a fraction of TensorFlow's time). Under drop each one's watchdog ends that rank alone (not MPI_Abort): job
     1 is lost, job 0 finishes the test, the run completes."""
-    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:hang"}, ["--watchdog", WATCHDOG, "--on-fault", "drop"], l9=1, l10=2, l11=2, l15=3,
-             l30=0, l35="pytorch")
+    folder, p = hung_and_abort_runs["hang"]
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rank 3: no progress for" in p.stderr and "ending this rank (--on-fault drop)" in p.stderr
-    (t,) = read_results(tmp_path / "runs")["tests"]
+    (t,) = read_results(folder / "runs")["tests"]
     assert t["jobs_lost"] == [1] and sorted(r for x in t["losses"] for r in x["ranks"]) in ([2, 3], [3])
-    assert _cli("--status", _run_folder(tmp_path))[0] == 6
+    assert _cli("--status", _run_folder(folder))[0] == 6
 
 
-def test_on_fault_abort_ends_the_run_as_before(tmp_path):
-    """The same kill as above under `--on-fault abort`: rank 2 fails in Gloo's all-reduce
-    (PyTorch) and the run ends; results.json keeps no test, --status says so."""
-    p = _run(tmp_path, {"HPCAI500_FAULT": "3:30:kill"}, ["--on-fault", "abort"], l9=1, l10=2, l11=2, l15=3, l30=0,
-             l35="pytorch")
+def test_on_fault_abort_ends_the_run_as_before(hung_and_abort_runs):
+    """The same rank killed, not hung, under `--on-fault abort`: rank 2 fails in Gloo's
+    all-reduce (PyTorch) and the run ends; results.json keeps no test, --status says so."""
+    folder, p = hung_and_abort_runs["abort"]
     assert "hpcai500: rank 2 failed during training, test 1" in p.stderr, p.stderr[-3000:]
     # the venv's launch has ULFM: the job ends by each rank's exit status (harness/driver._end_job)
     assert "FAULTS  : --on-fault abort: a lost rank ends the run (each rank's exit status 1: under ULFM" in p.stdout
-    res = read_results(tmp_path / "runs")
+    res = read_results(folder / "runs")
     assert res["tests"] == [] and res["fault_tolerance"]["policy"] == "abort"
     assert res["settings"]["HPCAI500_ON_FAULT"] == "abort"      # the command line's choice, on record
     # mpirun may return before the ranks it is ending are gone (seen: under 3 s): --status says
     # running (2) until then, then interrupted or dead; never complete
     deadline = time.monotonic() + 60   # a hang bound
-    while (code := _cli("--status", _run_folder(tmp_path))[0]) == 2 and time.monotonic() < deadline:
+    while (code := _cli("--status", _run_folder(folder))[0]) == 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert code in (3, 5), code

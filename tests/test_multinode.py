@@ -246,29 +246,50 @@ def _finished_test_intact(tmp_path, reason=None, test=2):
         assert res["status"] in ("running", "interrupted")
 
 
-def test_a_node_that_dies_ends_the_job_within_a_minute(tmp_path):
+@pytest.fixture(scope="module")
+def node_faults(tmp_path_factory):
+    """The two runs below, each on a cluster of its own, overlapped: after the link is cut the
+    first run's ranks wait, asleep, for the watchdog's 20 s, and the second run starts then,
+    trains and loses its node inside that wait. Returns {"link": (folder, seconds until the
+    last rank was gone, stderr), "kill": (folder, mpirun's Popen, seconds until mpirun ended,
+    seconds until the last rank was gone, stderr)}."""
+    link_dir, kill_dir = tmp_path_factory.mktemp("cut"), tmp_path_factory.mktemp("kill")
+    link = simulated_cluster("faultlink", 2, 247)
+    kill = None
+    try:
+        kill = simulated_cluster("faultkill", 2, 248)
+        p_link, err_link, t_link = _start_then(link_dir, link, lambda: link.link("n2", False))
+        p_kill, err_kill, t_kill = _start_then(kill_dir, kill, lambda: kill.kill("n2"), env={"HPCAI500_HEARTBEAT": "0.5"})
+        try:
+            p_kill.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p_kill.kill()
+        launcher = time.monotonic() - t_kill
+        kill_seconds = _gone(kill, ["n1"], t_kill)
+        link_seconds = _gone(link, ["n1", "n2"], t_link, limit=180)
+        p_link.kill()
+        p_link.wait()
+    finally:
+        link.down()
+        if kill:
+            kill.down()
+    return {"link": (link_dir, link_seconds, err_link.read_text()),
+            "kill": (kill_dir, p_kill, launcher, kill_seconds, err_kill.read_text())}
+
+
+def test_a_node_that_dies_ends_the_job_within_a_minute(node_faults):
     """n2's init is killed: its daemon and both its ranks die at once, as in a crash.
     mpirun loses the daemon's connection and ends the job, ULFM on or not: Open MPI
     5.0.8's PRRTE cannot keep a job whose daemon died (README, "When a rank dies"). Whatever mpirun exits,
     --status exits non-zero naming what happened: interrupted (3), or, where the ranks
     were gone at once, dead (5) once the heartbeat has missed 12 stamps (0.5 s apart
     here: rank 0's process is in n1's PID namespace, so only the stamp's age tells)."""
-    c = simulated_cluster("faultkill", 2, 248)
-    try:
-        p, err, t0 = _start_then(tmp_path, c, lambda: c.kill("n2"), env={"HPCAI500_HEARTBEAT": "0.5"})
-        try:
-            p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-        launcher = time.monotonic() - t0
-        seconds = _gone(c, ["n1"], t0)
-    finally:
-        c.down()
+    tmp_path, p, launcher, seconds, err = node_faults["kill"]
     print(f"node death: mpirun ended {launcher:.1f} s after it (exit {p.returncode}), the last rank {seconds:.1f} s")
     # a hang bound, not a speed figure: the job ends at once (0.0 s and 0.5 s here, load 5), where a launcher
     # that missed the death would wait for TCP to give up (~15 min, as across a cut link)
-    assert launcher < 60 and seconds < 60, (launcher, seconds, err.read_text()[-3000:])
-    assert "lost communication with a remote daemon" in err.read_text()
+    assert launcher < 60 and seconds < 60, (launcher, seconds, err[-3000:])
+    assert "lost communication with a remote daemon" in err
     # What Open MPI does next is its own: mostly mpirun exits 247 and n1's ranks get its
     # SIGTERM, which rank 0 records (`interrupted`); once in five fresh-clone runs it exited
     # 0 and n1's ranks were gone at once (status stays `running`). Either way test 1 stands,
@@ -298,24 +319,17 @@ def _status(path):
     return q.returncode, q.stdout.strip()
 
 
-def test_a_cut_link_ends_every_rank_through_the_watchdog(tmp_path):
+def test_a_cut_link_ends_every_rank_through_the_watchdog(node_faults):
     """n2's link goes down mid-training: no process dies and TCP retries for minutes, so
     every rank waits in Gloo's all-reduce (FAULT_DAT: PyTorch) until the watchdog (20 s here) aborts it, on
     both sides of the cut. mpirun itself then waits for the daemon it cannot reach (until
     TCP gives up, ~15 min with Linux's defaults): the test ends it once every rank is gone."""
-    c = simulated_cluster("faultlink", 2, 247)
-    try:
-        p, err, t0 = _start_then(tmp_path, c, lambda: c.link("n2", False))
-        seconds = _gone(c, ["n1", "n2"], t0, limit=180)
-        p.kill()
-        p.wait()
-    finally:
-        c.down()
+    tmp_path, seconds, err = node_faults["link"]
     print(f"cut link: the last rank ended {seconds:.1f} s after it")
     # the watchdog's 20 s, a look every second, then the abort (21-26 s in all here with a look every 5 s): 100 s over the limit is a
     # hang bound, not a speed figure; without the watchdog the ranks would wait for TCP to give up (~15 min)
-    assert seconds < 20 + 100, (seconds, err.read_text()[-3000:])
-    assert "no progress for" in err.read_text() and "watchdog limit 20 s" in err.read_text()
+    assert seconds < 20 + 100, (seconds, err[-3000:])
+    assert "no progress for" in err and "watchdog limit 20 s" in err
     _finished_test_intact(tmp_path)
 
 

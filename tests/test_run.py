@@ -8,8 +8,8 @@ import pytest
 
 from harness import mllog, sampler
 from harness.workloads import Dataset, digits
-from tests.conftest import (HANG, ROOT, dat_text, forwarded, mpi_env, mpirun, mpirun_cmd, mpirun_ended,
-                            mpirun_started, results, without)
+from tests.conftest import (ROOT, dat_text, forwarded, mpi_env, mpirun, mpirun_cmd, mpirun_ended,
+                            mpirun_says, mpirun_started, results, without)
 
 
 @pytest.mark.slow
@@ -390,10 +390,7 @@ def watchdog_runs(tmp_path_factory):
     # rank 1 stops making progress at step 5; TensorFlow's: Horovod's all-reduce holds rank 0
     first = mpirun_started(hang, 2, ["--watchdog", WATCHDOG_TENSORFLOW, "--on-fault", "abort"],
                            {"HPCAI500_FAULT": "1:5:hang"}, l9=1, l10=1, l11=2, l15=2, l30=0)
-    deadline = time.monotonic() + HANG
-    while "HPCAI500_FAULT fires: hang" not in (hang / "err.txt").read_text():
-        assert first.poll() is None and time.monotonic() < deadline, (hang / "err.txt").read_text()[-3000:]
-        time.sleep(0.1)
+    mpirun_says(first, hang, "HPCAI500_FAULT fires: hang")
     # rank 0 trains 1 epoch of 90 steps of 16, sleeping fault.SLOW_STEP s before each (~22 s at no CPU
     # cost, whatever the machine's speed); rank 1, idle (M = 1, P = 1), waits for the job in one go
     second = mpirun_started(idle, 2, ["--watchdog", WATCHDOG], {"HPCAI500_FAULT": "0:0:slow"}, l9=1, l10=1, l11=1,
