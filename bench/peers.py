@@ -44,6 +44,9 @@ venv (.venv-mindspore), against MindSpore's tutorial loop (bare_ms_loop); cases 
 cosmo (the workloads MindSpore builds so far).
 
     .venv/bin/python bench/peers.py --framework mindspore --cases digits,cosmo --no-scaling
+
+--bind-to-core: both loops' ranks bound to a core each (BIND_TO_CORE says why; MindSpore's
+2-rank runs repeat within 6 % so, against 2 x unbound: bench/README.md).
 """
 import argparse
 import functools
@@ -79,12 +82,27 @@ def python_of(framework: str) -> str:
     return common.MS_PY if framework == "mindspore" else common.PY
 
 
+# --bind-to-core: both loops' ranks bound to a core each (Open MPI's --bind-to core) instead of
+# common.mpirun's --oversubscribe, which leaves them unbound. A MindSpore rank keeps ~1.5 cores'
+# worth of threads busy (its main, PyNative dispatch, kernel and actor threads); unbound, two
+# ranks' threads float over 2 cores and one run differs from the next by up to 2 x.
+BIND_TO_CORE = False
+
+
+def launch(ranks: int, framework: str) -> list[str] | None:
+    """The words before python for a run of `ranks` ranks (None: common.mpirun's default)."""
+    if not BIND_TO_CORE:
+        return None
+    return [os.path.join(os.path.dirname(python_of(framework)), "mpirun"), "--bind-to", "core", "-np", str(ranks)]
+
+
 def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[dict, float]:
     wl, dataset, batch, env = CASES[case]
     dat = common.make_dat(f"peers-{case}-{ranks}-{framework}", l7=wl, l8=dataset, l9=1, l10=1, l11=ranks, l13=1,
                           l14=batch, l15=EPOCHS, l30=0, l31=0, l35=framework)
     before = set(glob.glob(os.path.join(common.WORK, "*", "results.json")))
-    _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env, python=python_of(framework))
+    _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env, python=python_of(framework),
+                            launcher=launch(ranks, framework))
     (new,) = set(glob.glob(os.path.join(common.WORK, "*", "results.json"))) - before
     with open(new) as f:
         record = json.load(f)
@@ -104,7 +122,8 @@ def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[d
 
 def bare_run(case: str, ranks: int, steps: int, fed: bool = False, framework: str = "tensorflow") -> tuple[dict, float]:
     out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), *(["--feed"] if fed else []),
-                              "--framework", framework, np=ranks, env=CASES[case][3], python=python_of(framework))
+                              "--framework", framework, np=ranks, env=CASES[case][3], python=python_of(framework),
+                              launcher=launch(ranks, framework))
     return json.loads(out.strip().splitlines()[-1]), load
 
 
@@ -281,7 +300,8 @@ def spread(xs) -> str:
 
 def main(runs: int, cases: list[str], ranks: list[int], scaling: bool, framework: str = "tensorflow") -> None:
     bare = {"tensorflow": "Horovod", "pytorch": "PyTorch DDP", "mindspore": "MindSpore's tutorial loop"}[framework]
-    print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}; framework {framework} (bare: {bare})")
+    print(f"machine: {common.machine()}; date {time.strftime('%Y-%m-%d')}; framework {framework} (bare: {bare});"
+          f" ranks {'bound to a core each' if BIND_TO_CORE else 'unbound (mpirun --oversubscribe)'}")
     rows, summary, parts, loads = [], [], [], []
     for case in cases:
         for r in ranks:
@@ -339,7 +359,9 @@ if __name__ == "__main__":
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--no-scaling", action="store_true")
     p.add_argument("--framework", choices=("tensorflow", "pytorch", "mindspore"), default="tensorflow")
+    p.add_argument("--bind-to-core", action="store_true", help="both loops' ranks bound to a core each (BIND_TO_CORE)")
     a = p.parse_args()
+    BIND_TO_CORE = a.bind_to_core
     if a.bare:
         {"pytorch": bare_ddp_loop, "mindspore": bare_ms_loop, "tensorflow": bare_loop}[a.framework](
             a.bare, a.steps, a.feed)
