@@ -20,7 +20,8 @@ if (( free < need )); then
          "name a venv on another disk (make VENV=/path/.venv)" >&2
     exit 1
 fi
-if [[ $(fs "$tmp") != $(fs "$venv") ]] && (( $(free_mb "$tmp") < download )); then
+# (a TMPDIR that does not exist is pip's to refuse, in its own words)
+if [[ -d $tmp ]] && [[ $(fs "$tmp") != $(fs "$venv") ]] && (( $(free_mb "$tmp") < download )); then
     echo "scripts/room.sh: found $(free_mb "$tmp") MB free on $(fs "$tmp") (pip's temporary folder $tmp)," \
          "expected at least ${download} MB: pip downloads the largest wheel there; set TMPDIR to a" \
          "folder with room" >&2

@@ -2,7 +2,10 @@
 the environment its mpiruns get."""
 import os
 import subprocess
+import tempfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,3 +85,21 @@ def test_a_new_venv_is_refused_beforehand_where_its_disk_has_no_room(tmp_path):
     room = subprocess.run(["bash", "scripts/room.sh", str(tmp_path / "v"), "1", "mindspore"], cwd=ROOT,
                           capture_output=True, text=True)
     assert (room.returncode, room.stderr) == (0, "")
+
+
+def test_pips_temporary_folder_on_another_disk_needs_room_for_the_wheel(tmp_path):
+    """Where $TMPDIR is another file system than the venv's (a small /tmp on a login node),
+    it must hold the largest wheel pip downloads there; one that does not exist is left to pip."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system here (/dev/shm) to put TMPDIR on")
+    tmp = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        def room(tmpdir, download):
+            return subprocess.run(["bash", "scripts/room.sh", str(tmp_path / "v"), "1", "mindspore", str(download)],
+                                  cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmpdir)})
+        short = room(tmp, 10**9)
+        assert short.returncode == 1 and f"(pip's temporary folder {tmp}), expected at least {10**9} MB" in short.stderr
+        assert (room(tmp, 1).returncode, room(tmp_path / "none", 10**9).returncode) == (0, 0)
+    finally:
+        tmp.rmdir()
