@@ -64,17 +64,19 @@ QUIET, TRIES = 0.15, 2  # a run while others used > QUIET cores is tried again, 
 
 
 def mpirun(*args: str, np: int = NP, env: dict | None = None, launcher: list[str] | None = None,
-           remote: str | None = None, python: str = PY) -> tuple[str, float]:
+           remote: str | None = None, python: str = PY, flags: tuple[str, ...] = ("--oversubscribe",)
+           ) -> tuple[str, float]:
     """Run `mpirun -np NP python ARGS...` from the repo root once the machine is quiet,
     with `env` (settings such as HPCAI500_EWA_BACKBONE) added to the environment.
     Returns stdout and the mean number of cores other processes used meanwhile (machine
     busy time minus our ranks' CPU time, over the wall time): the run's noise gauge.
-    `launcher`: the words before python (default `mpirun --oversubscribe -np NP`);
+    `launcher`: the words before python (default `mpirun FLAGS -np NP`); `flags`: mpirun's
+    options there (default --oversubscribe, with which Open MPI binds no rank);
     `remote`: a program name whose ranks are not this process's descendants (started by
     a simulated cluster's nodes): their CPU time is sampled from /proc and counted as ours.
     `python`: another venv's (MindSpore's); its mpirun then launches, beside it."""
     mpirun_of = os.path.join(os.path.dirname(python), "mpirun") if python != PY else "mpirun"
-    cmd = [*(launcher or [mpirun_of, "--oversubscribe", "-np", str(np)]), python, *args]
+    cmd = [*(launcher or [mpirun_of, *flags, "-np", str(np)]), python, *args]
     wait_quiet()
     t0, busy0, ours0 = time.perf_counter(), machine_busy_seconds(), _children_seconds()
     p = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -89,11 +89,9 @@ def python_of(framework: str) -> str:
 BIND_TO_CORE = False
 
 
-def launch(ranks: int, framework: str) -> list[str] | None:
-    """The words before python for a run of `ranks` ranks (None: common.mpirun's default)."""
-    if not BIND_TO_CORE:
-        return None
-    return [os.path.join(os.path.dirname(python_of(framework)), "mpirun"), "--bind-to", "core", "-np", str(ranks)]
+def mpirun_flags() -> dict:
+    """common.mpirun's keyword for both loops' runs: bound to a core each, else its default."""
+    return {"flags": ("--bind-to", "core")} if BIND_TO_CORE else {}
 
 
 def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[dict, float]:
@@ -101,8 +99,7 @@ def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[d
     dat = common.make_dat(f"peers-{case}-{ranks}-{framework}", l7=wl, l8=dataset, l9=1, l10=1, l11=ranks, l13=1,
                           l14=batch, l15=EPOCHS, l30=0, l31=0, l35=framework)
     before = set(glob.glob(os.path.join(common.WORK, "*", "results.json")))
-    _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env, python=python_of(framework),
-                            launcher=launch(ranks, framework))
+    _, load = common.mpirun("hpcai500.py", dat, np=ranks, env=env, python=python_of(framework), **mpirun_flags())
     (new,) = set(glob.glob(os.path.join(common.WORK, "*", "results.json"))) - before
     with open(new) as f:
         record = json.load(f)
@@ -123,7 +120,7 @@ def harness_run(case: str, ranks: int, framework: str = "tensorflow") -> tuple[d
 def bare_run(case: str, ranks: int, steps: int, fed: bool = False, framework: str = "tensorflow") -> tuple[dict, float]:
     out, load = common.mpirun("bench/peers.py", "--bare", case, "--steps", str(steps), *(["--feed"] if fed else []),
                               "--framework", framework, np=ranks, env=CASES[case][3], python=python_of(framework),
-                              launcher=launch(ranks, framework))
+                              **mpirun_flags())
     return json.loads(out.strip().splitlines()[-1]), load
 
 
