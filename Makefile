@@ -44,8 +44,8 @@ PY      := $(VENV)/bin/python
 # Room a new venv needs on its disk, MB (scripts/room.sh checks before pip starts): what each part
 # took installed on 2026-11-29 (the common packages ~930, TensorFlow with Keras and Horovod ~1750,
 # PyTorch's CPU build ~750, MindSpore ~2530), rounded up, plus the largest wheel pip unpacks beside
-# it (MindSpore's is 804 MB).
-ROOM_MB := $(shell expr 1900 $(if $(TF),+ 1900) $(if $(TORCH),+ 900) $(if $(MS),+ 2600))
+# it (MindSpore's is 804 MB). Expanded where used: the sum runs with the venv's recipe, not every make.
+ROOM_MB  = $(shell expr 1900 $(if $(TF),+ 1900) $(if $(TORCH),+ 900) $(if $(MS),+ 2600))
 STAMP   := $(VENV)/.installed
 # ULFM on for every plain mpirun of the venv's Open MPI (scripts/ulfm.sh): a dead rank costs its
 # base models, not the run (--on-fault, harness/elastic.py). A site MPI is the site's to set.

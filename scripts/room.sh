@@ -21,8 +21,8 @@ if (( free < need )); then
     exit 1
 fi
 # (a TMPDIR that does not exist is pip's to refuse, in its own words)
-if [[ -d $tmp ]] && [[ $(fs "$tmp") != $(fs "$venv") ]] && (( $(free_mb "$tmp") < download )); then
-    echo "scripts/room.sh: found $(free_mb "$tmp") MB free on $(fs "$tmp") (pip's temporary folder $tmp)," \
+if [[ -d $tmp ]] && [[ $(fs "$tmp") != $(fs "$venv") ]] && (( (tmp_free = $(free_mb "$tmp")) < download )); then
+    echo "scripts/room.sh: found ${tmp_free} MB free on $(fs "$tmp") (pip's temporary folder $tmp)," \
          "expected at least ${download} MB: pip downloads the largest wheel there; set TMPDIR to a" \
          "folder with room" >&2
     exit 1
