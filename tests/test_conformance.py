@@ -90,9 +90,8 @@ class _MindSpore:
     def steps(self, name, start, grads, lrs, wd):
         ms = self.ms
         params = [ms.Parameter(ms.Tensor(w.astype(np.float32)), name=f"w{i}") for i, w in enumerate(start)]
-        opt = {"lars": self.opt.LARS, "lamb": self.opt.LAMB}[name](params, lr=lrs[0], weight_decay=wd)
-        for lr, gs in zip(lrs, grads):
-            opt.learning_rate.set_data(ms.Tensor(lr, ms.float32))
+        opt = {"lars": self.opt.LARS, "lamb": self.opt.LAMB}[name](params, lr=lrs, weight_decay=wd)   # one a step
+        for gs in grads:
             opt([ms.Tensor(g.astype(np.float32)) for g in gs])
         return [p.asnumpy() for p in params]
 

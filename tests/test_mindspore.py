@@ -200,6 +200,26 @@ if world.rank == 0:
     for g in (0.5, -0.5):
         adamw([ms.Tensor(np.full((1, 1), g, np.float32)), ms.Tensor(np.full(1, g, np.float32))])
         out["adamw"].append([float(kernel.asnumpy()[0, 0]), float(bias.asnumpy()[0])])
+# the Step's LR schedule, held by the optimizer: peak 0.5, 1 warm-up step of 3; a NaN batch in fp16
+# (skipped, still counted), one finite step, then the undone warm-up of the same two steps
+import mindspore as ms
+from harness import train as recipe
+ones = workloads.Data(np.ones((2, 8, 8, 1), np.float32), np.zeros(2, np.int64), np.ones((2, 8, 8, 1), np.float32),
+                      np.zeros(2, np.int64), 10, "ones")
+model = train.build(workloads.get("digits"), ones, 1, 0, "fp16")
+module = models.get("digits")
+step = train.Step(workloads.get("digits"), module, model, recipe.Recipe(batch=1, epochs=1, base_lr=0.5,
+                  warmup_epochs=1, precision="fp16"), recipe.Schedule(0.5, 1, 3), world)
+x, y = module.inputs(np.ones((1, 8, 8, 1), np.float32)), module.targets(np.zeros(1, np.int64))
+nan = module.inputs(np.full((1, 8, 8, 1), np.nan, np.float32))
+at = lambda: [int(step.opt.global_step.asnumpy()[0]), float(step.opt.get_lr().asnumpy())]  # noqa: E731
+out["lr"] = [at()]
+step(nan, y)
+out["lr"].append(at())
+step(x, y)
+out["lr"] += [at(), step.scale.value]
+step.undone_warm_up(iter([(nan, y), (x, y)]), 2)
+out["lr"] += [at(), step.scale.value]
 # rank r's two gradients: [r + 1, -(r + 1) / 4] and [[2 r + 0.5]]; the job's mean in FP32 and over FP16
 mine = [np.array([world.rank + 1, -(world.rank + 1) / 4], np.float32), np.array([[2 * world.rank + 0.5]], np.float32)]
 for precision in ("fp32", "fp16"):
@@ -237,7 +257,11 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
     at 768 x 1152 from two small counts (below). AdamW (lr 0.1, decay 0.01, eps 1e-6; the
     kernel decays, the bias does not): step 1 m_hat 0.5, v_hat 0.25, u = 0.5 / 0.500001, the
     kernel 1 - 0.1 (u + 0.01) = 0.8990002, the bias 1 - 0.1 u = 0.9000002; step 2 m_hat
-    -0.005 / 0.19, v_hat 0.25 again: 0.9033643 and 0.9052633 (torch.optim.AdamW's figures)."""
+    -0.005 / 0.19, v_hat 0.25 again: 0.9033643 and 0.9052633 (torch.optim.AdamW's figures).
+    The Step's LR schedule (peak 0.5, 1 warm-up step, 3 steps) read from its optimizer's
+    global_step: lr_at gives 0.5, 0.5, 0.25; a NaN batch in fp16 is skipped and still counts
+    (step 1, the scale halved), a finite step then takes it to step 2 (0.25); the undone
+    warm-up puts both back."""
     (tmp_path / "checks.py").write_text(f"ROOT = {str(ROOT)!r}\n" + _CHECKS)
     p = _ms_mpirun(ms_python, 2, [tmp_path / "checks.py"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -250,6 +274,8 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
         assert out["broadcast"] == [0.0, 0.0, 0.0]
         assert out["int8"] == [True, True, True]      # the reference's bits; an inf: NaN on every rank
         assert out["scale"] == [False, 16384.0, True, 16384.0, True, 32768.0, 0]
+        # lr_at: 0.5 (1 / 1 of the warm-up), 0.5 (cos 0), 0.25 (cos pi/2), 0 at the end
+        assert out["lr"] == [[0, 0.5], [1, 0.5], [2, 0.25], 16384.0, [2, 0.25], 16384.0]
     # ResNet-50 v1.5 at 224 px: Keras' and PyTorch's count and weights (tests/test_ic.py), the
     # bottlenecks' adds and ReLUs from their records()
     assert found[0]["resnet50"] == [8_204_912_616, {"convolution": 8_174_272_512, "depthwise": 0, "dense": 4_096_000,

@@ -6,6 +6,7 @@ decoupled weight decay (AdamW, deepcam's adam), PyTorch's torch.optim.AdamW rule
     opt = LAMB(params, lr=2e-3, weight_decay=1e-2, eps=1e-6)
     opt = AdamW(params, lr=1e-3, weight_decay=1e-2, eps=1e-6)
     opt(grads)          # one step, the gradients in the order of opt.parameters
+    opt = LAMB(params, lr=[1e-3, 2e-3, 1e-3])   # one LR a step, read at opt.global_step (nn.Optimizer's dynamic LR)
 
 MindSpore's own nn.LARS wraps another optimizer with its own trust-ratio rule (no
 weight decay inside the ratio's denominator as MLPerf's LARS has it), and its nn.Lamb
@@ -29,13 +30,16 @@ tensor by tensor (MindSpore's PyNative operators: the 2-rank digits sweep's LAMB
 11x SGD's there; one mindspore.jit graph of the whole update was 2e-6 off the reference
 after 3 steps, past tests/test_conformance.py's tolerance, with the norms summed in float64
 too, and is not used), every write an ops.assign into the
-state's own memory (train.put says why); the slots, the step and the LR are Parameters, so
-that the undone warm-up finds them in get_parameters().
+state's own memory (train.put says why); the slots and the steps are Parameters, so
+that the undone warm-up finds them in get_parameters(). Two steps, as in nn.Optimizer and
+Keras: `global_step` indexes the LR schedule and counts the steps fp16 skips too (the Step
+adds them), `step` counts the updates applied (Adam's bias correction).
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import mindspore as ms
 from mindspore import ops
 
@@ -48,25 +52,29 @@ def _trust(numerator, denominator, w_norm, other_norm):
 
 
 class _Layerwise:
-    """What LARS and LAMB share: the parameters, the LR, the step and the slots."""
+    """What LARS and LAMB share: the parameters, the LR (one, or one a step), the steps and the slots."""
 
-    def __init__(self, params, lr: float, slots: tuple, l2: float):
+    def __init__(self, params, lr, slots: tuple, l2: float):
         self.parameters = tuple(params)
-        self.learning_rate = ms.Parameter(ms.Tensor(lr, ms.float32), name="learning_rate")
+        self.lrs = np.atleast_1d(np.asarray(lr, np.float32))   # host-side: the update is eager, read there
+        self.global_step = ms.Parameter(ms.Tensor([0], ms.int32), name="global_step")
         self.step = ms.Parameter(ms.Tensor(0, ms.int32), name="layerwise_step")
         self.slots = {s: [ms.Parameter(ops.zeros_like(p), name=f"{s}.{p.name}") for p in self.parameters]
                       for s in slots}
         self.l2 = l2
 
     def get_parameters(self):
-        return [self.learning_rate, self.step, *(p for slot in self.slots.values() for p in slot)]
+        return [self.global_step, self.step, *(p for slot in self.slots.values() for p in slot)]
 
     def _gradient(self, p, g):
         return g + self.l2 * p if self.l2 and p.ndim >= 2 else g
 
     def __call__(self, grads) -> None:
+        at = int(self.global_step.asnumpy()[0])
+        lr = float(self.lrs[min(at, len(self.lrs) - 1)])   # one LR: every step's
+        ops.assign(self.global_step, self.global_step + 1)
         ops.assign(self.step, self.step + 1)
-        lr, t = float(self.learning_rate.asnumpy()), int(self.step.asnumpy())
+        t = int(self.step.asnumpy())
         for i, (p, g) in enumerate(zip(self.parameters, grads)):
             ops.assign(p, p - self.update(i, p, self._gradient(p, g), lr, t))
 

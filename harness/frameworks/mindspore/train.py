@@ -52,9 +52,11 @@ def build(workload, data, seed: int, job: int, precision: str) -> nn.Cell:
     return model
 
 
-def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, options: dict, l2: float = 0.0):
+def make_optimizer(name: str, model: nn.Cell, lr, momentum: float, options: dict, l2: float = 0.0):
     """(optimizer, its settings under Keras' names for the MLLOG): line 18's optimizer in
-    MindSpore with Keras' defaults (Adam's epsilon 1e-7, AdaGrad's initial accumulator 0.1).
+    MindSpore at the LR `lr` (one, or one a step: a 1-D float32 array that the optimizer
+    indexes by its global_step, MindSpore's dynamic LR) with Keras' defaults (Adam's
+    epsilon 1e-7, AdaGrad's initial accumulator 0.1).
     Weight decay reaches the kernels only (weights of 2 or more dimensions), never biases or
     batch norm: the model's `l2` (its Keras twin's L2 kernel regularizer) is the coupled
     kind, MindSpore's weight_decay; an option's decoupled weight decay is LARS's, LAMB's and
@@ -73,7 +75,7 @@ def make_optimizer(name: str, model: nn.Cell, lr: float, momentum: float, option
     return opt, {**config, **clip}
 
 
-def _optimizer(name: str, params, groups, lr: float, momentum: float, options: dict, decoupled: float, l2: float):
+def _optimizer(name: str, params, groups, lr, momentum: float, options: dict, decoupled: float, l2: float):
     """(optimizer, its settings) of line 18's `name` over `params` (`groups`: the same with
     the coupled decay on the kernels alone), make_optimizer's rules."""
     if name == "sgd":
@@ -117,7 +119,7 @@ class Trainer:
         self.mean_of = None
 
     def prepare(self, schedule: train.Schedule):
-        self.s = Step(self.workload, self.module, self.model, self.recipe, schedule.at, self.comm)
+        self.s = Step(self.workload, self.module, self.model, self.recipe, schedule, self.comm)
         return self.s, self.s.config
 
     def _batches(self, shards, epochs: int, feed_seed: int):
@@ -169,14 +171,20 @@ class Step:
     """The training step of one base model: step(x, y) -> loss. The forward and backward
     pass (one mindspore.jit graph) gives this rank's loss and gradients; the job averages
     the gradients over MPI in line 21's precision; the optimizer updates at the LR
-    `schedule(step number)` gives. The job's ranks start from the root's weights. A job of
+    `schedule.at(step number)` gives. The job's ranks start from the root's weights. The
+    optimizer holds the whole schedule, one LR a step, and indexes it by its own global_step
+    (MindSpore's dynamic LR): writing each step's LR into it from the host cost an assign a
+    step, 0.48 ms dispatched and 2.6 ms waited for, 3-16 % of a 2-rank digits step here
+    (bench/README.md). A job of
     one rank in FP32 with MindSpore's own optimizer and no clipping runs the update in the
     same graph (`fused`), as MindSpore's tutorials write a step: nothing leaves it."""
 
-    def __init__(self, workload, module, model, recipe: train.Recipe, schedule, comm):
-        self.model, self.schedule, self.comm, self.comm_precision = model, schedule, comm, recipe.comm_precision
+    def __init__(self, workload, module, model, recipe: train.Recipe, schedule: train.Schedule, comm):
+        self.model, self.comm, self.comm_precision = model, comm, recipe.comm_precision
         root_state(model, comm, trainable=True)
-        self.opt, self.config = make_optimizer(recipe.optimizer, model, schedule(0), workload.MOMENTUM,
+        # steps 0 to total, lr_at's 0 the last (so 2 or more: MindSpore warns of a 1-D LR of one)
+        lrs = np.array([schedule.at(s) for s in range(schedule.total + 1)], np.float32)
+        self.opt, self.config = make_optimizer(recipe.optimizer, model, lrs, workload.MOMENTUM,
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
         model.set_train(True)
 
@@ -196,11 +204,8 @@ class Step:
                 self.opt(grads)
                 return loss
             self.fused = ms.jit(fused)
-        self.taken = 0        # steps taken: the LR schedule's step number
 
     def __call__(self, x, y):
-        put(self.opt.learning_rate, np.float32(self.schedule(self.taken)))
-        self.taken += 1
         if self.fused is not None:   # a job of one rank: one graph, as MindSpore's tutorials train
             return self.fused(x, y, ms.Tensor(1.0, ms.float32))
         scale = self.scale.value if self.scale else 1.0
@@ -209,6 +214,8 @@ class Step:
         if self.scale is not None:   # the job's averaged gradients: every rank skips the same steps
             mean = [g / np.float32(scale) for g in mean]
             if not self.scale.update(all(np.isfinite(g).all() for g in mean)):
+                # a skipped step still counts in the LR schedule, as Keras' LossScaleOptimizer counts it
+                ops.assign_add(self.opt.global_step, ms.Tensor([1], ms.int32))
                 return loss
         self.opt(tuple(ms.Tensor(g) for g in clipped(mean, self.config.get("global_clipnorm", 0.0))))
         return loss
@@ -216,14 +223,14 @@ class Step:
     def undone_warm_up(self, batches, steps: int) -> None:
         """Set-up before the clock, like MLPerf's init phase: `steps` real steps (the jit
         graph's compilation, the first exchange), then every state the step writes put back
-        (the model's weights and batch-norm statistics, the optimizer's slots and step, the
-        step number, the global random generator, a model's own numpy generator `host_rng`:
+        (the model's weights and batch-norm statistics, the optimizer's slots and steps,
+        the global random generator, a model's own numpy generator `host_rng`:
         ewa's draws). Dropout's masks inside the jit graph come from its operator's own
         generator, which MindSpore does not expose: the timed epochs draw other masks than a
         run without warm-up would."""
         params = [*self.model.get_parameters(), *self.opt.get_parameters()]
         saved = {id(p): p.asnumpy().copy() for p in params}
-        rng, taken, scale = ms.get_rng_state(), self.taken, dataclasses.replace(self.scale) if self.scale else None
+        rng, scale = ms.get_rng_state(), dataclasses.replace(self.scale) if self.scale else None
         host = getattr(self.model, "host_rng", None)
         host_state = host.bit_generator.state if host is not None else None
         for _, (x, y) in zip(range(steps), batches):
@@ -233,7 +240,7 @@ class Step:
         ms.set_rng_state(rng)
         if host is not None:
             host.bit_generator.state = host_state
-        self.taken, self.scale = taken, scale
+        self.scale = scale
 
 
 @dataclass
