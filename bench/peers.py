@@ -183,7 +183,7 @@ def bare_ms_loop(case: str, steps: int, fed: bool = False) -> None:
     import platform
     import numpy as np
     from harness.frameworks.mindspore import facts
-    os.environ.update(facts.isa_cap(os.environ, platform.machine()))   # as the harness's runs (facts.ISA_CAP)
+    os.environ.update(facts.before_import(os.environ, platform.machine()))   # as the harness's runs
     import mindspore as ms
     from mindspore import nn
     from mpi4py import MPI

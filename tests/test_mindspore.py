@@ -76,6 +76,9 @@ def test_the_shipped_sweep_trains_in_mindspore(ms_python, tmp_path, ranks):
         assert res["environment"]["library_settings"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
         assert "LIB ENV : ONEDNN_MAX_CPU_ISA=AVX2\n" in report
         assert "- MindSpore's CPU kernels (oneDNN): ONEDNN_MAX_CPU_ISA=AVX2 (the harness sets" in report
+    # operators dispatched from the calling thread (facts.DISPATCH), in force and said so
+    assert res["environment"]["library_settings"]["MS_DEV_HOST_BLOCKING_RUN"] == "1"
+    assert "- MindSpore's operator dispatch: MS_DEV_HOST_BLOCKING_RUN=1, one thread, the caller's (" in report
     out = io.StringIO()
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 
@@ -95,6 +98,22 @@ def test_the_onednn_cap_is_set_on_x86_where_the_user_set_none():
     assert line.startswith("MindSpore's CPU kernels (oneDNN): DNNL_MAX_CPU_ISA=ALL (")
     (line,) = facts.isa_lines({"library_settings": {}})
     assert line.startswith("MindSpore's CPU kernels (oneDNN): neither set, oneDNN's own choice of ISA (")
+
+
+def test_mindspore_dispatches_from_the_calling_thread_where_the_user_chose_nothing():
+    """facts.before_import by hand: the ISA cap and the dispatch variable together, each
+    never over the user's own value; the report's line names what was in force."""
+    from harness.frameworks.mindspore import facts
+    assert facts.before_import({}, "x86_64") == {"ONEDNN_MAX_CPU_ISA": "AVX2", "MS_DEV_HOST_BLOCKING_RUN": "1"}
+    assert facts.before_import({}, "aarch64") == {"MS_DEV_HOST_BLOCKING_RUN": "1"}
+    assert facts.before_import({"MS_DEV_HOST_BLOCKING_RUN": "0", "ONEDNN_MAX_CPU_ISA": "ALL"}, "x86_64") == {}
+    say = lambda settings: facts.dispatch_lines({"library_settings": settings})[0]  # noqa: E731
+    assert say({"MS_DEV_HOST_BLOCKING_RUN": "1"}).startswith(
+        "MindSpore's operator dispatch: MS_DEV_HOST_BLOCKING_RUN=1, one thread, the caller's (the harness sets")
+    assert say({}).startswith("MindSpore's operator dispatch: MS_DEV_HOST_BLOCKING_RUN not set, MindSpore's"
+                              " dispatch threads (")
+    assert say({"MS_DEV_HOST_BLOCKING_RUN": "0"}).startswith(
+        "MindSpore's operator dispatch: MS_DEV_HOST_BLOCKING_RUN=0, as MindSpore reads that value (")
 
 
 def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):

@@ -25,7 +25,7 @@ REQUIRES = (("mindspore", "mindspore (requirements-mindspore.txt, a venv of its 
                           " VENV=.venv-mindspore FRAMEWORKS=mindspore)"),)
 # The environment variables only MindSpore reads: a run without it leaves them out of its record
 OWN_VARIABLES = ("MS_", "GLOG_")
-ENVIRONMENT = {}   # nothing to set for every framework before any is imported (ISA_CAP: MindSpore's runs alone)
+ENVIRONMENT = {}   # nothing to set for every framework before any is imported (before_import: MindSpore's runs alone)
 # oneDNN, MindSpore's CPU kernels, capped at AVX2 on x86-64 where the user has not capped it
 # (interface.py sets it before MindSpore is imported, so in MindSpore's runs only): MindSpore 2.10's
 # oneDNN 3.10 runs MindSpore's convolutions (plain NCHW tensors) on an AVX-512 CPU through
@@ -37,6 +37,16 @@ ENVIRONMENT = {}   # nothing to set for every framework before any is imported (
 # that CPU: the cap is not theirs (ENVIRONMENT would set it for every framework).
 ISA_CAP = ("ONEDNN_MAX_CPU_ISA", "AVX2")
 ISA_NAMES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")   # oneDNN reads either (DNNL_: its older name)
+# MindSpore's operators dispatched from the calling thread, where the user has not chosen (set
+# before MindSpore is imported, in its runs only, as ISA_CAP). By default a PyNative operator, and
+# a mindspore.jit graph's launch, goes through queues served by threads of MindSpore's own that
+# wait spinning (perf: 47 % of a rank's samples in runtime::AsyncRQueue::Wait, with sched_yield),
+# on the cores the kernels need. Measured 2026-11-29 on a 2-vCPU Intel Xeon (AVX-512, under
+# ISA_CAP), samples/s of one rank's training step, the default against this: CosmoFlow's CNN
+# (width 8, 32^3, B 4) bound to one core 5.0 against 39 (the update in the step's graph; 31 against
+# 38 outside it), on both cores 23 against 41; digits (B 32) bound 2800 against 3600, on both
+# cores 1800 against 2700. MindSpore's own documentation names it (1: "single-threaded dispatch").
+DISPATCH = ("MS_DEV_HOST_BLOCKING_RUN", "1")
 REFUSES = {
     ("allreduce", "hierarchical"): "a MindSpore job averages over its MPI communicator in one all-reduce;"
                                    " use ring",
@@ -71,6 +81,12 @@ def isa_cap(environ, machine: str) -> dict[str, str]:
     return dict([ISA_CAP])
 
 
+def before_import(environ, machine: str) -> dict[str, str]:
+    """Every variable to set before MindSpore is imported, where the user has set none of
+    its names: isa_cap's and DISPATCH. Pure."""
+    return {**isa_cap(environ, machine), **({} if DISPATCH[0] in environ else dict([DISPATCH]))}
+
+
 def isa_lines(environment: dict) -> list[str]:
     """The report's line on the oneDNN ISA MindSpore ran with: the value in force on rank 0
     (results.json: environment.library_settings; the LIB ENV lines), and why the harness caps it."""
@@ -83,6 +99,19 @@ def isa_lines(environment: dict) -> list[str]:
            " harness/frameworks/mindspore/facts.py")
     in_force = ", ".join(named) if named else "neither set, oneDNN's own choice of ISA"
     return [f"MindSpore's CPU kernels (oneDNN): {in_force} ({why})"]
+
+
+def dispatch_lines(environment: dict) -> list[str]:
+    """The report's line on how MindSpore dispatched its operators: DISPATCH's variable as in
+    force on rank 0 (results.json: environment.library_settings), and why the harness sets it."""
+    name, value = DISPATCH
+    found = environment.get("library_settings", {}).get(name)
+    how = ("one thread, the caller's" if found == value else "MindSpore's dispatch threads" if found is None
+           else "as MindSpore reads that value")
+    in_force = f"{name}={found}" if found is not None else f"{name} not set"
+    return [f"MindSpore's operator dispatch: {in_force}, {how} (the harness sets {name}={value} where it is not"
+            " set: MindSpore's dispatch threads wait spinning on the cores its kernels need, CosmoFlow's step"
+            " 5.0 against 39 samples/s on one core; set it to choose: harness/frameworks/mindspore/facts.py)"]
 
 
 def compiler_missing(compiler: str, environ) -> str | None:
@@ -147,8 +176,8 @@ def option_lines(cfg, schema: tuple[int, int]) -> list[str]:
 
 def conventions(cfg, environment: dict, schema: tuple[int, int]) -> list[str]:
     """The report's lines on how MindSpore trains this input, as results schema `schema`
-    states them, then the oneDNN ISA it ran with (from the run's environment)."""
-    return option_lines(cfg, schema) + isa_lines(environment)
+    states them, then the oneDNN ISA and the dispatch it ran with (from the run's environment)."""
+    return option_lines(cfg, schema) + isa_lines(environment) + dispatch_lines(environment)
 
 
 def stated(cfg, schema: tuple[int, int]) -> list[list[str]]:

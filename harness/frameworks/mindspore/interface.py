@@ -11,8 +11,9 @@ import platform
 
 from harness.frameworks.mindspore import facts
 
-# Before MindSpore (and its oneDNN) is imported: the ISA cap, in MindSpore's runs only (facts.ISA_CAP says why)
-os.environ.update(facts.isa_cap(os.environ, platform.machine()))
+# Before MindSpore (and its oneDNN) is imported, in MindSpore's runs only: the ISA cap and the
+# dispatch from the calling thread (facts.ISA_CAP and facts.DISPATCH say why)
+os.environ.update(facts.before_import(os.environ, platform.machine()))
 
 import mindspore as ms  # noqa: E402
 
