@@ -221,7 +221,6 @@ if world.rank == 0:
         out["adamw"].append([float(kernel.asnumpy()[0, 0]), float(bias.asnumpy()[0])])
 # the Step's LR schedule, held by the optimizer: peak 0.5, 1 warm-up step of 3; a NaN batch in fp16
 # (skipped, still counted), one finite step, then the undone warm-up of the same two steps
-import mindspore as ms
 from harness import train as recipe
 ones = workloads.Data(np.ones((2, 8, 8, 1), np.float32), np.zeros(2, np.int64), np.ones((2, 8, 8, 1), np.float32),
                       np.zeros(2, np.int64), 10, "ones")
