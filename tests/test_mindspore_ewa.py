@@ -14,7 +14,7 @@ import pytest
 from harness.workloads import Dataset, detector, ewa
 from tests.conftest import HANG, ROOT
 from tests.test_ewa import _outputs
-from tests.test_mindspore import ms_python  # noqa: F401 -- the fixture
+from tests.test_mindspore import MS_PROLOGUE, ms_python  # noqa: F401 -- the fixture
 
 torch = pytest.importorskip("torch")
 
@@ -27,10 +27,9 @@ from harness.frameworks.pytorch import flops as ptflops  # noqa: E402
 # head), and PyTorch's count at the reference's 768 x 1152 is held to Keras' in tests/test_ewa.py.
 RESNET50_HW = (128, 192)
 
-_SCRIPT = r'''
-import json, sys
+_SCRIPT = MS_PROLOGUE + r'''
+import json
 import numpy as np
-sys.path.insert(0, ROOT)
 from harness.frameworks.mindspore import ewa as msewa, flops, train
 from harness.workloads import Dataset, detector, ewa
 import mindspore as ms
