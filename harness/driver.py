@@ -16,6 +16,7 @@ no rank is left blocked in a collective.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import secrets
 import signal
@@ -239,6 +240,11 @@ def _run(args, world, watchdog) -> int:
     plan = planning.make(world, given, nodes, watchdog)
     cfg = plan.cfg
     devices = _devices(world, plan, nodes, watchdog)
+    # The modules imported so far (the frameworks' above all) live to the process's end: kept out
+    # of the collector's sight, a full collection (the interpreter's own, or a job's close in
+    # harness/frameworks/pytorch/interface.py) scans only what the sweep makes. With PyTorch
+    # loaded here one took 0.08-0.37 s (4 ranks on 2 cores the latter), after freezing ~0.
+    gc.freeze()
     if args.check:
         if world.rank == 0:
             print("\n".join(planning.describe(plan, world.size) + elastic.lines(tolerance)), flush=True)
