@@ -10,6 +10,7 @@ may also carry the mark explicitly. `mpirun` below refuses to start in a test wi
 the mark, so `make unit` (-m "not mpi") never starts one by accident. `slow` (over
 ~20 s here) is put by hand.
 """
+import gc
 import json
 import os
 import subprocess
@@ -379,5 +380,4 @@ def pytest_collection_finish(session):
     # Every test module, and the frameworks they import, is loaded by now and stays to the end: kept
     # out of the collector's sight (as harness/driver.py does in a run), a full collection during an
     # in-process test scans only what the tests make, not TensorFlow's and PyTorch's modules.
-    import gc
     gc.freeze()
