@@ -329,9 +329,11 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
 
 def test_mindspores_arithmetic_is_the_references(ms_python):
     """tests/test_conformance.py again in MindSpore's venv: its int8 arithmetic and its LARS
-    and LAMB held to the numpy references (the other frameworks skip there, absent)."""
+    and LAMB held to the numpy references (the other frameworks skip there, absent), with what
+    a run sets before MindSpore is imported (MS_PROLOGUE's facts.before_import)."""
+    from harness.frameworks.mindspore import facts
     p = subprocess.run([str(ms_python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs",
                         str(ROOT / "tests" / "test_conformance.py")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=HANG)
+                       timeout=HANG, env={**os.environ, **facts.before_import(os.environ, platform.machine())})
     assert p.returncode == 0 and "10 passed, 18 skipped" in p.stdout, p.stdout[-3000:]
     assert "could not import 'mindspore'" not in p.stdout
