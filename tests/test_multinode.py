@@ -69,7 +69,7 @@ def test_the_torus_trains_across_the_nodes_on_the_grid_the_nodes_give(two_node_s
     assert [t["exchange"] for t in res["tests"]] == [
         ["none (P = 1)"] * 4, ["torus 2 x 1 (rows: consecutive ranks, the most-square X x Y), MPI"] * 2,
         ["torus 2 x 2 (rows: a node's ranks), MPI"]]
-    assert "Exchange    : torus 2 x 2 (rows: a node's ranks), MPI\n" in p.stdout
+    assert "Exchange    : torus 2 x 2 (rows: a node's ranks), MPI\n" in (run / "report.txt").read_text()
     assert all(t["tv"].endswith("T") for t in res["tests"])
 
 
