@@ -55,15 +55,34 @@ def dat_text(**lines) -> str:
 # configuration, not recorded in results.json (README, "Settings"), and no figure a test
 # asserts depends on it; `make run` leaves it to Open MPI.
 SUITE_MPI = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+# The same contention in OpenMP: a PyTorch process alone on the machine (a 1-rank run, or a
+# worker's in-process tests) takes an intra-op thread a core (harness/train.threads, as PyTorch
+# does), and GNU OpenMP's threads spin at each parallel region's end for a sibling that the other
+# worker's job has descheduled. PASSIVE lets them sleep: 2 epochs of digits in PyTorch on 1 rank,
+# beside a process spinning on one of the 2 cores, trained in 1.2-1.4 s instead of 16-17 s, and
+# took 9-16 CPU-s instead of 29-32 (2 pairs, 2026-11-29); on a quiet machine it slows that run
+# (0.87-1.23 s against 0.52-0.85), so the harness leaves the policy to the site. An OMP_ variable,
+# so a run records it in results.json and echoes it (LIB ENV), as it would a site's.
+SUITE_OPENMP = {"OMP_WAIT_POLICY": "PASSIVE"}
+os.environ.update(SUITE_OPENMP)   # before any test imports PyTorch: libgomp reads it once, when loaded
 
 
 def mpi_env(quick: bool = True, env: dict | None = None) -> dict:
     """The environment of a run: the venv's mpirun first, root allowed, PMIx's hash job
     store (as the Makefile sets: PMIx 5.0.8's shared-memory one sometimes fails a start),
-    waiting ranks yielding their core (SUITE_MPI), TensorFlow quiet, plus `env` (extra variables)."""
+    waiting ranks yielding their core (SUITE_MPI; SUITE_OPENMP is in os.environ already), TensorFlow
+    quiet, plus `env` (extra variables)."""
     return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
                 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PMIX_MCA_gds="hash", TF_CPP_MIN_LOG_LEVEL="2",
                 TF_USE_LEGACY_KERAS="1", HPCAI500_ROOFLINE_QUICK="1" if quick else "0", **SUITE_MPI, **(env or {}))
+
+
+# No rank reads stdin, and by default mpirun forwards its own to rank 0 through a pipe. A worker's
+# stdin is /dev/null, so mpirun meets its end at once and closes that pipe while starting the job;
+# one suite (2026-11-29) had an mpirun exit 1 before any rank wrote a line, saying only libevent's
+# "Epoll MOD(1) on fd 22 failed ... write change was 2 (del) ...: Bad file descriptor" (an event
+# deleted on a closed descriptor). Not reproduced in 200 launches; without the pipe that path is gone.
+MPIRUN_STDIN = ("--stdin", "none")
 
 
 def mpirun_cmd(np_: int | None, args, program=HPCAI500) -> list[str]:
@@ -71,7 +90,7 @@ def mpirun_cmd(np_: int | None, args, program=HPCAI500) -> list[str]:
     (an MPI singleton). program=(): ARGS go to python itself (e.g. '-m', 'kernels.gemm')."""
     _check_marked()
     cmd = [sys.executable, *program, *map(str, args)]
-    return cmd if np_ is None else [str(BIN / "mpirun"), "--oversubscribe", "-np", str(np_), *cmd]
+    return cmd if np_ is None else [str(BIN / "mpirun"), *MPIRUN_STDIN, "--oversubscribe", "-np", str(np_), *cmd]
 
 
 def mpirun(np_: int, args: list[str], cwd: Path, timeout: int = HANG, quick: bool = True, *,
@@ -285,7 +304,8 @@ def cluster_mpirun(c, hosts: str, args, cwd: Path, timeout: int = HANG, env: dic
     -x, as a user passes them to a real cluster. popen=(stdout, stderr): started, not
     waited for."""
     env = mpi_env(True, env)
-    cmd = [str(BIN / "mpirun"), *c.mpirun_args(hosts, env), sys.executable, *program, *map(str, args)]
+    cmd = [str(BIN / "mpirun"), *MPIRUN_STDIN, *c.mpirun_args(hosts, env), sys.executable, *program,
+           *map(str, args)]
     if popen:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=popen[0], stderr=popen[1], text=True)
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

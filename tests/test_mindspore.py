@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness import verify
-from tests.conftest import HANG, ROOT, SMALL_MODELS, dat_text, mpi_env, results, run_dir
+from tests.conftest import HANG, MPIRUN_STDIN, ROOT, SMALL_MODELS, dat_text, mpi_env, results, run_dir
 
 @pytest.fixture(scope="module")
 def ms_python(request) -> Path:
@@ -47,7 +47,8 @@ def _ms_mpirun(ms_python, np_: int, args, cwd: Path, timeout: int = HANG, env: d
                ) -> subprocess.CompletedProcess:
     """mpirun of the MindSpore venv's Open MPI, its python running `args` (`env`: extra variables)."""
     env = {**mpi_env(env=env), "PATH": f"{ms_python.parent}{os.pathsep}{os.environ['PATH']}"}
-    cmd = [str(ms_python.parent / "mpirun"), "--oversubscribe", "-np", str(np_), str(ms_python), *map(str, args)]
+    cmd = [str(ms_python.parent / "mpirun"), *MPIRUN_STDIN, "--oversubscribe", "-np", str(np_), str(ms_python),
+           *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -140,7 +141,7 @@ def test_a_sweep_in_mindspore_on_two_nodes(ms_python, cluster, tmp_path):
     (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=2, l10="2 1", l11="1 4", l15=4,
                                              l17="fp16", l18="adam", l19=0.002, l21="int8", l35="mindspore"))
     env = mpi_env()
-    cmd = [str(ms_python.parent / "mpirun"), *cluster.mpirun_args("n1:2,n2:2", env), str(ms_python),
+    cmd = [str(ms_python.parent / "mpirun"), *MPIRUN_STDIN, *cluster.mpirun_args("n1:2,n2:2", env), str(ms_python),
            str(ROOT / "hpcai500.py"), str(tmp_path / "t.dat")]
     p = subprocess.run(cmd, cwd=tmp_path, env={**env, "PATH": f"{ms_python.parent}{os.pathsep}{os.environ['PATH']}"},
                        capture_output=True, text=True, timeout=2 * HANG)

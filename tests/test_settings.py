@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from harness import settings
-from tests.conftest import BIN, HANG, ROOT, dat_text, mpi_env, mpirun, results
+from tests.conftest import BIN, HANG, MPIRUN_STDIN, ROOT, dat_text, mpi_env, mpirun, results
 
 
 def test_read_takes_the_set_settings_and_refuses_unknown_names():
@@ -111,7 +111,7 @@ def _mpmd(tmp_path, env0: dict, env1: dict, lines: dict):
     for k in [k for k in base if k.startswith("HPCAI500_")]:     # mpi_env's quick roofline too, as before
         del base[k]
     app = [sys.executable, str(ROOT / "hpcai500.py"), str(path)]
-    cmd = [str(BIN / "mpirun"), "--oversubscribe",
+    cmd = [str(BIN / "mpirun"), *MPIRUN_STDIN, "--oversubscribe",
            "-np", "1", "env", *[f"{k}={v}" for k, v in env0.items()], *app, ":",
            "-np", "1", "env", *[f"{k}={v}" for k, v in env1.items()], *app]
     return subprocess.run(cmd, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=HANG)
