@@ -86,7 +86,7 @@ MPIRUN_STDIN = ("--stdin", "none")
 
 
 def mpirun_cmd(np_: int | None, args, program=HPCAI500) -> list[str]:
-    """`mpirun --oversubscribe -np N python PROGRAM... ARGS...`; np_=None: the program alone
+    """`mpirun --stdin none --oversubscribe -np N python PROGRAM... ARGS...`; np_=None: the program alone
     (an MPI singleton). program=(): ARGS go to python itself (e.g. '-m', 'kernels.gemm')."""
     _check_marked()
     cmd = [sys.executable, *program, *map(str, args)]
