@@ -34,6 +34,11 @@ HANG = 300
 SMALL_MODELS = {"HPCAI500_IC_WIDTH": "8", "HPCAI500_IC_STAGES": "1,1,1,1", "HPCAI500_COSMO_WIDTH": "4",
                 "HPCAI500_DEEPCAM_WIDTH": "4", "HPCAI500_DEEPCAM_MIDDLE": "1"}
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # before any test imports TensorFlow
+# The collection imports TensorFlow, PyTorch and matplotlib with the cyclic collector off, as a run's
+# driver imports its frameworks (harness/driver._collector_off): each full collection an import sets off
+# scans every object made so far, next to none of them garbage; pytest_collection_finish freezes them
+# and turns the collector back on for the tests.
+gc.disable()
 
 
 def dat_text(**lines) -> str:
@@ -401,3 +406,4 @@ def pytest_collection_finish(session):
     # out of the collector's sight (as harness/driver.py does in a run), a full collection during an
     # in-process test scans only what the tests make, not TensorFlow's and PyTorch's modules.
     gc.freeze()
+    gc.enable()

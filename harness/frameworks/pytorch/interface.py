@@ -9,6 +9,9 @@ from __future__ import annotations
 import gc
 
 import torch
+# torch.optim imports torch._dynamo at a job's first optimizer and at every step (PyTorch 2.13): imported
+# here, with torch, it loads while the driver holds the garbage collector off (driver._collector_off)
+import torch._dynamo  # noqa: F401
 import torch.distributed as dist
 
 from harness import communication, parallelism

@@ -41,6 +41,9 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
         tf.config.set_visible_devices([gpu], "GPU")
         tf.config.experimental.set_memory_growth(gpu, True)
         device = f"GPU {local_rank % len(gpus)} of {len(gpus)}"
+    # each job's Horovod (interface.Job) would import it later; here, once the runtime is configured, it
+    # loads while the driver holds the garbage collector off (driver._collector_off)
+    import horovod.tensorflow  # noqa: F401
     return {"threads": threads_, "inter_op": inter_op, "device": device, "gpus_on_node": len(gpus)}
 
 
