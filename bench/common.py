@@ -43,7 +43,8 @@ def make_dat(name: str, **lines) -> str:
     return path
 
 
-def _children_seconds() -> float:
+def children_seconds() -> float:
+    """CPU seconds (user + system) of this process's children that have ended."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
@@ -78,7 +79,7 @@ def mpirun(*args: str, np: int = NP, env: dict | None = None, launcher: list[str
     mpirun_of = os.path.join(os.path.dirname(python), "mpirun") if python != PY else "mpirun"
     cmd = [*(launcher or [mpirun_of, *flags, "-np", str(np)]), python, *args]
     wait_quiet()
-    t0, busy0, ours0 = time.perf_counter(), machine_busy_seconds(), _children_seconds()
+    t0, busy0, ours0 = time.perf_counter(), machine_busy_seconds(), children_seconds()
     p = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     seen: dict[int, float] = {}
@@ -90,7 +91,7 @@ def mpirun(*args: str, np: int = NP, env: dict | None = None, launcher: list[str
             break
         except subprocess.TimeoutExpired:
             continue
-    other = (machine_busy_seconds() - busy0) - (_children_seconds() - ours0) - sum(seen.values())
+    other = (machine_busy_seconds() - busy0) - (children_seconds() - ours0) - sum(seen.values())
     if p.returncode:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{out[-3000:]}{err[-3000:]}")
     return out, max(0.0, other / (time.perf_counter() - t0))

@@ -11,7 +11,6 @@ process and its children, rusage), less sensitive to this shared guest's speed t
 """
 import argparse
 import os
-import resource
 import subprocess
 import tempfile
 import time
@@ -19,18 +18,13 @@ import time
 import common
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def one(tree: str, dat: str) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of hpcai500.py of `tree` on `dat`; a failed run stops the bench."""
     common.wait_quiet()
-    c0, t0 = _cpu(), time.monotonic()
+    c0, t0 = common.children_seconds(), time.monotonic()
     p = subprocess.run([common.PY, os.path.join(tree, "hpcai500.py"), dat], cwd=tree, env=common.ENV,
                        capture_output=True, text=True)
-    wall, cpu = time.monotonic() - t0, _cpu() - c0
+    wall, cpu = time.monotonic() - t0, common.children_seconds() - c0
     if p.returncode:
         raise SystemExit(f"bench/startup.py: {tree} exited {p.returncode}:\n{p.stderr[-2000:]}")
     return cpu, wall
