@@ -295,10 +295,11 @@ def _collector_off():
     frozen. An import makes objects by the hundred thousand, next to none of them garbage, and
     each full collection it sets off scans them all again: `import tensorflow` with Horovod took
     3.4-4.3 s here with the collector on, 2.8-3.0 s off; torch with torch._dynamo 3.2-3.8 s against
-    2.6-2.7 (2-core Intel Xeon, 2026-12-06), on every rank. The modules live to the process's end:
-    frozen, out of the collector's sight, a full collection (the interpreter's own, or a job's
-    close in harness/frameworks/pytorch/interface.py) scans only what the sweep makes; with PyTorch
-    loaded one took 0.08-0.37 s (4 ranks on 2 cores the latter), after freezing ~0."""
+    2.6-2.7 (2-vCPU AMD EPYC, 2026-12-06), on every rank; a 1-rank run of digits takes 12-15 %
+    less CPU (bench/startup.py). The modules live to the process's end: frozen, out of the
+    collector's sight, a full collection (the interpreter's own, or a job's close in
+    harness/frameworks/pytorch/interface.py) scans only what the sweep makes; with PyTorch loaded
+    one took 0.08-0.37 s (4 ranks on 2 cores the latter), after freezing ~0."""
     was = gc.isenabled()
     gc.disable()
     try:

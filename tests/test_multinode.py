@@ -304,7 +304,8 @@ def test_a_node_that_dies_ends_the_job_within_a_minute(node_faults):
         assert lost_first and [t["index"] for t in res["tests"]] == [1] and res["tests"][0]["consistency"]["passed"]
         state = _status(tmp_path / "runs")
         assert state[0] == 6 and (": complete-with-losses: every test PASSED, with losses: rank(s) 2, 3 lost, 0 base"
-                                  " model(s) dropped, 1 test run(s) left out; 1 of 1 test run(s) finished") in state[1], state
+                                  " model(s) dropped, 1 test run(s) left out; 1 of 1 test run(s) finished"
+                                  in state[1]), state
         return
     _finished_test_intact(tmp_path, signals.reason(signal.SIGTERM) if recorded else None, None if lost_first else 2)
     deadline = time.monotonic() + 120     # a hang bound: dead once 12 stamps 0.5 s apart are missed (6 s)
