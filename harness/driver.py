@@ -299,7 +299,10 @@ def _collector_off():
     less CPU (bench/startup.py). The modules live to the process's end: frozen, out of the
     collector's sight, a full collection (the interpreter's own, or a job's close in
     harness/frameworks/pytorch/interface.py) scans only what the sweep makes; with PyTorch loaded
-    one took 0.08-0.37 s (4 ranks on 2 cores the latter), after freezing ~0."""
+    one took 0.08-0.37 s (4 ranks on 2 cores the latter), after freezing ~0. The imports' own
+    garbage is frozen with them, kept to the end: 1,576 objects, 0.2 MB, in TensorFlow with
+    Horovod; 8,856, 7 MB, in PyTorch with torch._dynamo (its peak resident memory 398 MB against
+    391-393). A collection before the freeze would reclaim it for ~0.37 s a rank, most of the gain."""
     was = gc.isenabled()
     gc.disable()
     try:
