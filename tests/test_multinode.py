@@ -314,8 +314,8 @@ def test_a_node_that_dies_ends_the_job_within_a_minute(node_faults):
     print(f"node death: mpirun exit {p.returncode}; --status {state}")
     assert state[0] == (3 if recorded else 5), state
     # test 2 left out for the lost ranks is not planned any more: --status names the losses beside "1 of 1"
-    during = " lost, 0 base model(s) dropped, 1 test run(s) left out; 1 of 1 test run(s) finished" if lost_first \
-        else " during test 2; 1 of 2 test run(s) finished"
+    during = ("; with losses: rank(s) 2, 3 lost, 0 base model(s) dropped, 1 test run(s) left out; 1 of 1 test run(s)"
+              " finished") if lost_first else " during test 2; 1 of 2 test run(s) finished"
     assert (f": interrupted: {signals.reason(signal.SIGTERM)}{during}"
             if recorded else ": dead: not running: last heartbeat at ") in state[1], state
 
