@@ -277,6 +277,10 @@ def node_faults(tmp_path_factory):
             "kill": (kill_dir, p_kill, launcher, kill_seconds, err_kill.read_text())}
 
 
+# --status's losses where ULFM found n2's ranks lost first and test 2 was left out for them
+N2_LOST = "with losses: rank(s) 2, 3 lost, 0 base model(s) dropped, 1 test run(s) left out; 1 of 1 test run(s) finished"
+
+
 def test_a_node_that_dies_ends_the_job_within_a_minute(node_faults):
     """n2's init is killed: its daemon and both its ranks die at once, as in a crash.
     mpirun loses the daemon's connection and ends the job, ULFM on or not: Open MPI
@@ -303,9 +307,7 @@ def test_a_node_that_dies_ends_the_job_within_a_minute(node_faults):
     if res["status"] == "complete":
         assert lost_first and [t["index"] for t in res["tests"]] == [1] and res["tests"][0]["consistency"]["passed"]
         state = _status(tmp_path / "runs")
-        assert state[0] == 6 and (": complete-with-losses: every test PASSED, with losses: rank(s) 2, 3 lost, 0 base"
-                                  " model(s) dropped, 1 test run(s) left out; 1 of 1 test run(s) finished"
-                                  in state[1]), state
+        assert state[0] == 6 and f": complete-with-losses: every test PASSED, {N2_LOST}" in state[1], state
         return
     _finished_test_intact(tmp_path, signals.reason(signal.SIGTERM) if recorded else None, None if lost_first else 2)
     deadline = time.monotonic() + 120     # a hang bound: dead once 12 stamps 0.5 s apart are missed (6 s)
@@ -314,8 +316,7 @@ def test_a_node_that_dies_ends_the_job_within_a_minute(node_faults):
     print(f"node death: mpirun exit {p.returncode}; --status {state}")
     assert state[0] == (3 if recorded else 5), state
     # test 2 left out for the lost ranks is not planned any more: --status names the losses beside "1 of 1"
-    during = ("; with losses: rank(s) 2, 3 lost, 0 base model(s) dropped, 1 test run(s) left out; 1 of 1 test run(s)"
-              " finished") if lost_first else " during test 2; 1 of 2 test run(s) finished"
+    during = f"; {N2_LOST}" if lost_first else " during test 2; 1 of 2 test run(s) finished"
     assert (f": interrupted: {signals.reason(signal.SIGTERM)}{during}"
             if recorded else ": dead: not running: last heartbeat at ") in state[1], state
 
