@@ -166,6 +166,10 @@ def _guarded(args, world, watchdog) -> int:
             say(f"error: {e}")
         world.Barrier()  # a rank exiting early makes mpirun kill rank 0 before it has spoken
         return 1
+    except elastic.Aborted as e:   # --on-fault abort before any record (the roofline): one survivor says it
+        if world.rank == 0:
+            say(f"error: {e}; no test had started, nothing written")
+        return 1
     except elastic.CoordinatorLost as e:   # outside a test (the sweep takes over inside one): one survivor says it
         if world.rank == 0:
             say(f"error: {e}; outside a test no new coordinator takes over: the run ends, its results as last"
@@ -236,6 +240,7 @@ def _run(args, world, watchdog) -> int:
     given = planning.read(world, args.dat, args.resume)
     tolerance = _agreed_tolerance(world)
     nodes = topology.discover(world)
+    world.hosts = [nodes.hosts[n] for n in nodes.node_of_rank]   # by launch rank: a loss names its hosts
     # Validate and load before TensorFlow is imported (~3 s a rank): a refused input stops
     # at once, and the loaders run no TensorFlow op, so the pinning below still works.
     plan = planning.make(world, given, nodes, watchdog)
@@ -377,10 +382,23 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
                             f" {world.origin} took over as the coordinator")
                 if cell[0]:
                     cell[0].skip(t.index, rep, why, "lost")
+    except elastic.Aborted as e:
+        _aborted(ctx, cell, plan.cfg, run_dir, e)
     except RunError as e:
         if cell[0]:
             cell[0].finish(interrupted=f"{results.ERROR_PREFIX}{e}")
         raise
+
+
+def _aborted(ctx, cell, cfg, run_dir: str, e: elastic.Aborted) -> None:
+    """--on-fault abort after an agreed loss: the run ends failed, what it lost on record
+    (a lost coordinator's successor takes its output over first); RunError on every survivor."""
+    if e.coordinator_lost:
+        _take_over(ctx, cell, cfg, run_dir, e)
+    if cell[0]:
+        cell[0].lost([elastic.entry(x) for x in ctx.world.losses])
+        cell[0].finish(interrupted=f"{results.ERROR_PREFIX}{e}")
+    raise RunError(f"{e}; recorded failed in {run_dir}/ (--status exits 4)") from None
 
 
 def _take_over(ctx, cell, cfg, run_dir: str, lost: elastic.CoordinatorLost):

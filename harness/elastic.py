@@ -8,8 +8,13 @@ survivors can agree (MPI_Comm_agree) and shrink the communicator to themselves.
 
 Per the policy (`--on-fault`, HPCAI500_ON_FAULT):
 
-* `abort`: a fault's exception reaches the driver, which ends the job (as before): MPI_Abort,
-  or where the launch has ULFM each rank's exit status 1 (harness/driver._end_job).
+* `abort`: a lost rank ends the run. Where the launch has ULFM the survivors first find it
+  as `drop` does (below: the world step that fails is agreed and the world shrunk, so the
+  lost ranks, their hosts and the step are known), then every survivor raises `Aborted`:
+  world rank 0 (or the rank that takes over from a lost one) records the run `failed` with
+  the loss, and each survivor exits with status 1 (harness/driver.py). Without ULFM the
+  launch ends the job itself at the death (MPI_Abort, or mpirun's own kill), and nothing
+  can be recorded.
 * `drop`: every world-level step of the run (the roofline's barrier and gather; in each
   test, its start, the end of the sampler's sends, staging, the start barrier of
   training, each evaluation, the end) runs through `World.step`: each rank tries the step, a rank that
@@ -32,6 +37,7 @@ ULFM must be on at launch: `launch_survives` says whether it is, from what Open 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -62,6 +68,16 @@ class StepFailed(RuntimeError):
     """A world step failed on some rank with no rank lost: an error, which ends the run."""
 
 
+class Aborted(Exception):
+    """`--on-fault abort`: ranks were lost, found at a world step (every survivor raises it
+    at once); the run ends, recorded failed with the loss. `coordinator_lost`: world rank 0
+    was among them, so the rank that now has rank 0 takes over the run's records first."""
+
+    def __init__(self, message: str, coordinator_lost: bool = False):
+        super().__init__(message)
+        self.coordinator_lost = coordinator_lost
+
+
 class AllLost(Exception):
     """Every base model of a test lost a rank: the test has no result (every survivor raises it)."""
 
@@ -73,6 +89,7 @@ class Loss:
     phase: str                  # the step that found them (e.g. "test 1: the evaluation after epoch 2")
     seconds: float              # s since the start of the invocation (each survivor's own clock)
     time: float = 0.0           # s since the epoch (time.time()) when the survivors had shrunk the world
+    hosts: tuple[str, ...] = ()  # the hosts of the ranks lost, as at launch (World.hosts; () where unknown)
 
 
 def fault_classes() -> tuple[int, ...]:
@@ -170,6 +187,7 @@ class World:
         self._clock, self._t0 = clock, clock()
         self._launch = list(range(comm.size))   # launch rank of each rank of `comm`
         self.launched = comm.size               # ranks at launch
+        self.hosts: list[str] = []              # the host of each launch rank (the driver sets it; [] unknown)
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
@@ -183,11 +201,20 @@ class World:
     def lost(self) -> set[int]:
         return {r for loss in self.losses for r in loss.ranks}
 
+    @property
+    def detects(self) -> bool:
+        """Whether a lost rank is found and agreed on (the world shrunk to the survivors):
+        under `drop` and `retrain`, and under `abort` where the launch has ULFM, so that the
+        run ends recorded with what it lost (`Aborted`). Without ULFM under `abort` a step is
+        the bare call: the launch ends the job at a death, and nothing is left to agree."""
+        return self.policy != "abort" or self.ulfm
+
     def step(self, phase: str, fn):
         """fn() on every rank as one world-level step; under `drop`, redone on the
         survivors (fn reads `lost` to leave the lost base models out) until every rank of
-        the world as it then stands has succeeded."""
-        if self.policy == "abort":
+        the world as it then stands has succeeded; under `abort`, once the survivors have
+        found who was lost, `Aborted` on every survivor."""
+        if not self.detects:
             return fn()
         while True:
             ok, error = 1, None
@@ -242,15 +269,22 @@ class World:
         coordinator_lost = launch[0] != self._launch[0]   # world rank 0: the lowest launch rank left takes over
         self.comm, self._launch = new, launch
         if gone:
-            self.losses.append(Loss(gone, phase, self._clock() - self._t0, time.time()))
+            hosts = tuple(sorted({self.hosts[r] for r in gone})) if self.hosts else ()
+            self.losses.append(Loss(gone, phase, self._clock() - self._t0, time.time(), hosts))
+            if self.comm.rank == 0 and self.policy != "abort":   # abort's one line is the run's error (driver.py)
+                print(announce(self.losses[-1], self.policy, self.comm.size), file=sys.stderr, flush=True)
+        if gone and self.policy == "abort":
+            raise Aborted(f"--on-fault abort: {describe(self.losses[-1:])}; the run ends", coordinator_lost)
         if coordinator_lost:
             raise CoordinatorLost(f"world rank 0, the coordinator, was lost ({describe(self.losses[-1:])})")
         return gone
 
 
 def entry(loss: Loss) -> dict:
-    """results.json's entry for a loss of the run (fault_tolerance.losses)."""
-    return {"ranks": list(loss.ranks), "phase": loss.phase, "seconds": loss.seconds, "time": loss.time}
+    """results.json's entry for a loss of the run (fault_tolerance.losses); `hosts` from
+    results schema 2.18."""
+    return {"ranks": list(loss.ranks), "hosts": list(loss.hosts), "phase": loss.phase, "seconds": loss.seconds,
+            "time": loss.time}
 
 
 def record(loss: Loss, launch_of, nodes, jobs) -> dict:
@@ -265,13 +299,27 @@ def record(loss: Loss, launch_of, nodes, jobs) -> dict:
 
 
 def describe(losses) -> str:
-    """Losses (Loss objects or results.json's entries) in words: 'rank 3 lost, found at
-    test 1: the evaluation after epoch 2; ...'."""
+    """Losses (Loss objects or results.json's entries) in words: 'rank 3 (on n2) lost,
+    found at test 1: the evaluation after epoch 2; ...' (the hosts where known)."""
     out = []
     for loss in losses:
-        ranks, phase = (loss["ranks"], loss["phase"]) if isinstance(loss, dict) else (loss.ranks, loss.phase)
-        out.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} lost, found at {phase}")
+        ranks, phase, hosts = ((loss["ranks"], loss["phase"], loss.get("hosts") or ()) if isinstance(loss, dict)
+                               else (loss.ranks, loss.phase, loss.hosts))
+        on = f" (on {', '.join(hosts)})" if hosts else ""
+        out.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}{on} lost, found at {phase}")
     return "; ".join(out)
+
+
+# What a loss costs under each policy, as the console's line says it the moment it is agreed
+COSTS = {"drop": "the base models it touched leave the ensemble",
+         "retrain": "the base models it touched are trained again once the others finish"}
+
+
+def announce(loss: Loss, policy: str, left: int) -> str:
+    """The console's one line on a loss, printed by world rank 0 as soon as the survivors
+    have agreed on it (World._shrink): who, where, found at which step, what it costs."""
+    return (f"hpcai500: {describe([loss])}; --on-fault {policy}: {COSTS[policy]}, the run goes on with the"
+            f" {left} rank(s) left (README: When a rank dies)")
 
 
 def lines(tolerance: dict, schema: tuple[int, int] | None = None) -> list[str]:

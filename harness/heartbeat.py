@@ -17,7 +17,10 @@ concludes, for a run whose results still say `running`:
   other, as NTP keeps them).
 
 `judge` turns a run's results and heartbeat into its state, one line and the exit
-status of `--status` (EXIT): 0 only for a run that completed with every test PASSED.
+status of `--status` (EXIT): 0 only for a run that completed with every test PASSED and
+every ensemble the one the input asked for (ranks lost, but every base model they cost
+trained again, is such a run: it says what was recovered); 6 for one whose faults
+dropped base models or left test runs out.
 `--summarize`, `--verify` and `--resume` (which refuses a live run) use the same
 judgment (`status`). Pure but for `Heartbeat` (the writer), `read` and `process_alive`
 (the reader's look at the file and the process table) and `status`, which gathers them.
@@ -151,8 +154,11 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
             names = ", ".join(f"test {t.index}" + (f" rep {t.repetition}" if t.repetition else "") for t in failed)
             return State("failed", False, f"complete, but {names} failed the replica consistency check",
                          finished, planned)
-        if lost:   # every test that ran PASSED, but ranks were lost (harness/elastic.py)
+        if lost and not of_record(rec).whole:   # ranks lost, and with them base models or test runs
             return State("complete-with-losses", False, f"every test PASSED, {lost}", finished, planned)
+        if lost:   # retrain made every ensemble whole: a result as asked, its Time carrying the cost
+            return State("complete", False, f"every test PASSED and whole; recovered {lost.split(': ', 1)[1]}",
+                         finished, planned)
         return State("complete", False, "every test PASSED", finished, planned)
     if rec.status == "interrupted":
         reason = str(stop.get("reason", "no reason recorded"))
@@ -173,17 +179,42 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
     return State("running", True, f"{last}{also}", finished, planned)
 
 
+@dataclass(frozen=True)
+class Tally:
+    """What a run lost to faults (harness/elastic.py), counted over its invocations."""
+    ranks: tuple[int, ...]    # launch ranks lost (of any invocation: a resumed run's launches number alike)
+    again: int                # base models lost and trained again (--on-fault retrain): the ensemble whole
+    dropped: int              # base models dropped: every figure of their test is the others'
+    left_out: int             # test runs left out for lost ranks
+
+    @property
+    def whole(self) -> bool:
+        """Every ensemble measured is the one the input asked for: nothing dropped or left out."""
+        return not (self.dropped or self.left_out)
+
+    def __bool__(self) -> bool:
+        return bool(self.ranks or self.again or self.dropped or self.left_out)
+
+
+def tally(fault_losses: list[dict], tests: list, skipped: list[dict]) -> Tally:
+    """The run's losses (pure): `fault_losses` results.json's fault_tolerance.losses, `tests`
+    its TestResults, `skipped` its skipped entries."""
+    ranks = sorted({r for x in [*fault_losses, *(x for t in tests for x in t.losses)] for r in x["ranks"]})
+    return Tally(tuple(ranks), sum(len(t.retrained) for t in tests), sum(len(t.jobs_lost) for t in tests),
+                 sum(s.get("cause") == "lost" for s in skipped))
+
+
+def of_record(rec: results.Record) -> Tally:
+    return tally((rec.fault_tolerance or {}).get("losses", []), rec.tests, rec.skipped)
+
+
 def losses(rec: results.Record) -> str:
     """What the run lost to faults (harness/elastic.py), in words; "" for none."""
-    ranks = sorted({r for x in [*(rec.fault_tolerance or {}).get("losses", []), *(x for t in rec.tests for x in t.losses)]
-                    for r in x["ranks"]})
-    dropped = sum(len(t.jobs_lost) for t in rec.tests)
-    again = sum(len(t.retrained) for t in rec.tests)
-    left = [s for s in rec.skipped if s.get("cause") == "lost"]
-    if not (ranks or dropped or left):
+    t = of_record(rec)
+    if not t:
         return ""
-    return (f"with losses: rank(s) {', '.join(map(str, ranks)) or '?'} lost, {dropped} base model(s) dropped,"
-            + (f" {again} trained again," if again else "") + f" {len(left)} test run(s) left out")
+    return (f"with losses: rank(s) {', '.join(map(str, t.ranks)) or '?'} lost, {t.dropped} base model(s) dropped,"
+            + (f" {t.again} trained again," if t.again else "") + f" {t.left_out} test run(s) left out")
 
 
 def planned_runs(rec: results.Record) -> int | None:

@@ -406,10 +406,10 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> result
     if previous.input.get("sha256") != results.sha256(cfg.text):
         raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
                        f"(SHA-256 differs); resume with the same file, or start a new run")
-    if previous.settings != values:
-        raise RunError(f"--resume {run_dir}: the HPCAI500_* settings differ from that run's "
-                       f"({previous.settings} there, {values} now); resume with the same "
-                       "settings, or start a new run")
+    differ = settings.resume_differences(previous.settings, values)
+    if differ:
+        raise RunError(f"--resume {run_dir}: found {'; '.join(differ)}, expected the settings that run's finished"
+                       " tests had: resume with them, or start a new run")
     if len(previous.tests) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
     state = heartbeat.status(run_dir, previous)

@@ -87,7 +87,8 @@ def row(t: results.TestResult, repetitions: int = 1, invocations: int = 1, schem
         f"Base models : {t.quality_name} min {min(base):.4f}  mean {mean_base:.4f}  max {max(base):.4f} ; {gain}",
         f"Quality     : target {t.target_quality:.4f}, n {t.penalty_n:g}, penalty {t.penalty:.4f} ;"
         f" {t.aggregation} of {t.M - len(t.jobs_lost)} model(s) on {t.val_samples} samples",
-        *([losses_line(t)] if t.losses or t.jobs_lost else []),
+        *([losses_line(t, results.minor(schema))] if t.losses or t.jobs_lost else []),
+        *([world_line(t)] if t.launch_ranks is not None and results.minor(schema) >= LOSS_COSTS else []),
         f"Work        : {t.samples_trained} samples trained, {t.total_flops:.4e} FLOPs ;"
         f" resample {t.sampler_seconds:.2f} s",
         f"Solution    : time to solution {t.time_to_solution:.2f} s = staging "
@@ -111,8 +112,19 @@ def row(t: results.TestResult, repetitions: int = 1, invocations: int = 1, schem
     return "\n".join(lines) + "\n"
 
 
-def losses_line(t: results.TestResult) -> str:
-    """Ranks lost during the test (harness/elastic.py) and the base models they cost."""
+def earlier_losses(previous: results.Record) -> list[dict]:
+    """The losses of a run's invocations so far (fault_tolerance.losses), each marked with the
+    invocation that had it: 0 the first, k after the k-th --resume (as TestResult.invocation)."""
+    k = len(previous.resumed)
+    return [{**x, "invocation": x.get("invocation", k)} for x in (previous.fault_tolerance or {}).get("losses", [])]
+
+
+LOSS_COSTS = (2, 18)   # from this results schema on, the report says what faults cost (losses_line, world_line, footer)
+
+
+def losses_line(t: results.TestResult, version: tuple[int, int] = results.minor(results.SCHEMA)) -> str:
+    """Ranks lost during the test (harness/elastic.py), the base models they cost, and (from
+    results schema 2.18, `version`) what that cost the test's figures."""
     kept = t.M - len(t.jobs_lost)
     where = "; ".join(f"{'rank' if len(x['ranks']) == 1 else 'ranks'} {', '.join(map(str, x['ranks']))}"
                       f" on {', '.join(x['hosts']) or '?'} found lost at {x['phase']}" for x in t.losses)
@@ -120,8 +132,31 @@ def losses_line(t: results.TestResult) -> str:
                       for r in t.retrained)
     cost = (f"job(s) {', '.join(map(str, t.jobs_lost))} dropped: every figure is the {kept} left's"
             if t.jobs_lost else "" if again else "no base model lost: the losses came after the last evaluation")
+    if version >= LOSS_COSTS:
+        cost = "".join(f" ; {x}" for x in (cost, fault_cost(t)) if x)[3:]
     return (f"Losses      : {kept} of {t.M} base models trained ; {where}"
             + "".join(f" ; {x}" for x in (again, cost) if x))
+
+
+def fault_cost(t: results.TestResult) -> str:
+    """What the test's faults cost its figures: under retrain the waves' share of the time to
+    solution (the wall from the first pass's last evaluation to the last wave's), under drop
+    that Time is the survivors' alone. "" where no base model was lost."""
+    if t.retrained:
+        first = max(p["seconds"] for p in t.evaluations if not p.get("wave"))
+        waves = t.evaluations[-1]["seconds"] - first
+        return (f"the retraining waves took {waves:.2f} s of the time to solution {t.time_to_solution:.2f} s"
+                f" ({t.time_to_solution - waves:.2f} s without them), Time {t.train_seconds:.2f} s sums every pass")
+    if t.jobs_lost:
+        return ("Time is the survivors' alone: a fault-free run's is not comparable, and can be longer where the lost"
+                " ranks shared cores with them (theirs from the loss on)")
+    return ""
+
+
+def world_line(t: results.TestResult) -> str:
+    """A test laid out on the world that ranks lost before it left (results schema 2.18 on)."""
+    return (f"World       : the {len(t.launch_ranks)} rank(s) left after ranks were lost before this test (launch"
+            f" ranks {topology.ranges(t.launch_ranks)}): laid out anew on them (--on-fault)")
 
 
 def ttq_line(t: results.TestResult) -> str:
@@ -217,19 +252,26 @@ def skipped_entry(entry: dict, repetitions: int) -> str:
 
 
 def footer(tests: list[results.TestResult], skipped: list[dict], summary: list[str],
-           interrupted: bool = False) -> str:
+           interrupted: bool = False, fault_losses: list[dict] = (), schema: str = results.SCHEMA) -> str:
     """The counts, then `summary` (summary_lines: scaling and the paper's experiments).
     `skipped`: results.Record.skipped; each counted under its cause, a line a cause
     (results.SKIP_CAUSES; "ranks" always, as every report has said it; a record of schema
-    2.7 or before has no cause: then every skip was a layout larger than the run)."""
+    2.7 or before has no cause: then every skip was a layout larger than the run).
+    From results schema 2.18 (`schema`) a run that lost ranks (`fault_losses`: its
+    fault_tolerance.losses) counts them, and the base models trained again and dropped."""
     passed = sum(t.consistency["passed"] for t in tests)
     closed = sum(t.division == "closed" for t in tests)
     causes = Counter(s.get("cause", "ranks") for s in skipped)
+    lost = heartbeat.tally(list(fault_losses), tests, skipped)
+    faults = ([f"         {len(lost.ranks):6d} ranks lost to faults: {lost.again} base models trained again,"
+               f" {lost.dropped} dropped (see the Losses lines)."]
+              if lost and results.minor(schema) >= LOSS_COSTS else [])
     lines = ["", f"Finished {len(tests):6d} tests with the following results:",
              f"         {passed:6d} tests completed and passed consistency checks,",
              f"         {len(tests) - passed:6d} tests completed and failed consistency checks,",
              *[f"         {causes[cause]:6d} tests skipped because {why}."
                for cause, why in results.SKIP_CAUSES.items() if cause == "ranks" or causes[cause]],
+             *faults,
              f"         {closed:6d} tests closed (ranking results), {len(tests) - closed} open (see their Division"
              " lines).", THIN,
              *summary, "End of Tests." if not interrupted else "Tests interrupted.", RULE]
@@ -296,20 +338,27 @@ def summarize(paths: list[str]) -> str:
     runs = [(d, results.load_run(d)) for p in paths for d in heartbeat.run_folders(p)]
     tests = [t for _, res in runs for t in res.tests]
     tv, wl = max([10, *(len(t.tv) for t in tests)]), max([7, *(len(t.workload) for t in tests)])
-    head = (f"{'run':<24} {'T/V':<{tv}} {'WL':<{wl}} {'M':>4} {'P':>4} {'B':>5} {'Time':>9} {'TTS':>9} {'TTQ':>9}"
+    m = max([4, *(len(models(t)) for t in tests)])
+    head = (f"{'run':<24} {'T/V':<{tv}} {'WL':<{wl}} {'M':>{m}} {'P':>4} {'B':>5} {'Time':>9} {'TTS':>9} {'TTQ':>9}"
             f" {'Tflops':>11} {'VTflops':>10} {'Quality':>8} Check")
-    lines = [RULE, head, "TTS = time to solution: staging + training + evaluations",
+    lines = [RULE, head, "M = base models in the ensemble measured ('3/4': 3 of the 4 asked for, the others lost to"
+                         " faults and dropped)", "TTS = time to solution: staging + training + evaluations",
              "TTQ = time to quality: training and evaluations until the target (- = not reached)", THIN]
     for d, res in runs:
         name = os.path.basename(os.path.normpath(d))
         for t in res.tests:
             check = "PASSED" if t.consistency["passed"] else "FAILED"
-            lines.append(f"{name:<24} {t.tv:<{tv}} {t.workload:<{wl}} {t.M:>4} {t.P:>4} {t.B:>5} "
+            lines.append(f"{name:<24} {t.tv:<{tv}} {t.workload:<{wl}} {models(t):>{m}} {t.P:>4} {t.B:>5} "
                          f"{t.train_seconds:>9.2f} {t.time_to_solution:>9.2f} {_ttq(t):>9}"
                          f" {t.flops / 1e12:>11.4e} {t.vflops / 1e12:>10.3e} "
                          f"{t.quality:>8.4f} {check}")
         lines.append(f"{name:<24} {heartbeat.status(d, res).line()}")   # a dead run is not taken for a live one
     return "\n".join(lines + [RULE]) + "\n"
+
+
+def models(t: results.TestResult) -> str:
+    """--summarize's M: the base models measured, 'kept/M' where faults dropped some."""
+    return f"{t.M - len(t.jobs_lost)}/{t.M}" if t.jobs_lost else str(t.M)
 
 
 def pipeline_lines(t: results.TestResult) -> list[str]:
@@ -440,10 +489,15 @@ class Output:
         self._emit(header(record.hpcai500, record.tv_legend, params, record.conventions))
         for s in record.skipped:
             self._emit(skipped_line(s["index"], s["reason"]) + "\n")
+        # the losses of the invocations before a --resume, each marked with its invocation (0: the
+        # first): kept in front of this one's (`lost`), so a resumed run keeps the record of a fault
+        self.earlier_losses = earlier_losses(previous) if previous else []
         if previous:
             record.tests.extend(previous.tests)
             record.repeats.extend(previous.repeats)
             record.resumed = previous.resumed + [time.strftime("%Y-%m-%dT%H:%M:%S")]
+            if self.earlier_losses and record.fault_tolerance is not None:
+                record.fault_tolerance = {**record.fault_tolerance, "losses": self.earlier_losses}
             for r in record.tests:
                 self._emit(row(r, cfg.repetitions, len(record.resumed) + 1))
         self._save()
@@ -458,6 +512,8 @@ class Output:
         with open(os.path.join(run_dir, "report.txt")) as f:
             self.text = f.read()
         self.current, self.lock = None, threading.RLock()
+        self.earlier_losses = [x for x in (self.record.fault_tolerance or {}).get("losses", [])
+                               if x.get("invocation", len(self.record.resumed)) < len(self.record.resumed)]
         return self
 
     def begin(self, index: int, rep: int) -> None:
@@ -467,7 +523,7 @@ class Output:
         """Every loss of ranks so far (elastic.entry), the roofline's and a lost coordinator's
         too, which no test's `losses` holds."""
         with self.lock:
-            self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": losses}
+            self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": self.earlier_losses + losses}
             self._save()
 
     def skip(self, index: int, rep: int, reason: str, cause: str) -> None:
@@ -513,7 +569,8 @@ class Output:
                 self._emit(f"\nInterrupted: {interrupted}" +
                            (f" during test {test}; its result is lost, the finished tests' stand.\n"
                             if test else ".\n"))
-            self._emit(footer(rec.tests, rec.skipped, summary_lines(rec.tests, rec.repeats), bool(interrupted)))
+            self._emit(footer(rec.tests, rec.skipped, summary_lines(rec.tests, rec.repeats), bool(interrupted),
+                              (rec.fault_tolerance or {}).get("losses", [])))
             self._save()     # the figures first: on a signal, the launcher may kill us any moment
             self._charts()
             self._save()

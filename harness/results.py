@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.16"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.18"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -58,6 +58,12 @@ SCHEMA = "2.16"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   cast or quantised by line 21's DDP hook before, where its Exchange said none)
                  # 2.16: TensorFlow's conventions state, for a deepcam input, where its DeepLabv3+ skips
                  #   the padding taps of a dilated convolution that the FLOP count credits
+                 # 2.18: what faults cost: fault_tolerance.losses[] name their hosts (and, in a resumed run,
+                 #   the invocation that had them: a --resume keeps the earlier losses); --on-fault abort
+                 #   under ULFM records the run failed with its loss; the report's Losses line says what
+                 #   the loss cost (retrain's waves' seconds, drop's survivors' Time), a test laid out on a
+                 #   shrunk world has a World line, and the footer counts the ranks lost, the base models
+                 #   trained again and dropped
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of

@@ -10,9 +10,11 @@ lost rank (harness/elastic.py) under `--on-fault drop` or `retrain` costs the ba
 the world-level steps of a test (the end of the sampler's sends, staging, the start
 barrier of training, each evaluation, the end) run through `World.step`, which shrinks
 the world to the survivors and redoes the step without the lost jobs, whose surviving
-ranks follow as idle ranks do. Any other failure (or any fault under `abort`, or one
-outside those steps) ends the job through the driver (_end_job: MPI_Abort, or under ULFM
-each rank's exit status 1), so no rank is left waiting. Under `retrain` the test then
+ranks follow as idle ranks do. Under `abort` with ULFM a loss is found the same way, and
+the world step that finds it raises `elastic.Aborted` on every survivor: the driver records
+the run failed with the loss. Any other failure (or a fault without ULFM, or one outside
+those steps) ends the job through the driver (_end_job: MPI_Abort, or under ULFM each
+rank's exit status 1), so no rank is left waiting. Under `retrain` the test then
 goes on in waves that train its lost base models again on the survivors (_waves), each
 wave a pass of the same steps (_pass), and its figures are over every pass (measure).
 """
@@ -167,7 +169,7 @@ def _pass(ctx: Context, planned, data, watchdog, rep: int, after=None, wave: int
                 f" ({elastic.describe(world.losses[losses_before:])})"), None)
         else:
             record = _base_model(part, copy, evaluation)
-    except elastic.CoordinatorLost:   # the test is lost: its node's copy goes now
+    except (elastic.CoordinatorLost, elastic.Aborted):   # the test is lost: its node's copy goes now
         staging.cleanup(copy, cfg.staging_keep)
         raise
     if cfg.staging != "none":
@@ -256,9 +258,9 @@ def _resample(part: Part):
         fault.point(world.origin, "sampler", t.index)
         indices = sampler.distribute(world, [list(j) for j in layout.jobs], part.data.n_train, ctx.cfg.sampler,
                                      part.seed, part.comm, part.job, wait=watchdog.wait,
-                                     passed=elastic.is_fault if world.policy != "abort" else sampler.never)
+                                     passed=elastic.is_fault if world.detects else sampler.never)
     except Exception as e:  # noqa: BLE001 - a job's error is a fault only if the world step below loses its rank
-        if world.policy == "abort" or part.comm is None or not elastic.is_mpi_error(e):
+        if not world.detects or part.comm is None or not elastic.is_mpi_error(e):
             raise
         part.comm.Revoke()   # the job's other ranks, still in its broadcast, learn it at once
         seen = e
@@ -310,7 +312,7 @@ def _stage(part: Part):
 
     try:
         world.step(f"{part.head}: staging", attempt)
-    except (RunError, elastic.CoordinatorLost):
+    except (RunError, elastic.CoordinatorLost, elastic.Aborted):
         staging.cleanup(copy, keep=False)
         if part.comm is not None:
             part.comm.Free()
@@ -354,12 +356,12 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
                        hooks=_Hooks(part, world.rank == 0, evaluation),
                        on_step=_on_step(watchdog, fault.injector(world.origin)), evaluate=evaluate,
                        eval_every=cfg.eval_every)
-    except elastic.CoordinatorLost:   # the whole test is lost (harness/driver.py): leave without a collective
+    except (elastic.CoordinatorLost, elastic.Aborted):   # the whole test is lost (harness/driver.py): leave without a collective
         if fw is not None:
             fw.abandon()
         raise
     except Exception as e:  # noqa: BLE001 - a lost partner shows as the framework's own error
-        if world.policy == "abort" or not (isinstance(e, elastic.Lost) or elastic.job_failed(part.comm)):
+        if not world.detects or not (isinstance(e, elastic.Lost) or elastic.job_failed(part.comm)):
             raise
         return _abandoned(part, fw, copy, evaluation, e, probe)
     record = RankRecord(part.rank, job, staging=_staged(copy), eval_seconds=evaluate.seconds, seconds=res.seconds,
@@ -385,10 +387,11 @@ def _abandoned(part: Part, fw, copy, evaluation, error: Exception, probe) -> Ran
                                                            "failed"))), said[0])[:200]
     part.watchdog.beat(f"test {t.index}: base model {job} lost a rank, following")
     policy = part.ctx.world.policy
+    cost = {"abort": "the run ends at the next step every rank takes part in",
+            "drop": "it leaves the ensemble", "retrain": "it leaves the ensemble: a wave trains it again once the"
+                                                        " others finish"}[policy]
     print(f"hpcai500: rank {part.ctx.world.origin}: {part.head}: base model {job} lost a rank"
-          f" ({type(error).__name__}: {seen}); it leaves the ensemble (--on-fault {policy}"
-          f"{': a wave trains it again once the others finish' if policy == 'retrain' else ''})",
-          file=sys.stderr, flush=True)
+          f" ({type(error).__name__}: {seen}); {cost} (--on-fault {policy})", file=sys.stderr, flush=True)
     if fw is not None:
         fw.abandon()
     if probe is None:

@@ -81,6 +81,21 @@ def _one_of(*names: str):
     return parse
 
 
+def resume_differences(there: dict, now: dict) -> list[str]:
+    """What a --resume may not change: the settings in force (`now`, as `read` gives them)
+    against the run's (`there`), one phrase each, naming the option that sets it; those that
+    change no finished test's figures (not `figures`, or `per_invocation`) may differ."""
+    out = []
+    for name in sorted(set(there) | set(now)):
+        s = TABLE.get(name)
+        if there.get(name) == now.get(name) or (s and (not s.figures or s.per_invocation)):
+            continue
+        said = lambda v: "unset" if v is None else f"{name}={v}"   # noqa: E731
+        out.append(f"{said(there.get(name))} there, {said(now.get(name))} now"
+                   + (f" ({s.flag} sets it)" if s and s.flag else ""))
+    return out
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise ValueError("a non-empty text")
@@ -117,6 +132,9 @@ class Setting:
     affects: str
     test_only: bool = False          # a ranking (closed) result must leave it unset
     figures: bool = True             # it can change a reported figure
+    flag: str = ""                   # the command-line option that sets it ("": none)
+    per_invocation: bool = False     # a --resume may change it: it changes no finished test's figures (each test
+    #                                  records what its own faults cost), only what a fault costs from now on
 
 
 TABLE = {s.name: s for s in (
@@ -146,8 +164,9 @@ TABLE = {s.name: s for s in (
     Setting("HPCAI500_FAULT", _fault, None, "fault injection for the reliability tests", test_only=True),
     Setting("HPCAI500_ON_FAULT", _one_of(*elastic.POLICIES), elastic.DEFAULT,
             "what a lost rank costs: abort the run, drop the base models it touched, or retrain them on the"
-            " survivors (set by --on-fault)"),
-    Setting("HPCAI500_WATCHDOG", _seconds, 1800.0, "watchdog limit, s (read by the command line)", figures=False),
+            " survivors (set by --on-fault)", flag="--on-fault", per_invocation=True),
+    Setting("HPCAI500_WATCHDOG", _seconds, 1800.0, "watchdog limit, s (read by the command line)", figures=False,
+            flag="--watchdog"),
     Setting("HPCAI500_HEARTBEAT", _positive_seconds, 5.0,
             "s between world rank 0's stamps of the run folder's heartbeat (a reader on another node calls the run"
             " dead after 12 missed)", figures=False),

@@ -592,7 +592,8 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     if status in ("complete", "interrupted"):
         segs.append(("footer", report.footer(tests, res.skipped,
                                              report.summary_lines(tests, res.repeats, res.schema),
-                                             status == "interrupted"), False))
+                                             status == "interrupted",
+                                             (res.fault_tolerance or {}).get("losses", []), res.schema), False))
     return segs
 
 
@@ -702,18 +703,24 @@ def _show(v) -> str:
     return str(v)
 
 
-def outcome(checks: list[Check], status: str) -> str:
+def outcome(checks: list[Check], status: str, whole: bool = True) -> str:
     """EXIT's key for checks of a run whose results.json says `status`: a failed check
-    FAILED; else a run that is not `complete` INCOMPLETE: what it finished verifies, but a
-    submitter must not take it for a whole result."""
-    return "FAILED" if not all(c.ok for c in checks) else "PASSED" if status == "complete" else "INCOMPLETE"
+    FAILED; else a run that is not `complete`, or whose faults dropped base models or left
+    test runs out (`whole` False: heartbeat.Tally.whole), INCOMPLETE: what it finished
+    verifies, but a submitter must not take it for a whole result. As --status's exit: 0
+    for both or neither."""
+    return ("FAILED" if not all(c.ok for c in checks) else "PASSED" if status == "complete" and whole
+            else "INCOMPLETE")
 
 
-def incomplete_line(status: str) -> str | None:
+def incomplete_line(status: str, whole: bool = True) -> str | None:
     """Why the checks do not make a result, for a run whose results.json says `status`
-    (None: complete). The state and the counts are the summary line's (heartbeat.State)."""
-    return None if status == "complete" else (f"Incomplete run: results.json says `{status}`, not `complete`:"
-                                              " the checks cover its finished test runs only; not a result to submit")
+    (None: complete and whole). The state and the counts are the summary line's (heartbeat.State)."""
+    if status != "complete":
+        return (f"Incomplete run: results.json says `{status}`, not `complete`: the checks cover its finished test"
+                " runs only; not a result to submit")
+    return None if whole else ("Incomplete result: faults dropped base models or left test runs out (--on-fault"
+                               " drop): its ensembles are not the ones the input asked for; not a result to submit")
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -728,12 +735,13 @@ def main(run_dir: str, out=None) -> int:
         return 1
     for c in checks:
         print(c.line(), file=out)
-    incomplete = incomplete_line(run.res.status)
+    whole = heartbeat.of_record(run.res).whole
+    incomplete = incomplete_line(run.res.status, whole)
     if incomplete:
         print(incomplete, file=out)
     failed = sum(not c.ok for c in checks)
     state = heartbeat.status(run_dir, run.res)   # a `running` run: live, or dead with its status left so
-    verdict = outcome(checks, run.res.status)
+    verdict = outcome(checks, run.res.status, whole)
     print(f"Verified {run_dir} ({state.line()}): {len(checks)}"
           f" checks, {len(checks) - failed} passed, {failed} failed ...... {verdict}", file=out, flush=True)
     return EXIT[verdict]

@@ -318,6 +318,27 @@ def test_resume_refuses_other_settings(tmp_path):
     record = results.Record("x", str(tmp_path), {"sha256": results.sha256(cfg.text)}, {},
                             {"HPCAI500_IC_WIDTH": "8"}, {}, [], {})
     (tmp_path / "results.json").write_text(json.dumps(record.json()))
-    with pytest.raises(RunError, match=r"the HPCAI500_\* settings differ from that run's"):
+    with pytest.raises(RunError) as e:
         plan.resumed(str(tmp_path), cfg, 3, {})
+    assert str(e.value) == (f"--resume {tmp_path}: found HPCAI500_IC_WIDTH=8 there, unset now, expected the settings"
+                            " that run's finished tests had: resume with them, or start a new run")
     assert plan.resumed(str(tmp_path), cfg, 3, {"HPCAI500_IC_WIDTH": "8"}).settings == {"HPCAI500_IC_WIDTH": "8"}
+
+
+def test_resume_may_change_what_a_fault_costs_and_names_the_option_of_a_setting(tmp_path):
+    """Issue 66: a run under --on-fault abort resumes plainly (the policy changes no finished
+    test's figures; each test records what its own faults cost); a setting that an option
+    sets is named with the option, not as a Python dict."""
+    import json
+
+    from harness import results
+    cfg = dat.parse_text(dat_text(), "x.dat")
+    record = results.Record("x", str(tmp_path), {"sha256": results.sha256(cfg.text)}, {},
+                            {"HPCAI500_ON_FAULT": "abort", "HPCAI500_WATCHDOG": "60"}, {}, [], {}, status="interrupted")
+    (tmp_path / "results.json").write_text(json.dumps(record.json()))
+    assert plan.resumed(str(tmp_path), cfg, 3, {}).settings["HPCAI500_ON_FAULT"] == "abort"
+    assert plan.resumed(str(tmp_path), cfg, 3, {"HPCAI500_ON_FAULT": "drop"}) is not None
+    from harness import settings
+    assert settings.resume_differences({"HPCAI500_FAULT": "1:3"}, {"HPCAI500_FAULT": "1:4"}) == [
+        "HPCAI500_FAULT=1:3 there, HPCAI500_FAULT=1:4 now"]
+    assert settings.resume_differences({}, {"HPCAI500_ON_FAULT": "drop", "HPCAI500_HEARTBEAT": "2"}) == []
