@@ -426,13 +426,14 @@ def _rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} under process {launcher}")
 
 
-def _killed_from_outside(tmp_path, framework):
+def _killed_from_outside(tmp_path, framework, policy="drop", **lines):
     """The run below with world rank 3 SIGKILLed by pid from outside, as the OOM killer or an
     operator does, while job 1 trains its first epoch (slowed from step 5: 0.25 s a step);
     job 0, not slowed, has said its epoch 1 by then."""
-    p = mpirun_started(tmp_path, 4, ["--on-fault", "drop"], {"HPCAI500_FAULT": "3:5:slow"}, l9=3, l10="2 1 4",
-                       l11="2 2 1", l15=3, l30=0, l35=framework)
-    mpirun_says(p, tmp_path, "test 1/3 " + framework + " M=2 P=2 B=32 : epoch 1/3")
+    lines = {"l9": 3, "l10": "2 1 4", "l11": "2 2 1", **lines}
+    p = mpirun_started(tmp_path, 4, ["--on-fault", policy], {"HPCAI500_FAULT": "3:5:slow"}, l15=3, l30=0,
+                       l35=framework, **lines)
+    mpirun_says(p, tmp_path, f"test 1/{lines['l9']} " + framework + " M=2 P=2 B=32 : epoch 1/3")
     os.kill(_rank_pid(p.pid, 3), signal.SIGKILL)
     return mpirun_ended(p, tmp_path)
 
@@ -565,6 +566,27 @@ def test_retrain_trains_the_lost_base_models_again_in_waves_and_the_ensemble_is_
     code, line = _cli("--status", run)   # whole: a result as asked for, so the batch system sees success (issue 66)
     assert code == 0 and "complete: every test PASSED and whole; recovered rank(s) 1, 2, 3 lost, 0 base model(s)" \
         " dropped, 3 trained again" in line, line
+    code, out = _cli("--verify", run)
+    assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
+
+
+def test_a_rank_killed_from_outside_under_retrain_leaves_a_whole_run_status_0(tmp_path):
+    """Issue 66: one test, 2 x 2, world rank 3 SIGKILLed from outside in training under the
+    default policy: the console names the loss as it is agreed, wave 1 trains job 1 again,
+    and --status and --verify both exit 0 (the batch system sees a good job), the line
+    saying what was recovered; the footer counts it."""
+    p = _killed_from_outside(tmp_path, "pytorch", "retrain", l9=1, l10=2, l11=2)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (f"hpcai500: rank 3 (on {HOST}) lost, found at test 1: the evaluation after epoch 1; --on-fault retrain:"
+            " the base models it touched are trained again once the others finish") in p.stderr, p.stderr[-3000:]
+    report = report_of(tmp_path / "runs")
+    assert "              1 ranks lost to faults: 1 base models trained again, 0 dropped" in report
+    assert "; the retraining waves took " in report
+    run = _run_folder(tmp_path)
+    code, line = _cli("--status", run)
+    assert code == 0 and line.endswith(": complete: every test PASSED and whole; recovered rank(s) 3 lost, 0 base"
+                                       " model(s) dropped, 1 trained again, 0 test run(s) left out; 1 of 1 test"
+                                       " run(s) finished\n"), line
     code, out = _cli("--verify", run)
     assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
 
