@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.16"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.17"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -58,6 +58,11 @@ SCHEMA = "2.16"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   cast or quantised by line 21's DDP hook before, where its Exchange said none)
                  # 2.16: TensorFlow's conventions state, for a deepcam input, where its DeepLabv3+ skips
                  #   the padding taps of a dilated convolution that the FLOP count credits
+                 # 2.17: TestResult.data_facts (the data read as the division judges it: the harness's
+                 #   marker, sample counts, the workload's other published facts; harness/division.py);
+                 #   the conventions hold each workload's `<workload>: data facts ...` line; a path to
+                 #   data hpcai500 wrote, or to a set whose facts are not the published set's, is open.
+                 #   A file of < 2.17 lacks them: None, its division judged without them
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -186,6 +191,10 @@ class TestResult:
     retrained: list = field(default_factory=list)  # --on-fault retrain: each lost base model trained again, in job
     #                                 order: job, wave (1, 2, ...), ranks (launch ranks of its wave's job, root
     #                                 first); its figures are in the per-model lists at its place, from that wave
+    data_facts: dict | None = None    # the data read, as the division's data rule judges it (the workload's
+    #                                 data_facts): marker (path of the harness's marker file: hpcai500 wrote the
+    #                                 data; None: none), train_samples, val_samples (samples), and each fact its
+    #                                 PUBLISHED states (ic: classes; ewa: images_per_file); None: a file of < 2.17
 
 
 @dataclass
