@@ -33,6 +33,7 @@ from harness.workloads import extreme_weather as ew
 FORMAT_VERSION = 4          # part of the cache directory's name: bump when the generator changes
 # 3: a directory is complete once it exists (renamed into place whole), no `done` marker:
 # a half-written v2 directory of a killed writer must not be taken for a complete one
+# (hpcai500-ewa.json, written inside before the rename, says who wrote it, not that it is whole)
 # 4: a witness object in each file's first image makes the box order detectable
 YEARS = 5                   # files of a set; the last is the validation set
 MAX_BOXES = 3               # objects an image, at most (G of the boxes dataset)
