@@ -30,8 +30,8 @@ import numpy as np
 
 from harness.errors import RunError, crash, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import (dat, elastic, fault, frameworks, heartbeat, report, results, run, settings, signals, telemetry,
-                     topology, verify, workloads)
+from harness import (dat, division, elastic, fault, frameworks, heartbeat, report, results, run, settings, signals,
+                     telemetry, topology, verify, workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
@@ -478,6 +478,7 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance
     """Rank 0's writer of the report and results.json, with the run's conventions."""
     notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
     notes += [f"{w}: {line}" for w in cfg.workloads for line in workloads.get(w).describe_data(plan.datas[w])]
+    notes += [f"{w}: {division.facts_line(plan.facts[w])}" for w in cfg.workloads]   # as each test's data_facts
     placement = telemetry.node_lines(environment["node_inventory"]) + topology.sharing(nodes)
     record = results.Record(
         hpcai500=VERSION, run_dir=run_dir, input={"path": cfg.path, "sha256": results.sha256(cfg.text), "text": cfg.text},

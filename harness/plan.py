@@ -26,7 +26,7 @@ MPI at the edges only (`make`); the checks themselves are plain functions.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from harness import (communication, dat, division, files, frameworks, heartbeat, parallelism, results, settings, staging,
                      topology, workloads)
@@ -42,6 +42,7 @@ class Planned:
     division: str = "open"                  # closed | open (harness/division.py)
     open_reasons: tuple[str, ...] = ()
     model_deviations: tuple[str, ...] = ()  # the model built vs the workload's reference (describe_model)
+    data_facts: dict | None = None          # the data read, as the division judges it (the workload's data_facts)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Plan:
     nodes: topology.Nodes
     datas: dict                              # workload name -> its data, as the tests read it
     previous: dict | None                    # rank 0: results.json of the run resumed
+    facts: dict = field(default_factory=dict)   # workload name -> its data_facts (rank 0's, on all)
 
     @property
     def n_tests(self) -> int:
@@ -116,9 +118,12 @@ def make(world, given: Input, nodes: topology.Nodes, watchdog) -> Plan:
     watchdog.beat("data loading")
     datas = load(world, cfg, watchdog.wait)
     planned, skipped = batches(cfg, planned, skipped, datas)
-    planned = tuple(judged(cfg, p, datas[p.test.workload], given.settings) for p in planned)
+    # rank 0's facts on every rank: the division (MLLOG's, on each job's root) is one verdict
+    facts = world.bcast({name: workloads.get(name).data_facts(data) for name, data in datas.items()}
+                        if world.rank == 0 else None, root=0)
+    planned = tuple(judged(cfg, p, datas[p.test.workload], given.settings, facts[p.test.workload]) for p in planned)
     runs = tuple((p, rep) for p in planned for rep in range(cfg.repetitions) if (p.test.index, rep) not in given.done)
-    return Plan(cfg, given.settings, planned, skipped, runs, nodes, datas, given.previous)
+    return Plan(cfg, given.settings, planned, skipped, runs, nodes, datas, given.previous, facts)
 
 
 def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_rank) -> tuple[tuple, tuple]:
@@ -321,17 +326,17 @@ def load(world, cfg: dat.Config, wait) -> dict:
     return datas
 
 
-def judged(cfg: dat.Config, p: Planned, data, values: dict) -> Planned:
-    """The test with its division: closed (a ranking result) or open, with the reasons."""
-
+def judged(cfg: dat.Config, p: Planned, data, values: dict, facts: dict) -> Planned:
+    """The test with its division: closed (a ranking result) or open, with the reasons.
+    `facts`: its workload's data_facts of `data` (what results.json records, --verify's)."""
     wl = workloads.get(p.test.workload)
     deviations = tuple(wl.describe_model(data)[1])
     verdict, reasons = division.judge(
         workload=p.test.workload, dataset_kind=cfg.dataset.kind,
         deviations=list(deviations), test_only=settings.test_only(values),
         target=cfg.target_quality, default_target=wl.TARGET_QUALITY, n=cfg.penalty_n, default_n=wl.PENALTY_N,
-        repetitions=cfg.repetitions)
-    return replace(p, division=verdict, open_reasons=tuple(reasons), model_deviations=deviations)
+        repetitions=cfg.repetitions, data_facts=facts, published=wl.PUBLISHED)
+    return replace(p, division=verdict, open_reasons=tuple(reasons), model_deviations=deviations, data_facts=facts)
 
 
 def check_allreduce(cfg: dat.Config) -> None:
@@ -437,6 +442,8 @@ def describe(plan: Plan, world_size: int) -> list[str]:
     for name, data in plan.datas.items():
         lines.append(f"data {name}: {data.source}, {data.n_train} training / {data.n_val} validation samples")
         lines += [f"  {line}" for line in workloads.get(name).describe_data(data)]
+        if name in plan.facts:
+            lines.append(f"  {division.facts_line(plan.facts[name])}")
     for p in plan.tests:
         t, layout = p.test, p.layout
         lines.append(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")

@@ -58,6 +58,11 @@ SCHEMA = "2.18"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   cast or quantised by line 21's DDP hook before, where its Exchange said none)
                  # 2.16: TensorFlow's conventions state, for a deepcam input, where its DeepLabv3+ skips
                  #   the padding taps of a dilated convolution that the FLOP count credits
+                 # 2.17: TestResult.data_facts (the data read as the division judges it: the harness's
+                 #   marker, sample counts, the workload's other published facts; harness/division.py);
+                 #   the conventions hold each workload's `<workload>: data facts ...` line; a path to
+                 #   data hpcai500 wrote, or to a set whose facts are not the published set's, is open.
+                 #   A file of < 2.17 lacks them: None, its division judged without them
                  # 2.18: what faults cost: fault_tolerance.losses[] name their hosts (and, in a resumed run,
                  #   the invocation that had them: a --resume keeps the earlier losses); --on-fault abort
                  #   under ULFM records the run failed with its loss; the report's Losses line says what
@@ -192,6 +197,10 @@ class TestResult:
     retrained: list = field(default_factory=list)  # --on-fault retrain: each lost base model trained again, in job
     #                                 order: job, wave (1, 2, ...), ranks (launch ranks of its wave's job, root
     #                                 first); its figures are in the per-model lists at its place, from that wave
+    data_facts: dict | None = None    # the data read, as the division's data rule judges it (the workload's
+    #                                 data_facts): marker (path of the harness's marker file: hpcai500 wrote the
+    #                                 data; None: none), train_samples, val_samples (samples), and each fact its
+    #                                 PUBLISHED states (ic: classes; ewa: images_per_file); None: a file of < 2.17
 
 
 @dataclass

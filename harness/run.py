@@ -633,7 +633,7 @@ def measure(passes: list[Pass]) -> TestResult:
         stop_at_target=cfg.stop_at_target, jobs=[list(j) for j in layout.jobs], idle_ranks=list(layout.idle),
         warnings=list(planned.warnings) + [w for w in [metrics.short_span(seconds)] if w]
         + telemetry.other_load_warnings(others),
-        data=data.source, train_samples=data.n_train, val_samples=int(data.n_val),
+        data=data.source, train_samples=data.n_train, val_samples=int(data.n_val), data_facts=planned.data_facts,
         forward_flops_per_sample=fc.forward, training_flops_per_sample=fc.training,
         flops_by_operator=fc.by_operator, activations_per_sample=fc.activations, weights=fc.weights,
         intensity=metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch,

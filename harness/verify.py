@@ -18,7 +18,8 @@ figure and both values (the recorded one and the re-derived one), then the count
     MLLOG        every base model's file exists and passes the MLPerf HPC checker
                  (harness.mllog.check); its seed, batch and qualities are results.json's
     division     each test judged again (harness/division.judge) from the recorded
-                 configuration, settings and model deviations
+                 configuration, settings, model deviations and data facts; the data
+                 facts are the test's sample counts and its workload's conventions line
     exchange     each job's gradient exchange: lines 21-22 and the torus's grid drawn
                  again from the recorded node map (harness/communication.py)
     test runs    finished = planned for a complete run (<= for one that stopped early)
@@ -255,7 +256,9 @@ def test_checks(t: results.TestResult, cfg, res: results.Record) -> tuple[list[C
     more, derived = _guarded(f"{name}: figures", lambda: figure_checks(t, cfg, res, training))
     out += more
     resumed = bool(res.resumed)
-    out += _guarded(f"{name}: division", lambda: ([division_check(t, cfg, res.settings, resumed)], None))[0]
+    out += _guarded(f"{name}: division",
+                    lambda: ([division_check(t, cfg, res.settings, resumed, res.schema)], None))[0]
+    out += _guarded(f"{name}: data facts", lambda: ([data_facts_check(t, res.conventions, res.schema)], None))[0]
     out += _guarded(f"{name}: exchange", lambda: ([exchange_check(t, cfg, res)], None))[0]
     out += _guarded(f"{name}: pipeline", lambda: ([pipeline_check(t)], None))[0]
     out += _guarded(f"{name}: other load", lambda: (other_load_checks(t, res), None))[0]
@@ -473,24 +476,54 @@ def _sweep_check(t: results.TestResult, cfg) -> Check:
                                       f" seed {want['seed']}")
 
 
-def division_check(t: results.TestResult, cfg, values: dict, resumed: bool = False) -> Check:
+def division_check(t: results.TestResult, cfg, values: dict, resumed: bool = False,
+                   schema: str = results.SCHEMA) -> Check:
+    """The test judged again by the run's own rule (division.judge, then with_losses) from
+    what results.json records: the configuration, the settings, the model deviations and
+    the data facts (data_facts_check holds those to the rest of the record); a file of
+    schema < 2.17 has no data facts, and is judged without them, as it was."""
     wl = workloads.get(t.workload)
     known = {k: v for k, v in values.items() if k in settings.TABLE}
     verdict, reasons = division.judge(
         workload=t.workload, dataset_kind=cfg.dataset.kind, deviations=t.model_deviations,
         test_only=settings.test_only(known), target=cfg.target_quality, default_target=wl.TARGET_QUALITY,
-        n=cfg.penalty_n, default_n=wl.PENALTY_N, repetitions=cfg.repetitions)
+        n=cfg.penalty_n, default_n=wl.PENALTY_N, repetitions=cfg.repetitions,
+        data_facts=t.data_facts, published=wl.PUBLISHED)
     verdict, reasons = division.with_losses(verdict, reasons, len(t.jobs_lost), t.M)
     recorded = [t.division, list(t.open_reasons)]
     ok = recorded == [verdict, reasons]
     note = ""
     if not ok and t.division == "closed" and verdict == "open":
         note = "claimed closed, but the rules make it open: " + "; ".join(reasons)
+    if t.data_facts is None:
+        note = "; ".join(n for n in (note, f"no data facts recorded (results schema {schema}): judged without them")
+                         if n)
     if not ok and resumed:
         note = "; ".join(n for n in (note, "the run was resumed: results.json's settings are the last invocation's,"
                                            " and a test of an earlier one may have run with others") if n)
     return Check(f"{_name(t)}: division (harness/division.judge)", ok, recorded[0] if ok else recorded,
                  verdict if ok else [verdict, reasons], note)
+
+
+def data_facts_check(t: results.TestResult, conventions: list, schema: str) -> Check:
+    """The facts the division rests on agree with where the record holds them too: the
+    test's train_samples and val_samples, and its workload's conventions line (division.
+    facts_line, which report.txt's header holds as well), so that an edit of one place
+    fails. A file of schema < 2.17 holds none; one of 2.17 on must."""
+    what = f"{_name(t)}: data facts = the test's sample counts and the conventions' data line"
+    facts = t.data_facts
+    if facts is None:
+        old = results.minor(schema) < (2, 17)
+        return Check(what, old, note=f"not recorded: results schema {schema}" if old else
+                     f"missing: results schema {schema} records them (from 2.17)")
+    line = f"{t.workload}: {division.facts_line(facts)}"
+    recorded = {"train_samples": t.train_samples, "val_samples": t.val_samples, "conventions": line in conventions}
+    derived = {"train_samples": facts.get("train_samples"), "val_samples": facts.get("val_samples"),
+               "conventions": True}
+    diff = [k for k in recorded if recorded[k] != derived[k]]
+    return Check(what, not diff, {k: recorded[k] for k in diff} or None, {k: derived[k] for k in diff} or None,
+                 note=line if not diff else f"differs: {', '.join(diff)}"
+                 + (f"; the conventions hold no line `{line}`" if "conventions" in diff else ""))
 
 
 def count_check(res: results.Record) -> Check:

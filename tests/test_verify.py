@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
-from harness import flops, heartbeat, results, verify
-from tests.conftest import ROOT, mpi_env, record, result
+from harness import dat, division, flops, heartbeat, results, verify
+from tests.conftest import ROOT, dat_text, mpi_env, record, result
 
 
 # ---- flops.rule: Table 3 on hand-computed records, no TensorFlow ----------------------
@@ -121,6 +122,69 @@ def test_test_runs_finished_are_counted_against_those_planned():
         what.format("<=", "1 of 4, the run `interrupted`", "PASSED")
     assert verify.count_check(record("running", done + done[:1])).line() == \
         what.format("<=", "5 of 4, the run `running`", "FAILED")
+
+
+# ---- the division judged again from the recorded data facts (pure) ---------------------------
+# The vendor's case: line 8 the path of the folder --check wrote for ic's synthetic:40:224, 5 repetitions
+VENDOR = "runs/.data/ic-synthetic-40-224"
+IC_CFG = dat.parse_text(dat_text(l7="ic", l8=VENDOR, l9=1, l10=1, l11=1, l27=5), "x.dat")
+GENERATED = {"marker": f"{VENDOR}/hpcai500-ic.json", "classes": 10, "train_samples": 32, "val_samples": 8}
+IMAGENET = {"marker": None, "classes": 1000, "train_samples": 1281167, "val_samples": 50000}
+REASONS = [f"data written by hpcai500 ({VENDOR}/hpcai500-ic.json), not the published ImageNet",
+           "10 classes, ImageNet has 1,000", "32 training samples, ImageNet's training set has 1,281,167",
+           "8 validation samples, ImageNet's validation set has 50,000"]
+CONVENTIONS = ["ic: data facts (the division's, harness/division.py): classes 10; marker"
+               f" {VENDOR}/hpcai500-ic.json; train_samples 32; val_samples 8"]
+
+
+def _ic(**fields):
+    """The vendor's test as the run records it: open, with its data facts' reasons."""
+    return result(**{"workload": "ic", "data": VENDOR, "train_samples": 32, "val_samples": 8, "division": "open",
+                     "open_reasons": REASONS, "data_facts": GENERATED, **fields})
+
+
+def test_a_path_to_generated_data_verifies_open():
+    t = _ic()
+    assert verify.division_check(t, IC_CFG, {}).line() == \
+        "test 1 rep 0: division (harness/division.judge): recorded 'open', re-derived 'open' ...... PASSED"
+    assert verify.data_facts_check(t, CONVENTIONS, "2.17") == verify.Check(
+        "test 1 rep 0: data facts = the test's sample counts and the conventions' data line", True,
+        note=CONVENTIONS[0])
+
+
+def test_generated_data_edited_to_closed_fails_naming_why():
+    check = verify.division_check(_ic(division="closed", open_reasons=[]), IC_CFG, {})
+    assert not check.ok and check.derived == ["open", REASONS]
+    assert check.note == "claimed closed, but the rules make it open: " + "; ".join(REASONS)
+
+
+def test_facts_edited_to_the_published_sets_fail_against_the_rest_of_the_record():
+    """Closed and ImageNet's facts agree with each other, so the division check passes; the
+    test's own sample counts and the conventions' line say otherwise, and each is named."""
+    forged = _ic(division="closed", open_reasons=[], data_facts=IMAGENET)
+    assert verify.division_check(forged, IC_CFG, {}).ok
+    check = verify.data_facts_check(forged, CONVENTIONS, "2.17")
+    assert not check.ok
+    assert check.recorded == {"train_samples": 32, "val_samples": 8, "conventions": False}
+    assert check.derived == {"train_samples": 1281167, "val_samples": 50000, "conventions": True}
+    counts_too = replace(forged, train_samples=1281167, val_samples=50000)
+    check = verify.data_facts_check(counts_too, CONVENTIONS, "2.17")
+    assert (check.ok, check.recorded, check.derived) == (False, {"conventions": False}, {"conventions": True})
+    assert check.note == ("differs: conventions; the conventions hold no line `ic: data facts (the division's,"
+                          " harness/division.py): classes 1,000; marker none; train_samples 1,281,167;"
+                          " val_samples 50,000`")
+
+
+def test_facts_dropped_from_a_2_17_record_fail_and_a_2_16_record_is_judged_as_before():
+    """results.load gives a file without the key None: from 2.17 that is an edit; before, the
+    facts were not recorded, and the division is judged without them, as that run judged it."""
+    dropped = _ic(data_facts=None, division="closed", open_reasons=[])
+    check = verify.data_facts_check(dropped, CONVENTIONS, "2.17")
+    assert (check.ok, check.note) == (False, "missing: results schema 2.17 records them (from 2.17)")
+    check = verify.data_facts_check(dropped, [], "2.16")
+    assert (check.ok, check.note) == (True, "not recorded: results schema 2.16")
+    check = verify.division_check(dropped, IC_CFG, {}, schema="2.16")
+    assert (check.ok, check.note) == (True, "no data facts recorded (results schema 2.16): judged without them")
 
 
 # ---- a real run, and edits of it ------------------------------------------------------------

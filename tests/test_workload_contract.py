@@ -4,11 +4,12 @@ values the harness relies on; and TensorFlow's module of every workload against 
 interface (harness/frameworks/tensorflow/models.Model). A new workload is checked by
 being listed in CHOICES."""
 import inspect
+import os
 
 import numpy as np
 import pytest
 
-from harness import dat, ensemble, workloads
+from harness import dat, division, ensemble, workloads
 from harness.frameworks.tensorflow import models as tf_models
 
 
@@ -25,6 +26,30 @@ def test_every_workload_meets_the_interface(name):
     assert wl.AGGREGATIONS and set(wl.AGGREGATIONS) <= set(ensemble.AGGREGATIONS)
     assert wl.ENSEMBLE in ("sum", "stack") and 0 <= wl.MOMENTUM < 1
     assert callable(wl.describe_model)
+
+
+# small synthetic sets, and each one's facts by hand: (spec, the facts other than the marker)
+SMALL = {"digits": ("synthetic:20:8", {"train_samples": 16, "val_samples": 4}),
+         "ic": ("synthetic:10:16", {"train_samples": 8, "val_samples": 2, "classes": 10}),
+         "ewa": ("synthetic:10:32", {"train_samples": 8, "val_samples": 2, "images_per_file": [2]}),   # 5 years of 2
+         "cosmoflow": ("synthetic:4:32", {"train_samples": 3, "val_samples": 1}),
+         "deepcam": ("synthetic:4:32", {"train_samples": 2, "val_samples": 2})}
+
+
+@pytest.mark.parametrize("name", list(workloads.CHOICES))
+def test_every_workloads_synthetic_data_carries_the_harness_marker_whatever_its_path(name, tmp_path):
+    """The synthetic writer leaves hpcai500-<workload>.json, which data_facts finds where
+    the set was written and where it was moved to and read as a path (division.py: a path to
+    generated data is open); the facts are those data_facts always gives and PUBLISHED's."""
+    wl = workloads.get(name)
+    spec, want = SMALL[name]
+    data = wl.load(workloads.Dataset.parse(spec), str(tmp_path / "cache"))
+    assert wl.data_facts(data) == {"marker": os.path.join(data.path, f"hpcai500-{name}.json"), **want}
+    assert set(want) | {"marker"} == {*division.FACT_KEYS, *(k for k in wl.PUBLISHED if k != "name")}
+    moved = tmp_path / "moved"
+    os.rename(data.path, moved)
+    again = wl.load(workloads.Dataset.parse(str(moved)), str(tmp_path / "cache"))
+    assert wl.data_facts(again) == {"marker": str(moved / workloads.marker_name(name)), **want}
 
 
 def _binds(protocol, module, fn):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class Data:
     y_val: np.ndarray
     num_classes: int
     source: str            # what was read, for the report and results.json
+    path: str = ""         # the folder read ("": the embedded set)
 
     @property
     def n_train(self) -> int:
@@ -98,6 +100,37 @@ class Data:
         for s in range(len(rows) // batch):
             idx = rows[s * batch:(s + 1) * batch]
             yield self.x_train[idx], self.y_train[idx]
+
+
+def marker_name(workload: str) -> str:
+    """The file the harness writes into every data set it generates (`hpcai500-<workload>.json`):
+    what makes generated data recognisable whatever its path (data_facts' `marker`), so that
+    a path to it is not taken for the published set (harness/division.py). Each reader
+    ignores it (ic's reads its image side, classes and label base from it)."""
+    return f"hpcai500-{workload}.json"
+
+
+def write_marker(folder: str, workload: str, **what) -> None:
+    """The marker of a data set the harness wrote into `folder`, saying what it holds."""
+    with open(os.path.join(folder, marker_name(workload)), "w") as f:
+        json.dump({"written_by": "hpcai500", **what}, f)
+
+
+def marker(path: str, workload: str) -> str | None:
+    """The harness's marker of the data set at `path` (a folder, or a file in one: ewa reads
+    one HDF5 file too), as `path` was given; None where there is none."""
+    if not path:   # the embedded set: nothing on disk
+        return None
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    file = os.path.join(folder, marker_name(workload))
+    return file if os.path.isfile(file) else None
+
+
+def facts(data, workload: str, **more) -> dict:
+    """data_facts' common part: the harness's marker (None: none found) and the split's sizes,
+    with the workload's own facts `more` (harness/division.py compares them with PUBLISHED)."""
+    return {"marker": marker(data.path, workload), "train_samples": int(data.n_train), "val_samples": int(data.n_val),
+            **more}
 
 
 def progress_or_nothing(progress):
@@ -178,6 +211,11 @@ class Workload(Protocol):
     # among, when a row holds many predictions (deepcam: 3 classes a pixel).
     VOTE_GROUP: int | None
 
+    # The published data set a closed result must read (harness/division.py): its "name" and
+    # the facts of it that data_facts can state, e.g. "classes", "train_samples", "val_samples"
+    # (an int, or a tuple of the published versions' values), each with its source in a comment.
+    PUBLISHED: dict
+
     def load(self, dataset: Dataset, cache_dir: str, node_rank: int, node_barrier): ...
     def read(self, path: str): ...    # the one reader of real, synthetic and staged data
 
@@ -205,6 +243,13 @@ class Workload(Protocol):
         what the analytic FLOP count of the model actually built covers and leaves out,
         printed in the report (or None); `deviations`: how that model differs from the
         workload's reference model (a ranking result has none, harness/division.py)."""
+
+    def data_facts(self, data) -> dict:
+        """What the division's data rule rests on (harness/division.data_reasons), as JSON
+        values: `marker` (the harness's marker file found with the data, `workloads.marker`:
+        it wrote the data; None: none), `train_samples`, `val_samples`, and a value for
+        every other fact PUBLISHED states (None: not known). results.json records them per
+        test and --verify judges the division again from them."""
 
     def describe_data(self, data) -> list:
         """Optional (DEFAULTS): lines for the report's conventions (and results.json's

@@ -4,7 +4,8 @@ The DeepCAM workload's synthetic data set, for machines without the real data (8
 and for tests: `<dir>/train/data-NNNNNN.h5`, `<dir>/validation/data-NNNNNN.h5` (one
 sample a file, the last VAL_FRACTION of the samples the validation set) and
 `<dir>/stats.h5`, written by climate.write_sample and climate.write_stats, so that they
-are read back by the one reader of real data (climate.read). A sample is height x 1.5
+are read back by the one reader of real data (climate.read), and `<dir>/hpcai500-deepcam.json`,
+the harness's marker (workloads.write_marker; harness/division.py). A sample is height x 1.5
 height pixels (as the published 768 x 1152), height a multiple of 32 so that the width
 is a multiple of climate.SIDE_MULTIPLE (16).
 
@@ -33,7 +34,7 @@ import os
 import numpy as np
 
 from harness.files import atomic_path
-from harness.workloads import climate
+from harness.workloads import climate, write_marker
 
 FORMAT_VERSION = 1          # part of the cache directory's name: bump when the generator changes
 VAL_FRACTION = 0.25         # of the samples, the validation set (at least 2 of each split)
@@ -89,6 +90,7 @@ def write_synthetic(path: str, samples: int, height: int, seed: int = 2026) -> N
                 total += x.mean(axis=(0, 1), dtype=np.float64)
                 squares += np.square(x, dtype=np.float64).mean(axis=(0, 1))
         climate.write_stats(tmp, lo, hi, total / n_train, squares / n_train, n_train)
+        write_marker(tmp, "deepcam", samples=samples, height=height, seed=seed, format_version=FORMAT_VERSION)
 
 
 def sample(rng: np.random.Generator, height: int, width: int, both: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness import settings
-from harness.workloads import DataError, Dataset, cosmoflow_synthetic, staging_folders, synthetic_once, tfrecord
+from harness.workloads import DataError, Dataset, cosmoflow_synthetic, facts, staging_folders, synthetic_once, tfrecord
 
 NAME = "cosmoflow"
 QUALITY = "MAE"
@@ -76,6 +76,12 @@ SYNTHETIC_DEFAULT = (320, 32)  # universes, side
 EVAL_BATCH = 8
 SPLITS = cosmoflow_synthetic.SPLITS
 X_KEY, Y_KEY = "x", "y"
+# MLPerf HPC's CosmoFlow data, two published versions (mlcommons/hpc cosmoflow/README.md):
+# cosmoUniverse_2019_05_4parE_tf_v2 (v1.0, GZIP) 524,288 training and 65,536 validation
+# samples; cosmoUniverse_2019_05_4parE_tf (v0.7) 262,144 and 65,536 (so paper 004 §2.1, and
+# the reference's configs/cosmo.yaml n_train/n_valid). Each 128^3 x 4 (REFERENCE_SIDE: the
+# model's deviation where not)
+PUBLISHED = {"name": "MLPerf HPC's CosmoFlow data", "train_samples": (524_288, 262_144), "val_samples": 65_536}
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,11 @@ def decode(record: bytes, file: str, k: int, side: int) -> tuple[np.ndarray, np.
                         f"{2 * CHANNELS * side ** 3} ({side}^3 x {CHANNELS} int16, as the other records)")
     vol = np.frombuffer(x, "<i2").astype(np.float32).reshape(side, side, side, CHANNELS)
     return np.log(vol + np.float32(1.0)), y   # the reference's log(x + 1), in float32
+
+
+def data_facts(data: CosmoData) -> dict:
+    """The division's facts of the data read (the Workload contract): the marker and the sizes."""
+    return facts(data, NAME)
 
 
 def describe_data(data: CosmoData) -> list[str]:

@@ -4,7 +4,8 @@ The cosmoflow workload's `synthetic[:SAMPLES[:SIDE]]` data set, for machines wit
 real data and for tests: `<dir>/train/*.tfrecord` and `<dir>/validation/*.tfrecord`,
 GZIP-compressed, one tf.train.Example a file as in `cosmoUniverse_2019_05_4parE_tf_v2`
 (`x`: the raw bytes of int16 [SIDE, SIDE, SIDE, 4], channels last; `y`: 4 float32), so
-that it is read back by the one reader of real data (cosmoflow.read).
+that it is read back by the one reader of real data (cosmoflow.read), and beside them
+`hpcai500-cosmoflow.json`, the harness's marker (workloads.write_marker; harness/division.py).
 
 Each sample draws its 4 parameters y uniformly in [-1, 1] (the published targets are
 normalised to about that range) and renders a universe from them (`parameters`):
@@ -32,7 +33,7 @@ import os
 import numpy as np
 
 from harness.files import atomic_path
-from harness.workloads import DataError, tfrecord
+from harness.workloads import DataError, tfrecord, write_marker
 
 FORMAT_VERSION = 1          # part of the cache directory's name: bump when the generator changes
 VAL_FRACTION = 0.2          # of the samples, the validation set
@@ -108,3 +109,4 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> Non
             with open(os.path.join(tmp, split, file_name(i)), "wb") as f, \
                     gzip.GzipFile("", "wb", compresslevel=1, fileobj=f, mtime=0) as w:
                 w.write(tfrecord.frame(example(universe(rng, side, y), y)))
+        write_marker(tmp, "cosmoflow", samples=samples, side=side, seed=seed, format_version=FORMAT_VERSION)

@@ -38,7 +38,7 @@ import os
 import numpy as np
 
 from harness import settings
-from harness.workloads import DataError, Dataset, climate, climate_synthetic, synthetic_once
+from harness.workloads import DataError, Dataset, climate, climate_synthetic, facts, synthetic_once
 
 NAME = "deepcam"
 QUALITY = "IoU"
@@ -49,6 +49,10 @@ QUALITY_PER_SAMPLE = True      # a mean over samples: evaluated in chunks (harne
 VOTE_GROUP = climate.CLASSES   # a vote chooses among each pixel's 3 class columns
 REFERENCE_SIZE = (768, 1152)   # the published samples' height and width
 SYNTHETIC_DEFAULT = (128, 64)  # samples, height in pixels (width = 1.5 x height)
+# MLPerf HPC's DeepCAM data: 121,266 training and 15,158 validation samples of 768 x 1152 x 16
+# (paper 004 §2.2; the reference's DALI loader, global_size 121266 / 15158). Its 3 classes are
+# the reader's (labels 0..2 enforced): not a fact of the data
+PUBLISHED = {"name": "MLPerf HPC's DeepCAM data", "train_samples": 121_266, "val_samples": 15_158}
 # The reference's class weights (train.py): pixel frequencies of background, cyclone and
 # river in the published training set, to the power -0.125.
 CLASS_FREQUENCIES = (0.986267818390377, 0.0004578708870701058, 0.01327431072255291)
@@ -129,6 +133,11 @@ def read(path: str, source: str | None = None) -> climate.Data:
 def stage(data: climate.Data, rows, path: str, progress=None) -> int:
     """The Data Duplicator's copy, in the published layout (climate.stage)."""
     return climate.stage(data, rows, path, progress)
+
+
+def data_facts(data: climate.Data) -> dict:
+    """The division's facts of the data read (the Workload contract): the marker and the sizes."""
+    return facts(data, NAME)
 
 
 def describe_data(data: climate.Data) -> list[str]:

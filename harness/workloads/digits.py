@@ -4,7 +4,8 @@ Real data is scikit-learn's embedded digits (1797 images of 8x8, 10 classes; no
 download). On disk the workload reads a directory holding `train.h5` and `val.h5`,
 each with datasets `images` (N, H, W) float32 in [0, 1] and `labels` (N,) integers in
 [0, classes). `synthetic[:SAMPLES[:SIDE]]` writes such a directory (class templates
-plus noise, so quality means something) and reads it back through the same reader.
+plus noise, so quality means something), with the harness's marker
+`hpcai500-digits.json`, and reads it back through the same reader.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import h5py
 import numpy as np
 
 from harness.files import atomic_path, node_once
-from harness.workloads import Data, DataError, Dataset, progress_or_nothing, top1
+from harness.workloads import Data, DataError, Dataset, facts, progress_or_nothing, top1, write_marker
 
 NAME = "digits"
 QUALITY = "Top-1"
@@ -24,6 +25,10 @@ AGGREGATIONS = ("mean", "vote")
 VAL_FRACTION = 0.2
 SYNTHETIC_DEFAULT = (2000, 8)
 CLASSES = 10
+# scikit-learn's digits (load_digits: 1,797 images of 8 x 8, 10 classes) has no published
+# split to compare sample counts with, and the reader takes CLASSES classes whatever the
+# files hold: the harness's marker is the one fact (digits is open anyway, harness/division.py)
+PUBLISHED = {"name": "scikit-learn's digits"}
 
 
 def load(dataset: Dataset, cache_dir: str, node_rank: int = 0, node_barrier=lambda: None) -> Data:
@@ -77,6 +82,7 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024) -> Non
         os.makedirs(tmp)
         _write(os.path.join(tmp, "train.h5"), images[n_val:], labels[n_val:])
         _write(os.path.join(tmp, "val.h5"), images[:n_val], labels[:n_val])
+        write_marker(tmp, NAME, samples=samples, side=side, seed=seed)
 
 
 def _write(file: str, images: np.ndarray, labels: np.ndarray) -> None:
@@ -92,7 +98,7 @@ def read(path: str, source: str | None = None) -> Data:
     x_val, y_val = _read(os.path.join(path, "val.h5"))
     if x_train.shape[1:] != x_val.shape[1:]:
         raise DataError(f"{path}: train images are {x_train.shape[1:]}, val images {x_val.shape[1:]}")
-    return Data(x_train, y_train, x_val, y_val, CLASSES, source or path)
+    return Data(x_train, y_train, x_val, y_val, CLASSES, source or path, path)
 
 
 def _read(file: str) -> tuple[np.ndarray, np.ndarray]:
@@ -110,6 +116,11 @@ def _read(file: str) -> tuple[np.ndarray, np.ndarray]:
     if labels.min() < 0 or labels.max() >= CLASSES:
         raise DataError(f"{file}: labels must lie in [0, {CLASSES}), found {labels.min()}..{labels.max()}")
     return images.astype(np.float32, copy=False)[..., None], labels.astype(np.int64, copy=False)  # channels-last
+
+
+def data_facts(data: Data) -> dict:
+    """The division's facts of the data read (the Workload contract): the marker and the sizes."""
+    return facts(data, NAME)
 
 
 def stage(data: Data, rows: np.ndarray, path: str, progress=None) -> int:

@@ -59,7 +59,7 @@ import numpy as np
 
 from harness import settings
 from harness.files import atomic_path, node_once
-from harness.workloads import DataError, Dataset, progress_or_nothing, staged_rows, tfrecord, top1
+from harness.workloads import DataError, Dataset, facts, marker_name, progress_or_nothing, staged_rows, tfrecord, top1
 
 NAME = "ic"
 QUALITY = "Top-1"
@@ -86,7 +86,11 @@ RECORDS_PER_SHARD = 128        # synthetic shards
 STAGE_SHARD_BYTES = 128 << 20  # staged train shards
 EVAL_BATCH = 64
 CHUNK = 64                     # records a generator step hands to tf.data
-META = "hpcai500-ic.json"
+META = marker_name(NAME)       # hpcai500-ic.json: written with synthetic and staged data, the harness's marker
+# ImageNet-1k (ILSVRC2012): 1,000 classes, 1,281,167 training and 50,000 validation images
+# (Russakovsky et al., IJCV 2015; the ILSVRC2012 page: "a random subset of 50,000 of the images
+# with labels will be released as validation data ... 1000 categories")
+PUBLISHED = {"name": "ImageNet", "classes": IMAGENET_CLASSES, "train_samples": 1_281_167, "val_samples": 50_000}
 # The model's design, ResNet-50 v1.5, which both frameworks build from (Keras:
 # harness/frameworks/tensorflow/resnet.py, whose docstring describes it; PyTorch:
 # harness/frameworks/pytorch/ic.py)
@@ -191,6 +195,12 @@ def describe_data(data: ICData) -> list[str]:
     """The report's line on the labels: the base, how it was decided, from what."""
     return [f"labels {data.label_offset}-based ({data.label_how}): {data.label_offset} subtracted, "
             f"{data.num_classes} classes; decided from the {data.labels_read}"]
+
+
+def data_facts(data: ICData) -> dict:
+    """The division's facts of the data read (the Workload contract): the marker, the sizes,
+    and the classes the labels were read as (hpcai500-ic.json's, else the top label's)."""
+    return facts(data, NAME, classes=int(data.num_classes))
 
 
 def _meta(path: str) -> dict:

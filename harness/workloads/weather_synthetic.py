@@ -3,7 +3,9 @@
 The ewa workload's `synthetic[:SAMPLES[:SIDE]]` data set, for machines without the real
 data and for tests: YEARS files `climo_1979.h5`, ... (the last year the validation set)
 in the published layout (extreme_weather.py), box rows in HPCAI500_EWA_BOX_ORDER (unset:
-the page's `yxyxc`), so that it is read back by the one reader of real data. Each image
+the page's `yxyxc`), so that it is read back by the one reader of real data, and beside
+them `hpcai500-ewa.json`, the harness's marker (workloads.write_marker: a path to the set
+is still generated data, harness/division.py). Each image
 holds 16 channels of smooth noise with their own offsets and scales (as physical
 variables have) and 1-3 objects whose class decides their shape, size and the channels
 they show in: a detector has something to learn, and mAP means something. About 1.5 s
@@ -24,13 +26,14 @@ import os
 import numpy as np
 
 from harness.files import atomic_path
-from harness.workloads import DataError
+from harness.workloads import DataError, write_marker
 from harness.workloads import detection as det
 from harness.workloads import extreme_weather as ew
 
 FORMAT_VERSION = 4          # part of the cache directory's name: bump when the generator changes
 # 3: a directory is complete once it exists (renamed into place whole), no `done` marker:
 # a half-written v2 directory of a killed writer must not be taken for a complete one
+# (hpcai500-ewa.json, written inside before the rename, says who wrote it, not that it is whole)
 # 4: a witness object in each file's first image makes the box order detectable
 YEARS = 5                   # files of a set; the last is the validation set
 MAX_BOXES = 3               # objects an image, at most (G of the boxes dataset)
@@ -69,6 +72,7 @@ def write_synthetic(path: str, samples: int, side: int, seed: int = 2024,
             images = ((_render(rng, height, width, objects) * scales + offsets).transpose(2, 0, 1)
                       for objects in scenes)
             ew.write_published(os.path.join(tmp, f"climo_{FIRST_YEAR + k}.h5"), images, rows, order)
+        write_marker(tmp, "ewa", samples=samples, side=side, order=order, seed=seed, format_version=FORMAT_VERSION)
 
 
 def _check_detectable(rows: np.ndarray, order: str, hw) -> None:
