@@ -27,7 +27,7 @@ LINES = {  # line -> (bad value, what the message must show)
     27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"), 33: ("jit", ":33: found 'jit', expected a compiler (none, xla, inductor)"),
     31: ("-1", ":31: found '-1'"), 32: ("yes", ":32: found 'yes'"), 34: ("0", ":34: found '0'"),
     35: ("mxnet", ":35: found 'mxnet', expected a framework (tensorflow, pytorch, mindspore)"),
-    36: ("0", ":36: found '0'"), 37: ("pipeline:0", ":37: found 'pipeline:0', expected a parallel mode (data, model,"),
+    36: ("0", ":36: found '0'"), 37: ("pipeline:0", ":37: found '0' as pipeline's MICROBATCHES in 'pipeline:0', expected an integer >= 1"),
 }
 
 
@@ -102,7 +102,7 @@ REFUSED = {  # id -> (edits, what the message must hold besides the format)
     **{f"line{n}": ({n: value}, expect) for n, (value, expect) in LINES.items()},    # the parser's, each line
     "line10-too-few-values": ({10: "1 2"}, "found 'Ms'"),
     "jax-on-35": ({35: "jax"}, "bad.dat:35: found 'jax', expected a framework (tensorflow, pytorch, mindspore)"),
-    "mixed-1": ({37: "mixed:1"}, "bad.dat:37: found 'mixed:1', expected a parallel mode (" + dat.parallelism.FORM),
+    "mixed-1": ({37: "mixed:1"}, "bad.dat:37: found '1' as mixed's STAGES in 'mixed:1', expected an integer >= 2"),
     "adasum-pytorch": ({22: "adasum", 35: "pytorch"}, "bad.dat:22: found 'adasum' with framework pytorch (line 35),"
                        " expected ring: " + frameworks.facts("pytorch").REFUSES["allreduce", "adasum"] + " (tests 1-3)"),
     "xla-pytorch": ({33: "xla", 35: "pytorch"}, "bad.dat:33: found 'xla' with framework pytorch (line 35), expected"
