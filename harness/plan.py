@@ -397,12 +397,23 @@ def batches(cfg: dat.Config, planned, skipped, datas: dict) -> tuple[tuple, tupl
 
 def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> results.Record:
     """The results of the invocation to resume, checked against the input file and the
-    settings in force now (`values`, as settings.read gives them)."""
-    path = os.path.join(run_dir, "results.json")
+    settings in force now (`values`, as settings.read gives them). A results directory (line
+    5) is refused, naming its newest run: --resume writes into the folder it is given, so the
+    run it continues is named, never guessed (--status and --verify, which only read, take
+    the newest)."""
+    runs = heartbeat.run_folders(run_dir)
+    if runs != [run_dir]:
+        newest = runs[-1]
+        try:
+            state = heartbeat.status(newest, results.load_run(newest)).line()
+        except ValueError as e:
+            state = f"unreadable: {e}"
+        raise RunError(f"--resume {run_dir}: found a results directory of {len(runs)} run(s), expected the run folder"
+                       f" to continue (runs/<id>); its newest is {newest} ({state}): --resume {newest}")
     try:
-        previous = results.load(path)
-    except (OSError, ValueError) as e:
-        raise RunError(f"--resume {run_dir}: cannot read {path} ({e})") from None
+        previous = results.load_run(run_dir)
+    except ValueError as e:   # not a folder, no results.json, unreadable: it names which
+        raise RunError(f"--resume {e}") from None
     if previous.input.get("sha256") != results.sha256(cfg.text):
         raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
                        f"(SHA-256 differs); resume with the same file, or start a new run")
