@@ -26,6 +26,7 @@ MPI at the edges only (`make`); the checks themselves are plain functions.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 
 from harness import (communication, dat, division, files, frameworks, heartbeat, parallelism, results, settings, staging,
@@ -273,8 +274,10 @@ def framework_problem(cfg: dat.Config) -> str | None:
     for name in cfg.frameworks:
         gone = frameworks.missing(name)
         if gone:
+            hint = frameworks.own_venv_hint(name, cfg.path)   # a framework of a venv of its own: run with that one
+            where = f"by this Python ({sys.executable}) on this rank's node; {hint}" if hint else "on this rank's node"
             return (f"{cfg.path}:35: found {name!r}, expected a framework installed on every node:"
-                    f" {', '.join(gone)} cannot be imported on this rank's node (README.md, Frameworks)")
+                    f" {', '.join(gone)} cannot be imported {where} (README.md, Frameworks)")
         needs = frameworks.compiler_missing(name, cfg.compiler)
         if needs:
             return (f"{cfg.path}:33: found {cfg.compiler!r} with framework {name} (line 35), expected none, or a"
