@@ -408,11 +408,13 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> result
     if runs != [run_dir]:
         newest = runs[-1]
         try:
-            state = heartbeat.status(newest, results.load_run(newest)).line()
+            state = heartbeat.status(newest, results.load_run(newest))
+            said, stopped = state.line(), state.name in ("interrupted", "failed", "dead")
         except ValueError as e:
-            state = f"unreadable: {e}"
+            said, stopped = f"unreadable: {e}", False
         raise RunError(f"--resume {run_dir}: found a results directory of {len(runs)} run(s), expected the run folder"
-                       f" to continue (runs/<id>); its newest is {newest} ({state}): --resume {newest}")
+                       f" to continue (runs/<id>); its newest is {newest} ({said})"
+                       + (f": --resume {newest}" if stopped else ""))   # a run that stopped early is one to continue
     try:
         previous = results.load_run(run_dir)
     except ValueError as e:   # not a folder, no results.json, unreadable: it names which

@@ -261,6 +261,11 @@ def test_resume_of_a_results_directory_names_its_newest_run(tmp_path):
     assert str(info.value) == (f"--resume {tmp_path}: found a results directory of 2 run(s), expected the run folder to"
                                f" continue (runs/<id>); its newest is {newest} (interrupted: SIGUSR1 received during test 1; 0 of 4"
                                f" test run(s) finished): --resume {newest}")
+    (newest / "results.json").write_text(json.dumps(record("complete").json()))   # nothing there to continue
+    with pytest.raises(RunError) as info:
+        plan.resumed(str(tmp_path), cfg, 3, {})
+    assert str(info.value).endswith(f"its newest is {newest} (complete: every test PASSED; 0 of 4 test run(s)"
+                                    " finished)")
     (tmp_path / "empty").mkdir()
     with pytest.raises(RunError) as info:
         plan.resumed(str(tmp_path / "empty"), cfg, 3, {})
