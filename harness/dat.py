@@ -212,7 +212,8 @@ class _Reader:
 
     def values(self, n, count_line, what, conv, looks):
         """The values of line n, as many as line count_line says (an integer >= 1).
-        conv(tok) -> value or None if invalid; looks(tok): tok would be one more value."""
+        conv(tok) -> value or None if invalid (or DatError naming what in tok is wrong);
+        looks(tok): tok would be one more value."""
         count = self.number(count_line, f"a {LINES[count_line]}: an integer >= 1",
                             lambda v: v >= 1)
         toks, out = self.tokens(n), []
@@ -356,12 +357,20 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
 
 def _modes(r: _Reader) -> tuple[str, ...]:
     """Lines 36-37: the parallel modes, each of parallelism.FORM, each once (lowercase)."""
-    def mode(tok):
+    def mode(tok):   # the part of the token that is wrong, named (parallelism.ModeError)
         try:
             return parallelism.parse(tok).text
-        except ValueError:
-            return None
-    vals = r.values(37, 36, f"a parallel mode ({parallelism.FORM})", mode, lambda t: mode(t) is not None)
+        except parallelism.ModeError as e:
+            if not e.role:   # no mode at all (its keyword unknown): the grammar, value i of the count
+                return None
+            raise r.err(37, _Bare(e.found(tok)), e.expected) from None
+
+    def looks(tok):
+        try:
+            return bool(parallelism.parse(tok))
+        except parallelism.ModeError:
+            return False
+    vals = r.values(37, 36, f"a parallel mode ({parallelism.FORM})", mode, looks)
     r.unique(37, vals, "parallel mode")
     return tuple(vals)
 

@@ -101,9 +101,32 @@ def _seconds(text: str) -> float:
     return value
 
 
+# The modes that read earlier runs' folders (no MPI, no input file, no training): one at a time,
+# and never with what plans or starts a run (RUN_OPTIONS, the input file), which they would ignore.
+READERS = ("--verify", "--status", "--summarize")
+RUN_OPTIONS = ("--check", "--resume", "--on-fault")
+
+
+def mode_conflict(args, dat_given: bool) -> str | None:
+    """Why the command line's modes cannot go together, or None (pure): two readers, or a reader
+    with an option of a run or an input file. --check with --resume checks that resume."""
+    readers = [r for r in READERS if getattr(args, r[2:])]
+    if not readers:
+        return None
+    if len(readers) > 1:
+        return (f"argument {readers[1]}: not allowed with argument {readers[0]}: each reads earlier runs on its own;"
+                " give one")
+    others = [f"argument {o}" for o in RUN_OPTIONS if getattr(args, o[2:].replace("-", "_"))]
+    others += [f"an input file ({args.dat})"] * dat_given
+    if others:
+        return (f"argument {readers[0]}: not allowed with {others[0]}: {readers[0]} reads earlier runs (their"
+                " results.json), it plans and starts none")
+    return None
+
+
 def parse_args(argv):
     p = _Parser(prog="hpcai500.py", description="HPC AI500 V3.0 bagging benchmark")
-    p.add_argument("dat", nargs="?", default="HPCAI500.dat", help="input file (default HPCAI500.dat)")
+    p.add_argument("dat", nargs="?", help="input file (default HPCAI500.dat)")
     p.add_argument("--check", action="store_true",
                    help="validate the input and print the tests and the job-to-rank-to-node map, without training")
     p.add_argument("--watchdog", type=_seconds, metavar="SECONDS",
@@ -116,13 +139,15 @@ def parse_args(argv):
                         " sweep going on with the survivors either way, or 'abort' the run"
                         f" (default: ${elastic.SETTING} or {elastic.DEFAULT}); needs ULFM at launch (README)")
     p.add_argument("--resume", metavar="RUN",
-                   help="continue the interrupted invocation whose folder is RUN (runs/<id>): its finished"
-                        " tests are kept and skipped; the input file must be the one it ran")
+                   help="continue the interrupted invocation whose folder is RUN (runs/<id>; not a results"
+                        " directory: the run to write into is named, never guessed): its finished tests are kept"
+                        " and skipped; the input file must be the one it ran")
     p.add_argument("--summarize", nargs="+", metavar="RUN",
                    help="reprint the result tables of earlier runs (runs/<id> folders; a results directory: every"
                         " run in it) side by side")
     p.add_argument("--verify", metavar="RUN",
-                   help="re-derive every figure of the run RUN (runs/<id>) from results.json and its MLLOG files"
+                   help="re-derive every figure of the run RUN (runs/<id>; a results directory: its newest run,"
+                        " named) from results.json and its MLLOG files"
                         " and print one PASSED/FAILED line per check; exit status 0 only if all pass on a complete"
                         " run, 1 a check failed (or not a run), 2 all passed but the run is incomplete")
     p.add_argument("--status", metavar="RUN",
@@ -130,7 +155,12 @@ def parse_args(argv):
                         " runs finished of those planned, why, its last heartbeat; exit status 0 only for a run"
                         " complete with every test PASSED, "
                         + ", ".join(f"{c} {n}" for n, c in heartbeat.EXIT.items() if c) + ", 1 not a run")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    conflict = mode_conflict(args, args.dat is not None)
+    if conflict:
+        p.error(conflict)
+    args.dat = args.dat or "HPCAI500.dat"
+    return args
 
 
 def main(argv=None) -> int:

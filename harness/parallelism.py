@@ -34,6 +34,7 @@ bubble); no MPI, no framework.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # Line 37's keywords: name -> meaning; the first is the default.
@@ -43,8 +44,15 @@ KINDS = {"data": "data parallelism: each rank a replica of the whole model, grad
          "mixed": "mixed: STAGES pipeline stages x P / STAGES data-parallel replicas of each"}
 SCHEDULES = {"1f1b": ("1F1B", "one forward, one backward: at most S micro-batches in flight"),
              "gpipe": ("GPipe", "every micro-batch forward, then every one backward")}   # key: (name, how)
+# The numbers each split kind takes after its keyword, in order, before its optional schedule, and
+# the least each may be (one stage is data parallelism: mixed's STAGES is at least 2).
+NUMBERS = {"pipeline": ("MICROBATCHES",), "mixed": ("STAGES", "MICROBATCHES")}
+LEAST = {"STAGES": 2, "MICROBATCHES": 1}
+# Each split kind's form, as the parser's messages say it (a required number bare, an optional one bracketed)
+SHAPES = {kind: kind + "".join(f":{n}" if n == "STAGES" else f"[:{n}]" for n in numbers) + f"[:{'|'.join(SCHEDULES)}]"
+          for kind, numbers in NUMBERS.items()}
 # Line 37's grammar, as the input file's free text (harness/dat.LINES) and the parser's message say it.
-FORM = ("data, model, pipeline[:MICROBATCHES][:1f1b|gpipe] or mixed:STAGES[:MICROBATCHES][:1f1b|gpipe];"
+FORM = (f"data, model, {SHAPES['pipeline']} or {SHAPES['mixed']};"
         " MICROBATCHES >= 1, STAGES >= 2")
 MICROBATCHES_PER_STAGE = 4     # the default m = 4 S: GPipe's rule of thumb, bubble (S - 1) / (5 S - 1) < 20 %
 
@@ -133,33 +141,60 @@ def describe_stages(stage_list: list[Stage], r: Resolved, trainable: int) -> lis
     return lines
 
 
+class ModeError(ValueError):
+    """A token of line 37 not of FORM, saying which part is wrong: `part` (as written; the
+    whole token where its keyword is unknown), what it stands as in the token (`role`, e.g.
+    "as pipeline's schedule"; "" for the whole token), and what that place takes (`expected`).
+    The input's parser puts them in its `FILE:37: found ..., expected ...` (harness/dat.py)."""
+
+    def __init__(self, part: str, role: str, expected: str):
+        self.part, self.role, self.expected = part, role, expected
+        super().__init__(f"found {self.found()}, expected {expected}")
+
+    def found(self, token: str | None = None) -> str:
+        """The part quoted and its role, and the token it is part of where that is more."""
+        inside = f" in {token!r}" if token is not None and token != self.part else ""
+        return " ".join(w for w in (repr(self.part), self.role) if w) + inside
+
+
+_NUMBERISH = re.compile(r"[-+]?[0-9.]*")   # a part meant as a number (or empty), not as a schedule
+
+
 def parse(token: str) -> Mode:
-    """Line 37's token -> Mode; ValueError (saying what is wrong) when it is not of FORM."""
-    parts = token.lower().split(":")
-    kind, rest = parts[0], parts[1:]
+    """Line 37's token -> Mode; ModeError naming the part that is not of FORM. Each split kind's
+    parts after its keyword fill NUMBERS[kind] in order, then the schedule (which may come
+    earlier, once the required STAGES is given); a word where a number may still come, last in
+    the token, is read as a schedule (pipeline:zigzag: a schedule misspelt, not MICROBATCHES)."""
+    parts = token.split(":")
+    kind, rest = parts[0].lower(), parts[1:]
     if kind not in KINDS:
-        raise ValueError(f"an unknown mode {kind!r}")
+        raise ModeError(token, "", f"a parallel mode ({FORM})")
     if kind in ("data", "model"):
         if rest:
-            raise ValueError(f"{kind} takes no parameters")
+            raise ModeError(rest[0], f"after {kind}", f"{kind} alone: data and model take no parameters")
         return Mode(kind, text=kind)
-    schedule = "1f1b"
-    if rest and rest[-1] in SCHEDULES:
-        schedule, rest = rest[-1], rest[:-1]
-    numbers = []
-    for r in rest:
-        if not r.isdigit() or int(r) < 1:
-            raise ValueError(f"{r!r} where an integer >= 1 belongs")
-        numbers.append(int(r))
-    want = 1 if kind == "pipeline" else 2
-    if kind == "mixed" and not numbers:
-        raise ValueError("mixed without its STAGES")
-    if kind == "mixed" and numbers[0] < 2:   # one stage is data parallelism: FORM says so, the parser holds to it
-        raise ValueError(f"mixed:{numbers[0]}: STAGES must be at least 2")
-    if len(numbers) > want:
-        raise ValueError(f"{len(numbers)} numbers, {kind} takes at most {want}")
+    slots, numbers, schedule = NUMBERS[kind], [], None
+    for i, part in enumerate(rest):
+        word = part.lower()
+        if schedule is not None:
+            raise ModeError(part, f"after {kind}'s schedule {schedule!r}", f"nothing after it: {SHAPES[kind]}")
+        slot = slots[len(numbers)] if len(numbers) < len(slots) else None
+        numberish = _NUMBERISH.fullmatch(part) is not None
+        if slot is None or (slot != "STAGES" and (word in SCHEDULES or (i == len(rest) - 1 and not numberish))):
+            if word not in SCHEDULES:   # a number too many says how many the kind takes
+                takes = (f": {kind} takes {('one', 'two')[len(slots) - 1]} number{'s' * (len(slots) > 1)}"
+                         f" ({', '.join(slots)}) before it") if slot is None and part and numberish else ""
+                raise ModeError(part, f"as {kind}'s schedule", f"one of {', '.join(SCHEDULES)}{takes}")
+            schedule = word
+            continue
+        if not part.isdigit() or int(part) < LEAST[slot]:
+            why = ": one stage is data parallelism" if slot == "STAGES" and part == "1" else ""
+            raise ModeError(part, f"as {kind}'s {slot}", f"an integer >= {LEAST[slot]}{why}")
+        numbers.append(int(part))
+    if len(numbers) < len(slots) and slots[len(numbers)] == "STAGES":
+        raise ModeError(token, "without its STAGES", f"{SHAPES[kind]}, STAGES >= {LEAST['STAGES']}")
     stages = numbers.pop(0) if kind == "mixed" else 0
-    return Mode(kind, stages, numbers[0] if numbers else 0, schedule, token.lower())
+    return Mode(kind, stages, numbers[0] if numbers else 0, schedule or "1f1b", token.lower())
 
 
 class Unfit(ValueError):

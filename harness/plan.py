@@ -26,6 +26,7 @@ MPI at the edges only (`make`); the checks themselves are plain functions.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field, replace
 
 from harness import (communication, dat, division, files, frameworks, heartbeat, parallelism, results, settings, staging,
@@ -278,8 +279,10 @@ def framework_problem(cfg: dat.Config) -> str | None:
     for name in cfg.frameworks:
         gone = frameworks.missing(name)
         if gone:
+            hint = frameworks.own_venv_hint(name, cfg.path)   # a framework of a venv of its own: run with that one
+            where = f"by this Python ({sys.executable}) on this rank's node; {hint}" if hint else "on this rank's node"
             return (f"{cfg.path}:35: found {name!r}, expected a framework installed on every node:"
-                    f" {', '.join(gone)} cannot be imported on this rank's node (README.md, Frameworks)")
+                    f" {', '.join(gone)} cannot be imported {where} (README.md, Frameworks)")
         needs = frameworks.compiler_missing(name, cfg.compiler)
         if needs:
             return (f"{cfg.path}:33: found {cfg.compiler!r} with framework {name} (line 35), expected none, or a"
@@ -402,12 +405,25 @@ def batches(cfg: dat.Config, planned, skipped, datas: dict) -> tuple[tuple, tupl
 
 def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> results.Record:
     """The results of the invocation to resume, checked against the input file and the
-    settings in force now (`values`, as settings.read gives them)."""
-    path = os.path.join(run_dir, "results.json")
+    settings in force now (`values`, as settings.read gives them). A results directory (line
+    5) is refused, naming its newest run: --resume writes into the folder it is given, so the
+    run it continues is named, never guessed (--status and --verify, which only read, take
+    the newest)."""
+    runs = heartbeat.run_folders(run_dir)
+    if runs != [run_dir]:
+        newest = runs[-1]
+        try:
+            state = heartbeat.status(newest, results.load_run(newest))
+            said, stopped = state.line(), state.name in ("interrupted", "failed", "dead")
+        except ValueError as e:
+            said, stopped = f"unreadable: {e}", False
+        raise RunError(f"--resume {run_dir}: found a results directory of {len(runs)} run(s), expected the run folder"
+                       f" to continue (runs/<id>); its newest is {newest} ({said})"
+                       + (f": --resume {newest}" if stopped else ""))   # a run that stopped early is one to continue
     try:
-        previous = results.load(path)
-    except (OSError, ValueError) as e:
-        raise RunError(f"--resume {run_dir}: cannot read {path} ({e})") from None
+        previous = results.load_run(run_dir)
+    except ValueError as e:   # not a folder, no results.json, unreadable: it names which
+        raise RunError(f"--resume {e}") from None
     if previous.input.get("sha256") != results.sha256(cfg.text):
         raise RunError(f"--resume {run_dir}: {cfg.path} is not the input file that run used "
                        f"(SHA-256 differs); resume with the same file, or start a new run")

@@ -68,7 +68,8 @@ SCHEMA = "2.18"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   under ULFM records the run failed with its loss; the report's Losses line says what
                  #   the loss cost (retrain's waves' seconds, drop's survivors' Time), a test laid out on a
                  #   shrunk world has a World line, and the footer counts the ranks lost, the base models
-                 #   trained again and dropped
+                 #   trained again and dropped; environment.node_inventory[].cores_of_ranks (the cores the
+                 #   node's ranks are bound to, their union: the Nodes line says it, not rank 0's binding)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of

@@ -30,7 +30,7 @@ import time
 import psutil
 
 from harness import frameworks, settings
-from harness.topology import machine_of_each_node
+from harness.topology import cpu_mask, machine_of_each_node
 
 GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
 OTHER_LOAD_LIMIT = 0.25   # cores a rank: other load above this on a machine makes the test warn
@@ -402,25 +402,36 @@ def host_inventory() -> dict:
         pass
     return {"hostname": socket.gethostname(), "cpu_model": model,
             "cores_logical": psutil.cpu_count(), "cores_physical": psutil.cpu_count(logical=False),
-            "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count(),
             "memory_total_bytes": psutil.virtual_memory().total}
 
 
+def with_ranks_cores(inventory: list, masks: list[int], node_of_rank) -> list[dict]:
+    """The nodes' inventories (`inventory`: one entry a world rank, None but on each node's
+    first rank), each with `cores_of_ranks`: the cores its ranks may run on, the union of
+    their bindings (`masks`: each world rank's, topology.cpu_mask), counted (pure). Not the
+    first rank's binding alone: a launcher that binds each rank to a core of its own leaves
+    rank 0 one core of a node whose ranks use them all."""
+    union: dict[int, int] = {}
+    for node, mask in zip(node_of_rank, masks):
+        union[node] = union.get(node, 0) | mask
+    return [{**n, "cores_of_ranks": union[node_of_rank[r]].bit_count()} for r, n in enumerate(inventory) if n]
+
+
 def node_lines(inventory: list[dict]) -> list[str]:
-    """The report's lines on the nodes (pure): one per kind of node (ranks, CPU, cores,
-    memory, GPUs alike), naming its hosts (the first and last past four), so that the
-    block does not grow with the node count."""
+    """The report's lines on the nodes (pure): one per kind of node (ranks, CPU, cores, the
+    cores its ranks are bound to where fewer, memory, GPUs alike), naming its hosts (the
+    first and last past four), so that the block does not grow with the node count."""
     kinds: dict[tuple, list[str]] = {}
     for n in inventory:
         gpus = n.get("gpus") or []
         gpu = f"{len(gpus)} x {gpus[0].get('name') or 'GPU'}" if gpus else "no GPU"
-        kind = (n.get("ranks"), n.get("cpu_model"), n.get("cores_logical"), n.get("cores_usable"),
+        kind = (n.get("ranks"), n.get("cpu_model"), n.get("cores_logical"), n.get("cores_of_ranks"),
                 round((n.get("memory_total_bytes") or 0) / 2**30, 1), gpu)
         kinds.setdefault(kind, []).append(n.get("hostname") or "?")
     lines = []
     for (ranks, cpu, cores, usable, gib, gpu), hosts in kinds.items():
         named = ", ".join(hosts) if len(hosts) <= 4 else f"{hosts[0]} ... {hosts[-1]}"
-        usable = "" if usable == cores else f" ({usable} usable)"
+        usable = "" if usable in (None, cores) else f" (its ranks bound to {usable} of them)"
         lines.append(f"Nodes: {len(hosts)} x [{ranks} rank(s); {cpu}, {cores} cores{usable}, {gib} GiB; {gpu}]"
                      f" ({named})")
     return lines
@@ -442,12 +453,14 @@ def software(names: tuple[str, ...]) -> dict:
 
 def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
     """COLLECTIVE over `world`: every rank must call it. Versions (of the frameworks `names`), the world's shape,
-    each node's host and GPU inventory (from the node's first rank), the ranks'
+    each node's host and GPU inventory (from the node's first rank) with the cores its
+    ranks are bound to (every rank's binding: with_ranks_cores), the ranks'
     start-up seconds (called just before the first test) and the libraries' environment
     variables in force (settings.library: rank 0's, and every rank whose differ) on rank 0."""
     mine = ({**host_inventory(), "ranks": nodes.local_size, "gpus": gpu_inventory()}
             if nodes.local_rank == 0 else None)
     inventory = world.gather(mine, root=0)
+    masks = world.gather(cpu_mask(), root=0)   # every rank's binding (after discover widened any): its node's cores
     started = world.gather(startup_seconds(), root=0)
     libraries = world.gather(settings.library(own=frameworks.own_variables(),
                                               unread=frameworks.unread_variables(names)), root=0) or [{}]
@@ -457,7 +470,8 @@ def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
             "library_settings_by_rank": {str(r): libraries[r] for r in differ},
             "machine_of_node": list(nodes.machine_of_node), "machine_cores": list(nodes.machine_cores),
             "widened_ranks": list(nodes.widened), "node_of_rank": list(nodes.node_of_rank),
-            "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n],
+            "rank0_devices": devices,
+            "node_inventory": with_ranks_cores(inventory, masks, nodes.node_of_rank) if inventory else [],
             "startup_seconds": startup_summary(started) if started else None}
 
 

@@ -757,9 +757,15 @@ def incomplete_line(status: str, whole: bool = True) -> str | None:
 
 
 # -- the command line ------------------------------------------------------------------------
-def main(run_dir: str, out=None) -> int:
-    """Print every check and the counts; the exit status is EXIT's (1 also: not a run)."""
+def main(path: str, out=None) -> int:
+    """Print every check and the counts; the exit status is EXIT's (1 also: not a run). `path`
+    may be a results directory (line 5): its newest run is verified, and named first, as
+    --status judges it (heartbeat.newest_run: a batch script knows line 5, not the run's name)."""
     out = out or sys.stdout
+    runs = heartbeat.run_folders(path)
+    run_dir = runs[-1]
+    if run_dir != path:
+        print(f"{path}: a results directory of {len(runs)} run(s); verifying its newest, {run_dir}", file=out)
     try:
         run = load(run_dir)
         checks = verify(run)

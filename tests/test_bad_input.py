@@ -8,6 +8,7 @@ any more) and command-line misuse.
 
 Cases whose exact message tests/test_dat.py asserts (line 17 'fp64', line 18 'rmsprop',
 line 27 '101') are not repeated here."""
+import json
 import re
 
 import pytest
@@ -27,7 +28,7 @@ LINES = {  # line -> (bad value, what the message must show)
     27: ("0", ":27: found '0'"), 29: (str(2**32), f":29: found '{2**32}'"), 30: ("2", ":30: found '2'"), 33: ("jit", ":33: found 'jit', expected a compiler (none, xla, inductor)"),
     31: ("-1", ":31: found '-1'"), 32: ("yes", ":32: found 'yes'"), 34: ("0", ":34: found '0'"),
     35: ("mxnet", ":35: found 'mxnet', expected a framework (tensorflow, pytorch, mindspore)"),
-    36: ("0", ":36: found '0'"), 37: ("pipeline:0", ":37: found 'pipeline:0', expected a parallel mode (data, model,"),
+    36: ("0", ":36: found '0'"), 37: ("pipeline:0", ":37: found '0' as pipeline's MICROBATCHES in 'pipeline:0', expected an integer >= 1"),
 }
 
 
@@ -102,7 +103,7 @@ REFUSED = {  # id -> (edits, what the message must hold besides the format)
     **{f"line{n}": ({n: value}, expect) for n, (value, expect) in LINES.items()},    # the parser's, each line
     "line10-too-few-values": ({10: "1 2"}, "found 'Ms'"),
     "jax-on-35": ({35: "jax"}, "bad.dat:35: found 'jax', expected a framework (tensorflow, pytorch, mindspore)"),
-    "mixed-1": ({37: "mixed:1"}, "bad.dat:37: found 'mixed:1', expected a parallel mode (" + dat.parallelism.FORM),
+    "mixed-1": ({37: "mixed:1"}, "bad.dat:37: found '1' as mixed's STAGES in 'mixed:1', expected an integer >= 2"),
     "adasum-pytorch": ({22: "adasum", 35: "pytorch"}, "bad.dat:22: found 'adasum' with framework pytorch (line 35),"
                        " expected ring: " + frameworks.facts("pytorch").REFUSES["allreduce", "adasum"] + " (tests 1-3)"),
     "xla-pytorch": ({33: "xla", 35: "pytorch"}, "bad.dat:33: found 'xla' with framework pytorch (line 35), expected"
@@ -198,6 +199,19 @@ def exits(monkeypatch):
     (["--watchdog", "-5", "a.dat"], "argument --watchdog: expected seconds >= 0, found '-5'"),
     (["--watchdog", "soon", "a.dat"], "argument --watchdog: expected a number of seconds, found 'soon'"),
     (["--watchdog"], "argument --watchdog: expected one argument"),
+    # issue 66: modes that cannot go together (driver.mode_conflict), never one silently ignored
+    (["--status", "R", "--verify", "R"], "argument --status: not allowed with argument --verify: each reads earlier"
+                                         " runs on its own; give one"),
+    (["--summarize", "R", "S", "--status", "R"], "argument --summarize: not allowed with argument --status: each"
+                                                 " reads earlier runs on its own; give one"),
+    (["--verify", "R", "--check"], "argument --verify: not allowed with argument --check: --verify reads earlier"
+                                   " runs (their results.json), it plans and starts none"),
+    (["--status", "R", "--resume", "R"], "argument --status: not allowed with argument --resume: --status reads"
+                                         " earlier runs (their results.json), it plans and starts none"),
+    (["--verify", "R", "--on-fault", "drop"], "argument --verify: not allowed with argument --on-fault: --verify"
+                                              " reads earlier runs (their results.json), it plans and starts none"),
+    (["x.dat", "--status", "R"], "argument --status: not allowed with an input file (x.dat): --status reads earlier"
+                                 " runs (their results.json), it plans and starts none"),
 ])
 def test_command_line_misuse(exits, capsys, args, expect):
     with pytest.raises(Exited):
@@ -224,7 +238,38 @@ def test_good_command_lines_parse(exits, monkeypatch):
     assert (a.dat, a.check, a.watchdog) == ("x.dat", True, 0.0)
     monkeypatch.setenv("HPCAI500_WATCHDOG", "12.5")
     assert driver.parse_args(["x.dat"]).watchdog == 12.5
+    a = driver.parse_args(["--check", "--resume", "runs/r", "x.dat"])     # checks that the resume would be taken
+    assert (a.dat, a.check, a.resume) == ("x.dat", True, "runs/r")
+    a = driver.parse_args(["--verify", "runs/r"])
+    assert (a.verify, a.status, a.summarize, a.dat) == ("runs/r", None, None, "HPCAI500.dat")
     assert exits == []
+
+
+def test_resume_of_a_results_directory_names_its_newest_run(tmp_path):
+    """Issue 66: --resume writes into the folder it is given, so a results directory (line 5)
+    is refused, naming its newest run and that run's state, never guessed; a folder that is
+    no run is one message, not Python's [Errno 2]."""
+    from tests.conftest import record
+    cfg = dat.parse_text(_lines({27: 2}), "x.dat")
+    for name, status in (("20261126-090000-aaaaaa", "complete"), ("20261126-091500-bbbbbb", "interrupted")):
+        (tmp_path / name).mkdir()
+        rec = record(status, interrupted={"reason": "SIGUSR1 received", "test": 1} if status != "complete" else None)
+        (tmp_path / name / "results.json").write_text(json.dumps(rec.json()))
+    newest = tmp_path / "20261126-091500-bbbbbb"
+    with pytest.raises(RunError) as info:
+        plan.resumed(str(tmp_path), cfg, 3, {})
+    assert str(info.value) == (f"--resume {tmp_path}: found a results directory of 2 run(s), expected the run folder to"
+                               f" continue (runs/<id>); its newest is {newest} (interrupted: SIGUSR1 received during test 1; 0 of 4"
+                               f" test run(s) finished): --resume {newest}")
+    (newest / "results.json").write_text(json.dumps(record("complete").json()))   # nothing there to continue
+    with pytest.raises(RunError) as info:
+        plan.resumed(str(tmp_path), cfg, 3, {})
+    assert str(info.value).endswith(f"its newest is {newest} (complete: every test PASSED; 0 of 4 test run(s)"
+                                    " finished)")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError) as info:
+        plan.resumed(str(tmp_path / "empty"), cfg, 3, {})
+    assert str(info.value) == f"--resume {tmp_path / 'empty'}: no results.json (not a runs/<id> folder?)"
 
 
 def test_no_file_given_and_none_in_the_folder(exits, tmp_path, monkeypatch):

@@ -388,6 +388,24 @@ def test_bad_parallel_modes(line37, found):
     assert info.value.line_no == 37 and repr(found) in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("line37,message", [
+    ("mixed:1", "x.dat:37: found '1' as mixed's STAGES in 'mixed:1', expected an integer >= 2: one stage is data"
+                " parallelism"),
+    ("pipeline:0", "x.dat:37: found '0' as pipeline's MICROBATCHES in 'pipeline:0', expected an integer >= 1"),
+    ("pipeline:4:zigzag", "x.dat:37: found 'zigzag' as pipeline's schedule in 'pipeline:4:zigzag', expected one"
+                          " of 1f1b, gpipe"),
+    ("data Pipeline:4:ZigZag", "x.dat:37: found 'ZigZag' as pipeline's schedule in 'Pipeline:4:ZigZag', expected"
+                               " one of 1f1b, gpipe"),    # as written
+    ("data pipe", "x.dat:37: found 'pipe', expected a parallel mode (" + dat.parallelism.FORM + ") as value 2 of 2"
+                  " (line 36 says 2)"),     # no mode at all: the grammar
+])
+def test_a_bad_parallel_mode_names_its_wrong_part(line37, message):
+    """Issue 66: line 37's refusal names the part that is wrong, not the whole grammar."""
+    with pytest.raises(DatError) as info:
+        parse_text(edit({36: str(len(line37.split())), 37: line37}), "x.dat")
+    assert str(info.value) == message
+
+
 @pytest.mark.parametrize("fields,precision,code", [
     ({}, "fp32", "B32C32SR"),
     ({"sampler": "poisson"}, "fp16", "P16C32SR"),

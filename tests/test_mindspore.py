@@ -96,6 +96,28 @@ def test_the_shipped_sweep_trains_in_mindspore(ms_python, tmp_path, ranks):
     assert verify.main(str(run), out=out) == 0, out.getvalue()
 
 
+def test_the_steps_own_mindspore_warnings_are_gone(ms_python, tmp_path):
+    """Issue 66: two tests on one rank, so two base models' one-graph steps (Step.fused) in one
+    process. Before, MindSpore printed at each compile "Some side effect nodes were eliminated by
+    mistake" (the unused `_` of the step's graph) and, for the second, 'The function "fused" ...
+    has been compiled again' (each base model's step is its own graph: expected); neither now,
+    and train.Recompiled drops that warning for this file's graphs alone, not another's."""
+    (tmp_path / "t.dat").write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=1, l13=2, l14="32 16", l15=1,
+                                             l30=0, l35="mindspore"))
+    p = _ms_mpirun(ms_python, 1, [ROOT / "hpcai500.py", tmp_path / "t.dat"], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "eliminated by mistake" not in p.stderr and "has been compiled again" not in p.stderr, p.stderr[-3000:]
+    check = subprocess.run([str(ms_python), "-c", f"ROOT = {str(ROOT)!r}\n" + MS_PROLOGUE + """
+import logging
+from harness.frameworks.mindspore import train
+def said(text):
+    return train.Recompiled().filter(logging.LogRecord("ME", logging.WARNING, "api.py", 193, text, None, None))
+ours = f'The function "fused" at the file "{train.__file__}", line 230 has been compiled again. Try to reuse'
+print(said(ours), said(ours.replace(train.__file__, "/elsewhere/model.py")), said("Some other warning"))
+"""], capture_output=True, text=True, timeout=HANG, cwd=ROOT)
+    assert check.stdout.split() == ["False", "True", "True"], check.stderr[-3000:]
+
+
 def test_the_onednn_cap_is_set_on_x86_where_the_user_set_none():
     """facts.isa_cap by hand: AVX2 on x86-64 alone, never over the user's own cap (either
     of oneDNN's names), none on other CPUs; the report's line names what was in force."""

@@ -21,15 +21,41 @@ def test_parse(token, mode):
     assert parse(token) == mode
 
 
-@pytest.mark.parametrize("token,why", [("pipe", "unknown mode"), ("data:2", "no parameters"),
-                                       ("model:gpipe", "no parameters"), ("pipeline:0", "'0'"),
-                                       ("pipeline:8:2", "at most 1"), ("mixed", "without its STAGES"),
-                                       ("mixed:gpipe", "without its STAGES"), ("mixed:2:4:6", "at most 2"),
-                                       ("pipeline:-1", "'-1'"), ("pipeline::4", "''"),
-                                       ("mixed:1", "STAGES must be at least 2"), ("mixed:1:4:gpipe", "at least 2")])
-def test_parse_refuses(token, why):
-    with pytest.raises(ValueError, match=why):
+@pytest.mark.parametrize("token,message", [
+    ("pipe", "found 'pipe', expected a parallel mode (" + parallelism.FORM + ")"),
+    ("data:2", "found '2' after data, expected data alone: data and model take no parameters"),
+    ("model:gpipe", "found 'gpipe' after model, expected model alone: data and model take no parameters"),
+    ("pipeline:0", "found '0' as pipeline's MICROBATCHES, expected an integer >= 1"),
+    ("pipeline:-1", "found '-1' as pipeline's MICROBATCHES, expected an integer >= 1"),
+    ("pipeline::4", "found '' as pipeline's MICROBATCHES, expected an integer >= 1"),
+    ("pipeline:4:zigzag", "found 'zigzag' as pipeline's schedule, expected one of 1f1b, gpipe"),
+    ("pipeline:x", "found 'x' as pipeline's schedule, expected one of 1f1b, gpipe"),   # a word last: a schedule
+    ("pipeline:8:2", "found '2' as pipeline's schedule, expected one of 1f1b, gpipe: pipeline takes one number"
+                     " (MICROBATCHES) before it"),
+    ("pipeline:gpipe:4", "found '4' after pipeline's schedule 'gpipe', expected nothing after it:"
+                         " pipeline[:MICROBATCHES][:1f1b|gpipe]"),
+    ("mixed", "found 'mixed' without its STAGES, expected mixed:STAGES[:MICROBATCHES][:1f1b|gpipe], STAGES >= 2"),
+    ("mixed:gpipe", "found 'gpipe' as mixed's STAGES, expected an integer >= 2"),
+    ("mixed:1", "found '1' as mixed's STAGES, expected an integer >= 2: one stage is data parallelism"),
+    ("mixed:1:4:gpipe", "found '1' as mixed's STAGES, expected an integer >= 2: one stage is data parallelism"),
+    ("mixed:2:4:6", "found '6' as mixed's schedule, expected one of 1f1b, gpipe: mixed takes two numbers"
+                    " (STAGES, MICROBATCHES) before it"),
+    ("mixed:2:x:gpipe", "found 'x' as mixed's MICROBATCHES, expected an integer >= 1"),   # not last: a number
+])
+def test_parse_refuses_naming_the_part(token, message):
+    """Issue 66: the part of line 37's token that is wrong, what it stands as and what that
+    place takes; the whole grammar only where the keyword itself is unknown."""
+    with pytest.raises(parallelism.ModeError) as info:
         parse(token)
+    assert str(info.value) == message
+
+
+def test_the_grammar_is_written_once():
+    """FORM is SHAPES' kinds joined: the messages' forms and the input file's free text agree."""
+    assert parallelism.SHAPES == {"pipeline": "pipeline[:MICROBATCHES][:1f1b|gpipe]",
+                                  "mixed": "mixed:STAGES[:MICROBATCHES][:1f1b|gpipe]"}
+    assert parallelism.FORM == ("data, model, pipeline[:MICROBATCHES][:1f1b|gpipe] or"
+                                " mixed:STAGES[:MICROBATCHES][:1f1b|gpipe]; MICROBATCHES >= 1, STAGES >= 2")
 
 
 def test_resolve():
@@ -54,7 +80,7 @@ def test_resolve():
 
 @pytest.mark.parametrize("mode,P,B,why", [
     ("model", 1, 32, "P = 1"), ("pipeline:4", 1, 32, "P = 1"),
-    ("mixed:2", 2, 32, "STAGES = P is pipeline"), ("mixed:3", 4, 32, "divide P"), ("mixed:1:4", 4, 32, "at least 2"),
+    ("mixed:2", 2, 32, "STAGES = P is pipeline"), ("mixed:3", 4, 32, "divide P"), ("mixed:1:4", 4, 32, "an integer >= 2"),
     ("pipeline:3", 2, 32, "64 samples a step, which 3 micro-batches"),   # 32 x 2 = 64, not a multiple of 3
     ("pipeline", 2, 3, "6 samples a step, which 8 micro-batches"),       # default m = 8 > 6
     ("pipeline:2", 4, 32, r"at least as many micro-batches as stages \(2 < 4\)"),   # 1F1B's constraint

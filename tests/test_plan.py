@@ -152,6 +152,36 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     assert frameworks.missing("tensorflow") == []
 
 
+def test_a_framework_of_a_venv_of_its_own_says_to_run_with_it(tmp_path, monkeypatch):
+    """Issue 66: MindSpore lives in a venv of its own (facts VENV). Run from the main venv,
+    the refusal says to run with that venv's python where it is built here (the Makefile's
+    stamp, .installed), to build it where it is not, to build it again where this Python is
+    its own; still FILE:35: found ..., expected ... . The main venv's frameworks: as before."""
+    from harness import frameworks
+    monkeypatch.setattr(frameworks.facts("mindspore"), "REQUIRES", (("mindspore_not_here", "mindspore (x.txt)"),))
+    monkeypatch.setattr(frameworks, "ROOT", str(tmp_path))
+    monkeypatch.setattr(plan.sys, "executable", "/main/.venv/bin/python")
+    monkeypatch.setattr(frameworks.sys, "prefix", "/main/.venv")
+    cfg = dat.parse_text(dat_text(l35="mindspore"), "x.dat")
+    head = ("x.dat:35: found 'mindspore', expected a framework installed on every node: mindspore (x.txt) cannot be"
+            " imported by this Python (/main/.venv/bin/python) on this rank's node; MindSpore runs from a venv of its own")
+    run = (f"run with its python (one rank: {tmp_path}/.venv-mindspore/bin/python hpcai500.py x.dat; N ranks, with its"
+           f" mpirun: PATH={tmp_path}/.venv-mindspore/bin:$PATH mpirun -np N python hpcai500.py x.dat)"
+           " (README.md, Frameworks)")
+    assert plan.framework_problem(cfg) == (f"{head}, not built here: make venv VENV=.venv-mindspore"
+                                           f" FRAMEWORKS=mindspore, then {run}")
+    (tmp_path / ".venv-mindspore" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-mindspore" / "bin" / "python").write_text("")   # still building: no stamp yet
+    assert ", not built here: make venv" in plan.framework_problem(cfg)
+    (tmp_path / ".venv-mindspore" / ".installed").write_text("")
+    assert plan.framework_problem(cfg) == f"{head}, built here: {run}"
+    monkeypatch.setattr(frameworks.sys, "prefix", str(tmp_path / ".venv-mindspore"))
+    assert plan.framework_problem(cfg).endswith(
+        f"; this Python is MindSpore's own venv, {tmp_path}/.venv-mindspore, and lacks it: build it again, make venv"
+        " VENV=.venv-mindspore FRAMEWORKS=mindspore (README.md, Frameworks)")
+    assert frameworks.own_venv_hint("pytorch", "x.dat") is None and frameworks.own_venv_hint("tensorflow", "x.dat") is None
+
+
 def test_a_pytorch_job_needs_a_gpu_a_rank():
     """Two nodes of 2 ranks each (world ranks 0, 1 on n1; 2, 3 on n2), layouts 2 x 1 and
     1 x 2 in PyTorch. NCCL refuses a communicator with two ranks on one GPU: with one GPU on

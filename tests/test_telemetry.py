@@ -217,15 +217,31 @@ def test_reduce_without_gpus():
 
 def test_node_lines_group_alike_nodes_and_do_not_grow_with_them():
     from harness.telemetry import node_lines
-    node = {"cpu_model": "EPYC", "cores_logical": 2, "cores_usable": 2, "memory_total_bytes": 3 * 2**30, "ranks": 2,
+    node = {"cpu_model": "EPYC", "cores_logical": 2, "cores_of_ranks": 2, "memory_total_bytes": 3 * 2**30, "ranks": 2,
             "gpus": []}
     two = [{**node, "hostname": "n1"}, {**node, "hostname": "n2"}]
     assert node_lines(two) == ["Nodes: 2 x [2 rank(s); EPYC, 2 cores, 3.0 GiB; no GPU] (n1, n2)"]
     many = [{**node, "hostname": f"c{i:03d}"} for i in range(500)]
-    gpu = {**node, "hostname": "g1", "ranks": 4, "cores_usable": 1,
+    gpu = {**node, "hostname": "g1", "ranks": 4, "cores_of_ranks": 1,
            "gpus": [{"name": "A100"}, {"name": "A100"}, {"name": "A100"}, {"name": "A100"}]}
-    assert node_lines(many + [gpu]) == ["Nodes: 500 x [2 rank(s); EPYC, 2 cores, 3.0 GiB; no GPU] (c000 ... c499)",
-                                        "Nodes: 1 x [4 rank(s); EPYC, 2 cores (1 usable), 3.0 GiB; 4 x A100] (g1)"]
+    assert node_lines(many + [gpu]) == [
+        "Nodes: 500 x [2 rank(s); EPYC, 2 cores, 3.0 GiB; no GPU] (c000 ... c499)",
+        "Nodes: 1 x [4 rank(s); EPYC, 2 cores (its ranks bound to 1 of them), 3.0 GiB; 4 x A100] (g1)"]
+
+
+def test_a_nodes_usable_cores_are_its_ranks_bindings_together():
+    """Issue 66: not rank 0's binding alone. Node 0 (ranks 0, 1, 3) and node 1 (ranks 2, 4),
+    8 cores each. Rank 0 bound to core 0 (mask 0b1), rank 1 to cores 1-2 (0b110), rank 3 to
+    core 2 again (0b100): node 0's ranks use cores 0, 1, 2: 3 (rank 0 alone would say 1).
+    Node 1: rank 2 unbound (0xff: 8 cores), rank 4 on core 7: all 8, so no words added."""
+    from harness.telemetry import node_lines, with_ranks_cores
+    node = {"cpu_model": "EPYC", "cores_logical": 8, "memory_total_bytes": 2**31, "ranks": 3, "gpus": []}
+    inventory = [{**node, "hostname": "n1"}, None, {**node, "hostname": "n2", "ranks": 2}, None, None]
+    nodes = with_ranks_cores(inventory, [0b1, 0b110, 0xff, 0b100, 0b10000000], [0, 0, 1, 0, 1])
+    assert [(n["hostname"], n["cores_of_ranks"]) for n in nodes] == [("n1", 3), ("n2", 8)]
+    assert node_lines(nodes) == ["Nodes: 1 x [3 rank(s); EPYC, 8 cores (its ranks bound to 3 of them), 2.0 GiB;"
+                                 " no GPU] (n1)",
+                                 "Nodes: 1 x [2 rank(s); EPYC, 8 cores, 2.0 GiB; no GPU] (n2)"]
 
 
 # ---- other load: the cores other processes kept busy during the timed span ---------------

@@ -97,6 +97,21 @@ def test_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys):
     assert "not a folder" in capsys.readouterr().err
 
 
+def test_a_results_directory_verifies_its_newest_run_and_names_it(tmp_path, capsys):
+    """Issue 66: as --status judges it, the newest run folder by name (a batch script knows
+    line 5, not the run's name), named before its checks; here that run's results.json is
+    broken, so the refusal shows which folder was read."""
+    (tmp_path / "20261126-090000-aaaaaa").mkdir()
+    (tmp_path / "20261126-090000-aaaaaa" / "results.json").write_text(json.dumps(record("complete").json()))
+    newest = tmp_path / "20261126-091500-bbbbbb"
+    newest.mkdir()
+    (newest / "results.json").write_text("{not json")
+    assert verify.main(str(tmp_path)) == 1
+    out, err = capsys.readouterr()
+    assert out == f"{tmp_path}: a results directory of 2 run(s); verifying its newest, {newest}\n"
+    assert err.startswith(f"hpcai500: error: --verify: {newest / 'results.json'}: not valid JSON"), err
+
+
 # ---- a run that did not complete: its own exit status (pure) ------------------------------
 
 def test_a_failed_check_wins_then_an_incomplete_run():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +44,7 @@ class Facts(Protocol):
     CODE: str                   # its T/V code
     MEANING: str                # line 35's choice in words
     REQUIRES: tuple             # ((module, the pip requirement that brings it), ...): what training imports
+    VENV: object                # the venv of its own it runs from (a folder beside hpcai500.py), or None: the main one
     OWN_VARIABLES: tuple        # prefixes of the environment variables only its libraries read
     ENVIRONMENT: dict           # variables hpcai500.py sets (where unset) before any framework is imported
     REFUSES: dict               # {(Config field, value): why}: the Table 2 choices it cannot carry
@@ -134,6 +136,30 @@ def missing(name: str) -> list[str]:
     without importing them: importlib's finder only), e.g. ['torch (requirements-
     pytorch.txt)']; [] where it can run."""
     return [need for module, need in facts(name).REQUIRES if importlib.util.find_spec(module) is None]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # where hpcai500.py is
+
+
+def own_venv_hint(name: str, input_path: str, prefix: str | None = None, root: str | None = None) -> str | None:
+    """For framework `name` that this Python (`prefix`: its sys.prefix) cannot import: where the
+    framework has a venv of its own (VENV), what to do, or None where it has none (the main venv's
+    frameworks: install their requirement). That venv built here (the Makefile's stamp, .installed:
+    a venv still building has its bin/python already): run with its python; not built: build it,
+    then so; this Python its own: build it again."""
+    venv = facts(name).VENV
+    if venv is None:
+        return None
+    place = os.path.join(ROOT if root is None else root, venv)
+    build = f"make venv VENV={venv} FRAMEWORKS={name}"
+    title = facts(name).TITLE
+    if os.path.realpath(sys.prefix if prefix is None else prefix) == os.path.realpath(place):
+        return f"this Python is {title}'s own venv, {place}, and lacks it: build it again, {build}"
+    run = (f"run with its python (one rank: {place}/bin/python hpcai500.py {input_path}; N ranks, with its mpirun:"
+           f" PATH={place}/bin:$PATH mpirun -np N python hpcai500.py {input_path})")
+    if os.path.isfile(os.path.join(place, ".installed")):
+        return f"{title} runs from a venv of its own, built here: {run}"
+    return f"{title} runs from a venv of its own, not built here: {build}, then {run}"
 
 
 def compiler_missing(framework: str, compiler: str, environ=None) -> str | None:

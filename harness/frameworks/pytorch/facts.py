@@ -15,6 +15,7 @@ TITLE = "PyTorch"       # in the report's sentences
 CODE = "PT"             # T/V code
 MEANING = "PyTorch with torch.distributed (DistributedDataParallel)"
 REQUIRES = (("torch", "torch (requirements-pytorch.txt)"),)   # (module, the pip requirement that brings it)
+VENV = None   # installed in the main venv (make venv FRAMEWORKS=...)
 # The environment variables only torch reads: a run without PyTorch leaves them out of its record
 OWN_VARIABLES = ("TORCH", "PYTORCH_")
 ENVIRONMENT = {}   # nothing to set before torch is imported

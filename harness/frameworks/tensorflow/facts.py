@@ -15,6 +15,7 @@ CODE = ""               # T/V code: empty, so that the codes of runs from before
 MEANING = "TensorFlow 2 (tf.keras) with Horovod for the gradient exchange"
 # What training imports: (module, the pip requirement that brings it)
 REQUIRES = (("tensorflow", "tensorflow (requirements.txt)"), ("horovod", "horovod (requirements.txt, built by make venv)"))
+VENV = None   # installed in the main venv (make venv)
 # The environment variables only TensorFlow, XLA and Horovod read: a run without TensorFlow
 # cannot have its figures changed by them, and its record leaves them out
 OWN_VARIABLES = ("TF_", "XLA_", "HOROVOD_")
