@@ -12,8 +12,10 @@
 # MindSpore (line 35's third framework) needs protobuf >= 7.34 and TensorFlow 2.18 < 6: it cannot
 #   share TensorFlow's venv. make venv VENV=.venv-mindspore FRAMEWORKS=mindspore (PyTorch may join
 #   it); `make test` builds that venv too ($(MSVENV)) for the MindSpore tests.
-# GPU build: make venv GPU=1: tensorflow[and-cuda] and Horovod with NCCL (HOROVOD_GPU_OPERATIONS=NCCL),
-#   compiled without a GPU. scripts/gpu_toolkit.sh picks the CUDA toolkit and NCCL: CUDA=auto (default)
+# GPU build: make venv GPU=1 FRAMEWORKS=tensorflow: tensorflow[and-cuda] and Horovod with NCCL
+#   (HOROVOD_GPU_OPERATIONS=NCCL), compiled without a GPU; make venv VENV=.venv-torch GPU=1
+#   FRAMEWORKS=pytorch: PyPI's torch (its CUDA build, with its own CUDA libraries). One framework a
+#   GPU venv (below); every venv ends with pip check. scripts/gpu_toolkit.sh picks the CUDA toolkit and NCCL: CUDA=auto (default)
 #   takes the site's (HOROVOD_CUDA_HOME, CUDA_HOME or nvcc on PATH; NCCL: HOROVOD_NCCL_HOME or
 #   NCCL_HOME), else PyPI's (a CUDA 13.0 compiler: driver R580+); CUDA=site or CUDA=pypi forces one.
 #   HOROVOD_BUILD_CUDA_CC_LIST=80,90 picks the GPU architectures (default 70,80,90, as nvcc allows).
@@ -37,6 +39,15 @@ $(error FRAMEWORKS: found nothing, expected tensorflow, pytorch and/or mindspore
 endif
 ifneq ($(and $(TF),$(MS)),)
 $(error FRAMEWORKS: found 'tensorflow mindspore', expected one of them: MindSpore 2.10 needs protobuf >= 7.34, TensorFlow 2.18 < 6; give MindSpore its own venv: make venv VENV=.venv-mindspore FRAMEWORKS=mindspore)
+endif
+# GPU=1 builds one framework a venv: TensorFlow[and-cuda] pins its CUDA 12 libraries (NCCL, cuDNN ...)
+# exactly, and so does PyPI's CUDA build of torch, each other versions: installed together, pip
+# replaces one's in place, or a second CUDA stack comes into the process (two libnccl.so.2 under one
+# name), while Horovod still reports the NCCL it was built with. pip check (below) would refuse it.
+ifeq ($(GPU),1)
+ifneq ($(and $(TF),$(TORCH)),)
+$(error GPU=1: found FRAMEWORKS 'tensorflow pytorch', expected one: each pins its own CUDA libraries (NCCL, cuDNN), which one venv cannot hold; make venv GPU=1 FRAMEWORKS=tensorflow, and make venv VENV=.venv-torch GPU=1 FRAMEWORKS=pytorch, then run each framework's tests with its venv's python)
+endif
 endif
 # The MindSpore venv the tests use beside $(VENV) (`make test` builds it and names it to pytest: --mindspore-venv)
 MSVENV  ?= .venv-mindspore
@@ -137,6 +148,7 @@ endif
 ifneq ($(TORCH),)
 	$(PY) -m pip install --no-cache-dir -r requirements-pytorch.txt
 endif
+	$(PY) -m pip check
 	touch $(STAMP)
 
 # The frameworks the venv was made for. A venv from before this file had both (recorded

@@ -46,6 +46,22 @@ def test_mindspore_gets_a_venv_of_its_own(tmp_path):
     assert f"--mindspore-venv={tmp_path / 'm'} tests" in test
 
 
+def test_a_gpu_venv_holds_one_framework_and_every_venv_is_pip_checked(tmp_path):
+    """Issue 67 item 4: TensorFlow's and torch's CUDA builds pin their own NCCL and cuDNN;
+    one venv cannot hold both, so GPU=1 with both is refused naming the two venvs to make;
+    with one it builds, and every venv's install ends with pip check."""
+    both = _recipe(tmp_path, "GPU=1")
+    assert both.returncode != 0 and "GPU=1: found FRAMEWORKS 'tensorflow pytorch', expected one" in both.stderr
+    torch_gpu = _recipe(tmp_path, "GPU=1", "FRAMEWORKS=pytorch")
+    assert torch_gpu.returncode == 0 and "requirements-pytorch.txt" in torch_gpu.stdout
+    tf_gpu = _recipe(tmp_path, "GPU=1", "FRAMEWORKS=tensorflow").stdout
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in tf_gpu and "requirements-pytorch.txt" not in tf_gpu
+    for out in (_recipe(tmp_path).stdout, torch_gpu.stdout, tf_gpu, _recipe(tmp_path, "FRAMEWORKS=mindspore").stdout):
+        lines = out.splitlines()
+        check = lines.index(f"{tmp_path / 'v'}/bin/python -m pip check")
+        assert lines[check + 1] == f"touch {tmp_path / 'v'}/.installed"   # the last step before the stamp
+
+
 def test_the_venvs_frameworks_are_the_default(tmp_path):
     """A venv made for PyTorch alone stays so when `make run` names no frameworks."""
     (tmp_path / "v").mkdir()
