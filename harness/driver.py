@@ -321,6 +321,7 @@ def _devices(world, plan, nodes, watchdog) -> dict:
             f" {cfg.frameworks[0]} found none; its start-up messages:\n{native[0]}")
     first_failure(world, planning.shared_gpu_problem(cfg, plan.tests, nodes.node_of_rank,
                                                      world.allgather(devices["gpus_on_node"]), nodes.hosts))
+    first_failure(world, planning.gpu_memory_problem(cfg, devices["gpus_on_node"]))
     return devices
 
 

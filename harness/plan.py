@@ -290,6 +290,20 @@ def framework_problem(cfg: dat.Config) -> str | None:
     return None
 
 
+def gpu_memory_problem(cfg: dat.Config, gpus_on_node: int) -> str | None:
+    """Why line 35's frameworks cannot share this node's GPUs in one run, or None (pure).
+    TensorFlow's allocator keeps the GPU memory it grew (memory growth) until the process
+    ends and offers no way to give it back, so a PyTorch test after a TensorFlow one would
+    find the GPU full; PyTorch's cache is emptied after each job (Job.close). MindSpore
+    trains on CPUs here. One framework a run on GPUs, as the GPU venvs hold one (Makefile)."""
+    if gpus_on_node and "tensorflow" in cfg.frameworks and "pytorch" in cfg.frameworks:
+        return (f"{cfg.path}:35: found {' '.join(cfg.frameworks)!r} on a node with {gpus_on_node} GPU(s), expected"
+                " one of tensorflow and pytorch a run on GPUs: TensorFlow keeps the GPU memory it grew until its"
+                " process ends, so the other framework's tests would run out of it; run each in its own invocation"
+                " (README, GPU nodes)")
+    return None
+
+
 def results_dir_problem(cfg: dat.Config) -> str | None:
     """Why the results directory (line 5) cannot take a run's folder, or None. Nothing is
     made and nothing is left: a probe file in the directory, or in its nearest existing

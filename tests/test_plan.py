@@ -372,3 +372,30 @@ def test_resume_may_change_what_a_fault_costs_and_names_the_option_of_a_setting(
     assert settings.resume_differences({"HPCAI500_FAULT": "1:3"}, {"HPCAI500_FAULT": "1:4"}) == [
         "HPCAI500_FAULT=1:3 there, HPCAI500_FAULT=1:4 now"]
     assert settings.resume_differences({}, {"HPCAI500_ON_FAULT": "drop", "HPCAI500_HEARTBEAT": "2"}) == []
+
+
+def test_tensorflow_and_pytorch_do_not_share_a_nodes_gpus_in_one_run():
+    """Issue 67 item 3: TensorFlow keeps the GPU memory it grew until its process ends, so a
+    run of both frameworks on GPUs is refused at set-up, naming line 35; on CPUs, or with
+    MindSpore (CPUs here) beside one of them, it runs."""
+    both = dat.parse_text(dat_text(l34=2, l35="tensorflow pytorch"), "x.dat")
+    assert plan.gpu_memory_problem(both, 4) == (
+        "x.dat:35: found 'tensorflow pytorch' on a node with 4 GPU(s), expected one of tensorflow and pytorch a run on"
+        " GPUs: TensorFlow keeps the GPU memory it grew until its process ends, so the other framework's tests would"
+        " run out of it; run each in its own invocation (README, GPU nodes)")
+    assert plan.gpu_memory_problem(both, 0) is None
+    assert plan.gpu_memory_problem(dat.parse_text(dat_text(l34=2, l35="pytorch mindspore"), "x.dat"), 4) is None
+    assert plan.gpu_memory_problem(dat.parse_text(dat_text(l35="pytorch"), "x.dat"), 8) is None
+
+
+def test_a_pytorch_jobs_gpu_cache_goes_back_when_it_closes_and_a_cpus_is_left_alone(monkeypatch):
+    import torch
+
+    from harness.frameworks.pytorch import interface
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append(("sync", str(d))))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty",)))
+    interface.release_cached_memory(torch.device("cpu"))
+    assert calls == []
+    interface.release_cached_memory(torch.device("cuda", 1))
+    assert calls == [("sync", "cuda:1"), ("empty",)]

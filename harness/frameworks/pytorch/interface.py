@@ -80,6 +80,7 @@ class Job:
         # thread calling back into Python aborts the process: collected before the groups go
         gc.collect()
         self._group.__exit__(None, None, None)
+        release_cached_memory(self.device)
 
     def abandon(self) -> None:
         """The job lost a rank (harness/elastic.py): the group goes without the barriers of
@@ -88,3 +89,12 @@ class Job:
         gc.collect()
         self._group.gen.close()   # the context manager's generator ends here, its barriers skipped
         dist.destroy_process_group()
+
+
+def release_cached_memory(device) -> None:
+    """A job's GPU memory back to the device once it is closed: PyTorch's caching allocator
+    keeps every block it freed for the next allocation, so the next test, or a test's next
+    framework, would find the GPU full of this one's cache (issue 67 item 3). Nothing on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
