@@ -190,7 +190,9 @@ def test_ranks_killed_on_other_nodes_cost_their_base_models_and_n2_takes_over_fr
     assert _status(run)[0] == 6
     q = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run)], capture_output=True,
                        text=True, timeout=120)
-    assert q.returncode == 0, [x for x in q.stdout.splitlines() if "FAILED" in x]
+    # every figure re-derived; base models dropped and a test left out: INCOMPLETE (2), as --status's 6
+    assert q.returncode == 2 and " 0 failed ...... INCOMPLETE" in q.stdout, \
+        [x for x in q.stdout.splitlines() if "FAILED" in x]
 
 
 # Test 2 (B 8) takes 4x test 1's steps. Trained by PyTorch: what these tests prove is the
