@@ -291,16 +291,19 @@ def framework_problem(cfg: dat.Config) -> str | None:
 
 
 def gpu_memory_problem(cfg: dat.Config, gpus_on_node: int) -> str | None:
-    """Why line 35's frameworks cannot share this node's GPUs in one run, or None (pure).
-    TensorFlow's allocator keeps the GPU memory it grew (memory growth) until the process
-    ends and offers no way to give it back, so a PyTorch test after a TensorFlow one would
-    find the GPU full; PyTorch's cache is emptied after each job (Job.close). MindSpore
-    trains on CPUs here. One framework a run on GPUs, as the GPU venvs hold one (Makefile)."""
-    if gpus_on_node and "tensorflow" in cfg.frameworks and "pytorch" in cfg.frameworks:
+    """Why line 35's frameworks cannot share this node's GPUs in one run, or None (pure). A
+    framework whose allocator keeps the GPU memory it grew to the process's end (its facts'
+    GPU_MEMORY "keeps": TensorFlow) leaves another that trains on the GPU too little; one
+    that releases its cache after each job (PyTorch) or trains on CPUs (MindSpore here) is
+    no such neighbour. One framework a run on GPUs, as the GPU venvs hold one (Makefile)."""
+    uses = {name: frameworks.facts(name).GPU_MEMORY for name in cfg.frameworks}
+    keeps = [name for name, how in uses.items() if how == "keeps"]
+    others = [name for name, how in uses.items() if how != "none" and name not in keeps[:1]]
+    if gpus_on_node and keeps and others:
         return (f"{cfg.path}:35: found {' '.join(cfg.frameworks)!r} on a node with {gpus_on_node} GPU(s), expected"
-                " one of tensorflow and pytorch a run on GPUs: TensorFlow keeps the GPU memory it grew until its"
-                " process ends, so the other framework's tests would run out of it; run each in its own invocation"
-                " (README, GPU nodes)")
+                f" {keeps[0]} alone on GPUs in a run: {frameworks.facts(keeps[0]).TITLE} keeps the GPU memory it grew"
+                f" until its process ends, so {', '.join(others)}'s tests would run out of it; run each framework in"
+                " its own invocation (README, GPU nodes)")
     return None
 
 

@@ -380,9 +380,9 @@ def test_tensorflow_and_pytorch_do_not_share_a_nodes_gpus_in_one_run():
     MindSpore (CPUs here) beside one of them, it runs."""
     both = dat.parse_text(dat_text(l34=2, l35="tensorflow pytorch"), "x.dat")
     assert plan.gpu_memory_problem(both, 4) == (
-        "x.dat:35: found 'tensorflow pytorch' on a node with 4 GPU(s), expected one of tensorflow and pytorch a run on"
-        " GPUs: TensorFlow keeps the GPU memory it grew until its process ends, so the other framework's tests would"
-        " run out of it; run each in its own invocation (README, GPU nodes)")
+        "x.dat:35: found 'tensorflow pytorch' on a node with 4 GPU(s), expected tensorflow alone on GPUs in a run:"
+        " TensorFlow keeps the GPU memory it grew until its process ends, so pytorch's tests would run out of it; run"
+        " each framework in its own invocation (README, GPU nodes)")
     assert plan.gpu_memory_problem(both, 0) is None
     assert plan.gpu_memory_problem(dat.parse_text(dat_text(l34=2, l35="pytorch mindspore"), "x.dat"), 4) is None
     assert plan.gpu_memory_problem(dat.parse_text(dat_text(l35="pytorch"), "x.dat"), 8) is None

@@ -55,6 +55,8 @@ class Facts(Protocol):
     FEED: str                   # where the workloads' feed runs (the conventions' Devices line)
     WARM_UP: str                # what its warm-up step takes out of the clock (the Warm-up line)
     GPU_OF_ITS_OWN: bool        # each rank of a job needs a GPU of its own (NCCL's rule)
+    GPU_MEMORY: str             # "keeps": the GPU memory it grew stays its own to the process's end; "releases":
+    #                             it gives its cache back after each job; "none": it trains on CPUs here
     COMPILERS: dict             # line 33's compilers it offers -> the parameter block's words
     NO_COMPILER: str            # how it runs a step without one (COMPILER : none (...))
 

@@ -72,6 +72,7 @@ COMPILERS = {}     # line 33: none; its graph mode is how it always runs
 NO_COMPILER = "graph mode, mindspore.jit of the forward and backward pass"
 # The exchange runs on the host over MPI: ranks may share a device
 GPU_OF_ITS_OWN = False
+GPU_MEMORY = "none"     # it trains on CPUs here (its setup_devices)
 
 
 def isa_cap(environ, machine: str) -> dict[str, str]:

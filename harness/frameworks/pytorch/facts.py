@@ -40,6 +40,8 @@ COMPILERS = {"inductor": "torch.compile, TorchInductor (forward and backward pas
 NO_COMPILER = "eager"
 # NCCL refuses a communicator with two of its ranks on one GPU (plan.shared_gpu_problem)
 GPU_OF_ITS_OWN = True
+# Its caching allocator's blocks go back to the device after each job (interface.release_cached_memory)
+GPU_MEMORY = "releases"
 
 
 def compiler_missing(compiler: str, environ) -> str | None:

@@ -42,6 +42,9 @@ COMPILERS = {"xla": "XLA (forward and backward pass)"}
 NO_COMPILER = "graph, tf.function"
 # Whether each rank of a job needs a GPU of its own (plan.shared_gpu_problem): Horovod's exchange has checks of its own
 GPU_OF_ITS_OWN = False
+# Its allocator grows into the GPU (memory growth) and keeps what it grew to the process's end: no
+# call gives it back (plan.gpu_memory_problem)
+GPU_MEMORY = "keeps"
 
 
 def compiler_missing(compiler: str, environ) -> str | None:
