@@ -345,8 +345,9 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
             cfg.allreduce, t.mode, t.P, t.batch, ctx.devices["gpus_on_node"]))
         model = fw.build(wl, local, part.seed, job, t.precision)
         watchdog.beat(f"training, test {t.index}")
-        gpus = ctx.devices["gpus_on_node"]
-        probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
+        # the GPU pinned at set-up, not one worked out from the local rank: a loss renumbers local ranks
+        # (topology.discover on the survivors) while each rank's GPU stays where it was
+        probe = telemetry.Sampler(gpu=ctx.devices["gpu"])
         probe.start()
         recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                               t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce, t.mode)
