@@ -422,7 +422,8 @@ def software(names: tuple[str, ...]) -> dict:
 
 
 def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
-    """COLLECTIVE over `world`: every rank must call it. Versions (of the frameworks `names`), the world's shape,
+    """COLLECTIVE over `world`: every rank must call it. `devices`: each framework's set-up
+    record on this rank (name -> setup_devices'). Versions (of the frameworks `names`), the world's shape,
     each node's host and GPU inventory (from the node's first rank), the ranks'
     start-up seconds (called just before the first test) and the libraries' environment
     variables in force (settings.library: rank 0's, and every rank whose differ) on rank 0."""
@@ -438,7 +439,9 @@ def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
             "library_settings_by_rank": {str(r): libraries[r] for r in differ},
             "machine_of_node": list(nodes.machine_of_node), "machine_cores": list(nodes.machine_cores),
             "widened_ranks": list(nodes.widened), "node_of_rank": list(nodes.node_of_rank),
-            "rank0_devices": devices, "node_inventory": [n for n in inventory or [] if n],
+            # rank0_devices: the first framework's record, as before schema 2.19 (the only one kept then)
+            "rank0_devices": devices[names[0]], "rank0_devices_by_framework": devices,
+            "node_inventory": [n for n in inventory or [] if n],
             "startup_seconds": startup_summary(started) if started else None}
 
 
