@@ -30,7 +30,7 @@ import numpy as np
 
 from harness.errors import RunError, crash, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import (dat, division, elastic, fault, frameworks, heartbeat, report, results, run, settings, signals,
+from harness import (dat, division, elastic, fault, frameworks, gpus, heartbeat, report, results, run, settings, signals,
                      telemetry, topology, verify, workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
@@ -306,22 +306,27 @@ def _run(args, world, watchdog) -> int:
 
 
 def _devices(world, plan, nodes, watchdog) -> dict:
-    """Each framework the sweep names set up on this rank (rank 0's first's devices, for the
-    report), agreed: GPUs shared as the plan allows on every node."""
+    """Each framework the sweep names set up on this rank: {name: its setup_devices record}
+    (each test reads its own framework's: a sweep of a GPU framework and a CPU one charges
+    neither the other's device), agreed: GPUs shared as the plan allows on every node."""
     watchdog.beat("device set-up")
     cfg = plan.cfg
     with native_stderr_captured() as native, _collector_off():
-        devices = [frameworks.get(name).setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
-                   for name in cfg.frameworks][0]
+        devices = {name: frameworks.get(name).setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
+                   for name in cfg.frameworks}
     # asleep: a framework's import takes seconds, longer where ranks share cores, and a rank
     # done first would keep a core busy in the blocking gather below while others import
     watchdog.wait(world.Ibarrier(), "device set-up: waiting for the other ranks")
-    if not devices["gpus_on_node"] and telemetry.gpu_inventory():
+    blind = [name for name, d in devices.items() if frameworks.facts(name).USES_GPUS and not d["gpus_on_node"]]
+    if blind and telemetry.gpu_inventory():
         say(f"rank {world.rank}: NVML sees GPUs on {nodes.hosts[nodes.node_of_rank[world.rank]]} but"
-            f" {cfg.frameworks[0]} found none; its start-up messages:\n{native[0]}")
-    first_failure(world, planning.shared_gpu_problem(cfg, plan.tests, nodes.node_of_rank,
-                                                     world.allgather(devices["gpus_on_node"]), nodes.hosts))
-    first_failure(world, planning.gpu_memory_problem(cfg, devices["gpus_on_node"]))
+            f" {', '.join(blind)} found none; start-up messages:\n{native[0]}")
+    # the identity of the GPU each rank's frameworks pinned (None: sharing allowed), not its index: under a
+    # per-rank CUDA_VISIBLE_DEVICES every rank's GPU is its framework's "GPU 0"
+    pinned = world.allgather({name: gpus.nccl_identity(d) for name, d in devices.items()})
+    first_failure(world, planning.shared_gpu_problem(cfg, plan.tests, nodes.node_of_rank, pinned, nodes.hosts))
+    first_failure(world, planning.gpu_memory_problem(cfg, max((d["gpus_on_node"] for d in devices.values()),
+                                                              default=0)))
     return devices
 
 

@@ -293,12 +293,11 @@ def framework_problem(cfg: dat.Config) -> str | None:
 def gpu_memory_problem(cfg: dat.Config, gpus_on_node: int) -> str | None:
     """Why line 35's frameworks cannot share this node's GPUs in one run, or None (pure). A
     framework whose allocator keeps the GPU memory it grew to the process's end (its facts'
-    GPU_MEMORY "keeps": TensorFlow) leaves another that trains on the GPU too little; one
-    that releases its cache after each job (PyTorch) or trains on CPUs (MindSpore here) is
-    no such neighbour. One framework a run on GPUs, as the GPU venvs hold one (Makefile)."""
-    uses = {name: frameworks.facts(name).GPU_MEMORY for name in cfg.frameworks}
-    keeps = [name for name, how in uses.items() if how == "keeps"]
-    others = [name for name, how in uses.items() if how != "none" and name not in keeps[:1]]
+    KEEPS_GPU_MEMORY: TensorFlow) leaves another that computes on the GPUs (USES_GPUS) too
+    little; PyTorch gives its cache back after each job, MindSpore trains on CPUs here. One
+    framework a run on GPUs, as the GPU venvs hold one (Makefile)."""
+    keeps = [n for n in cfg.frameworks if frameworks.facts(n).KEEPS_GPU_MEMORY]
+    others = [n for n in cfg.frameworks if frameworks.facts(n).USES_GPUS and n not in keeps[:1]]
     if gpus_on_node and keeps and others:
         return (f"{cfg.path}:35: found {' '.join(cfg.frameworks)!r} on a node with {gpus_on_node} GPU(s), expected"
                 f" {keeps[0]} alone on GPUs in a run: {frameworks.facts(keeps[0]).TITLE} keeps the GPU memory it grew"
@@ -371,37 +370,45 @@ def check_allreduce(cfg: dat.Config) -> None:
                        " reduction of its own")
 
 
-def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpus_of_rank, hosts) -> str | None:
-    """Why a job of a framework whose ranks each need a GPU of their own (its facts'
-    GPU_OF_ITS_OWN: NCCL refuses a communicator with two of its ranks on one GPU) cannot
-    start on these GPUs, or None. Each rank takes GPU local_rank % GPUs of its node (each
-    framework's setup_devices). Base models of one rank share a GPU freely (each job is
-    its own group).
-    `gpus_of_rank`: the GPUs each world rank's framework sees (0: a CPU node, no NCCL).
+def shared_gpu_problem(cfg: dat.Config, planned, node_of_rank, gpu_of_rank, hosts) -> str | None:
+    """Why a job cannot start with two of its ranks on one GPU where its exchange goes
+    through NCCL (which refuses a communicator with two of its ranks on one GPU: "Duplicate
+    GPU detected", the same host and PCI bus id), or None. Base models of one rank share a
+    GPU freely (each job is its own group).
+    `gpu_of_rank`: per world rank, framework name -> the GPU that rank's framework pinned
+    (harness/gpus.nccl_identity of its set-up record: its PCI bus id; None where sharing is
+    allowed: a CPU, or a build whose exchange is not NCCL's). Compared as (node, GPU): every
+    rank may call its own GPU "0" (Slurm's --gpus-per-task=1, a CUDA_VISIBLE_DEVICES a rank).
     Pure: every rank passes the same lists and gets the same answer."""
-    local, seen_on = [], {}          # each world rank's index among its node's ranks: one pass (thousands of ranks)
-    for node in node_of_rank:
-        local.append(seen_on.get(node, 0))
-        seen_on[node] = local[-1] + 1
     for p in planned:
-        fw = frameworks.facts(p.test.framework)
-        if not fw.GPU_OF_ITS_OWN or p.layout.P < 2:
+        if p.layout.P < 2:
             continue
+        name = p.test.framework
         for j, ranks in enumerate(p.layout.jobs):
             seen = {}
             for r in ranks:
-                if not gpus_of_rank[r]:
+                gpu = gpu_of_rank[r].get(name)
+                if gpu is None:
                     continue
-                key = (node_of_rank[r], local[r] % gpus_of_rank[r])
+                key = (node_of_rank[r], gpu)
                 if key in seen:
-                    node = hosts[key[0]]
-                    return (f"{cfg.path}:11: found '{p.layout.P}' (test {p.test.index}'s P) with world ranks"
-                            f" {seen[key]} and {r} of job {j} both on GPU {key[1]} of {node} ({gpus_of_rank[r]} GPU(s)"
-                            f" there for its {node_of_rank.count(key[0])} ranks), expected each rank of a {fw.TITLE} job"
-                            f" on a GPU of its own: NCCL refuses two ranks of one communicator on one GPU; start at"
-                            f" most {gpus_of_rank[r]} rank(s) a node on {node}, or P = 1 there")
+                    return _shared_gpu(cfg, p, j, (seen[key], r), gpu, node_of_rank, gpu_of_rank, hosts)
                 seen[key] = r
     return None
+
+
+def _shared_gpu(cfg: dat.Config, p, job: int, pair: tuple[int, int], gpu: str, node_of_rank, gpu_of_rank,
+                hosts) -> str:
+    """shared_gpu_problem's message: the two ranks, the GPU, what the node's ranks pinned."""
+    node = node_of_rank[pair[1]]
+    here = [r for r, n in enumerate(node_of_rank) if n == node]
+    distinct = len({gpu_of_rank[r].get(p.test.framework) for r in here} - {None})
+    return (f"{cfg.path}:11: found '{p.layout.P}' (test {p.test.index}'s P) with world ranks {pair[0]} and {pair[1]}"
+            f" of job {job} both on GPU {gpu} of {hosts[node]} ({distinct} GPU(s) pinned there by its {len(here)}"
+            f" ranks), expected each rank of a {frameworks.facts(p.test.framework).TITLE} job on a GPU of its own:"
+            f" NCCL refuses two ranks of one communicator on one GPU; start at most one rank a GPU on"
+            f" {hosts[node]}, each bound to a different one (its index among the node's ranks, or"
+            f" CUDA_VISIBLE_DEVICES / Slurm's --gpus-per-task=1 a rank), or P = 1 there")
 
 
 def batches(cfg: dat.Config, planned, skipped, datas: dict) -> tuple[tuple, tuple]:

@@ -418,8 +418,7 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
         " evaluation, MLPerf HPC's time to train",
         "Replica consistency: max |w - w_root| over the trainable weights of every rank of each"
         f" base model; PASSED at <= {metrics.REPLICA_TOLERANCE:.0e}",
-        f"Devices (rank 0): {devices['device']}; threads per rank: {devices['threads']} intra-op and"
-        f" {devices['inter_op']} inter-op for the step (cores / ranks sharing them); " + input_line(cfg, devices),
+        devices_line(cfg, devices),
         "Other load: per machine, its busy cores during the timed span minus the cores the run's ranks kept busy"
         " (the Telemetry line's 'other processes'; a test warns above"
         f" {telemetry.OTHER_LOAD_LIMIT:g} a rank); CPU counters read every second and at the span's edges;"
@@ -434,12 +433,33 @@ def conventions(cfg, devices: dict, notes: list[str], placement: list[str], ceil
     return lines
 
 
+def devices_line(cfg, devices: dict) -> str:
+    """The Devices line: rank 0's device and threads in each framework of the run
+    (`devices`: name -> its setup_devices record), said once where they agree (as every
+    run of one framework said them) and by framework where they differ (a GPU framework
+    beside MindSpore's CPU build, from results schema 2.19), and where the feed runs."""
+    def each(say) -> str:
+        said = {n: say(devices[n]) for n in cfg.frameworks}
+        if len(set(said.values())) == 1:
+            return said[cfg.frameworks[0]]
+        return ", ".join(f"{frameworks.facts(n).TITLE} {text}" for n, text in said.items())
+    threads = each(lambda d: f"{d['threads']} intra-op and {d['inter_op']} inter-op")
+    return (f"Devices (rank 0): {each(lambda d: d['device'])}; threads per rank: {threads} for the step (cores /"
+            " ranks sharing them); " + input_line(cfg, devices))
+
+
 def input_line(cfg, devices: dict) -> str:
-    """Where the feed runs, in each framework of the run, and on which cores."""
+    """Where the feed runs, in each framework of the run, and on which cores: the GPU's
+    clause once where every framework of the run is alike, else each framework's own."""
+    def cores(name: str) -> str:
+        return (", on the same cores, none set aside: on a CPU-only node it shares them with the step"
+                if not devices[name]["gpus_on_node"] else ", on the cores the GPU leaves idle")
+    clauses = {cores(n) for n in cfg.frameworks}
+    if len(clauses) == 1:
+        return ("input (read, decode, augment: the workload's feed) runs "
+                + "; ".join(frameworks.facts(f).FEED for f in cfg.frameworks) + clauses.pop())
     return ("input (read, decode, augment: the workload's feed) runs "
-            + "; ".join(frameworks.facts(f).FEED for f in cfg.frameworks)
-            + (", on the same cores, none set aside: on a CPU-only node it shares them with the step"
-               if not devices["gpus_on_node"] else ", on the cores the GPU leaves idle"))
+            + "; ".join(frameworks.facts(f).FEED + cores(f) for f in cfg.frameworks))
 
 
 def run_lines(cfg) -> list[str]:

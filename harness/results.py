@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.18"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.19"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -70,6 +70,11 @@ SCHEMA = "2.18"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   shrunk world has a World line, and the footer counts the ranks lost, the base models
                  #   trained again and dropped; environment.node_inventory[].cores_of_ranks (the cores the
                  #   node's ranks are bound to, their union: the Nodes line says it, not rank 0's binding)
+                 # 2.19: one device record per framework (issue 67): environment.rank0_devices_by_framework
+                 #   (name -> its set-up record; rank0_devices stays the first's), each record's "gpu" (the GPU
+                 #   pinned: CUDA_VISIBLE_DEVICES entry, PCI bus id, NVML UUID and index) and "nccl"; the
+                 #   conventions' Devices line names each framework's device, threads and feed cores where they
+                 #   differ (where they agree it reads as before; --verify takes the line as recorded)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of

@@ -37,7 +37,7 @@ class Context:
     cfg: object             # harness/dat.Config
     world: object           # the world as it stands (harness/elastic.World: MPI_COMM_WORLD, shrunk after a loss)
     nodes: object           # harness/topology.Nodes
-    devices: dict           # the framework's setup_devices of this rank
+    devices: dict           # framework name -> its setup_devices record on this rank, made once (a test reads its own)
     run_id: str             # the run folder's name (names the staged copies)
     ceilings: dict          # precision -> roofline figures (rank 0; {} elsewhere)
     n_tests: int            # tests in the sweep, for progress lines
@@ -342,11 +342,12 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
         probe = None
         fw = frameworks.get(t.framework).open_job(frameworks.JobSpec(
             part.comm, tuple(part.planned.layout.jobs[job]), tuple(ctx.nodes.node_of_rank), cfg.comm_precision,
-            cfg.allreduce, t.mode, t.P, t.batch, ctx.devices["gpus_on_node"]))
+            cfg.allreduce, t.mode, t.P, t.batch, ctx.devices[t.framework]["gpus_on_node"]))
         model = fw.build(wl, local, part.seed, job, t.precision)
         watchdog.beat(f"training, test {t.index}")
-        gpus = ctx.devices["gpus_on_node"]
-        probe = telemetry.Sampler(gpu_index=ctx.nodes.local_rank % gpus if gpus else None)
+        # the GPU pinned at set-up, not one worked out from the local rank: a loss renumbers local ranks
+        # (topology.discover on the survivors) while each rank's GPU stays where it was
+        probe = telemetry.Sampler(gpu=ctx.devices[t.framework]["gpu"])
         probe.start()
         recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                               t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce, t.mode)

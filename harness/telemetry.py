@@ -29,34 +29,13 @@ import time
 
 import psutil
 
-from harness import frameworks, settings
+from harness import frameworks, gpus, settings
 from harness.topology import cpu_mask, machine_of_each_node
 
 GPU_METRICS = ("util_percent", "memory_bytes", "power_watts")
 OTHER_LOAD_LIMIT = 0.25   # cores a rank: other load above this on a machine makes the test warn
 OTHER_LOAD_WARNING = "processes other than the run kept"   # how that warning begins
 PERMANENT = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
-
-
-def _nvml():
-    """pynvml, initialised, or None. Imported lazily: the package or the driver may be
-    missing (CPU nodes), and tests swap the module in sys.modules."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        return pynvml
-    except Exception:  # ImportError, NVMLError_LibraryNotFound / DriverNotLoaded, OSError
-        return None
-
-
-def _handle(nv, index: int):
-    """The NVML handle of CUDA device `index` as TensorFlow numbers it. NVML ignores
-    CUDA_VISIBLE_DEVICES, so map through it (entries are indices or GPU-/MIG- UUIDs)."""
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    entry = visible[index] if index < len(visible) else str(index)
-    if entry.startswith(("GPU-", "MIG-")):
-        return nv.nvmlDeviceGetHandleByUUID(entry)
-    return nv.nvmlDeviceGetHandleByIndex(int(entry))
 
 
 def _busy_all(t) -> tuple[float, float]:
@@ -77,12 +56,14 @@ def _stats(xs: list) -> dict | None:
 
 
 class Sampler:
-    """Samples this process and node (and GPU `gpu_index`, where NVML works) every
-    `interval` s on a daemon thread, from start() to stop(). Also a context manager:
-    `with Sampler(1.0, 0) as s: train()`, then `s.summary`."""
+    """Samples this process and node (and `gpu`, where NVML works) every `interval` s on a
+    daemon thread, from start() to stop(). Also a context manager:
+    `with Sampler(1.0, gpu) as s: train()`, then `s.summary`. `gpu`: the GPU this rank's
+    framework pinned at set-up (harness/gpus.pinned), found in NVML by its UUID or bus id
+    (gpus.nvml_key), never by the rank's local rank, which a loss of ranks renumbers."""
 
-    def __init__(self, interval: float = 1.0, gpu_index: int | None = None):
-        self.interval, self.gpu_index = float(interval), gpu_index
+    def __init__(self, interval: float = 1.0, gpu: dict | None = None):
+        self.interval, self.gpu = float(interval), gpu
         self.summary: dict | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,7 +125,7 @@ class Sampler:
     # -- the thread ---------------------------------------------------------------
     def _run(self) -> None:
         try:
-            if self.gpu_index is not None:
+            if self.gpu is not None:
                 self._open_gpu()
             while not self._stop.wait(self.interval):
                 self._sample()
@@ -162,7 +143,7 @@ class Sampler:
                     pass
 
     def _open_gpu(self) -> None:
-        nv = _nvml()
+        nv = gpus.nvml()
         if nv is None:
             return
         self._nv = nv
@@ -170,10 +151,10 @@ class Sampler:
         # slices without utilisation): stop asking. Others may be transient.
         self._permanent = tuple(getattr(nv, n) for n in PERMANENT if hasattr(nv, n))
         try:
-            self._h = _handle(nv, self.gpu_index)
+            self._h = gpus.handle(nv, self.gpu)
         except Exception:                   # no such device, bad CUDA_VISIBLE_DEVICES
             return
-        self._gpu_info = {"index": self.gpu_index,
+        self._gpu_info = {"index": self.gpu["index"],
                           "name": self._query("name", lambda: nv.nvmlDeviceGetName(self._h)),
                           "uuid": self._query("uuid", lambda: nv.nvmlDeviceGetUUID(self._h))}
         self._e0 = self._e1 = self._query("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(self._h))
@@ -325,7 +306,7 @@ def _over_ranks(stats: list) -> dict | None:
 def reduce(summaries: list[dict]) -> dict:
     """Per metric: min/mean/max over ranks of the per-rank means, max of the per-rank
     maxima. Energy and power totals count each physical GPU once (by UUID), since ranks
-    of a node may share a GPU (each framework's setup_devices pins local_rank % GPUs)."""
+    of a node may share a GPU (each framework's setup_devices pins local_rank % GPUs it sees)."""
     summaries = [s for s in summaries if s]
     gpus = [s["gpu"] for s in summaries if s.get("gpu")]
     out = {"ranks": len(summaries), "ranks_with_gpu": len(gpus),
@@ -369,7 +350,7 @@ def per_joule(flops_per_s: float, seconds: float, reduced: dict) -> float | None
 def gpu_inventory() -> list[dict]:
     """Every NVIDIA GPU NVML sees on this node (all of them: NVML ignores
     CUDA_VISIBLE_DEVICES); [] without pynvml or a driver."""
-    nv = _nvml()
+    nv = gpus.nvml()
     if nv is None:
         return []
     def get(fn, *args):
@@ -452,7 +433,8 @@ def software(names: tuple[str, ...]) -> dict:
 
 
 def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
-    """COLLECTIVE over `world`: every rank must call it. Versions (of the frameworks `names`), the world's shape,
+    """COLLECTIVE over `world`: every rank must call it. `devices`: each framework's set-up
+    record on this rank (name -> setup_devices'). Versions (of the frameworks `names`), the world's shape,
     each node's host and GPU inventory (from the node's first rank) with the cores its
     ranks are bound to (every rank's binding: with_ranks_cores), the ranks'
     start-up seconds (called just before the first test) and the libraries' environment
@@ -470,7 +452,8 @@ def environment(world, nodes, devices: dict, names: tuple[str, ...]) -> dict:
             "library_settings_by_rank": {str(r): libraries[r] for r in differ},
             "machine_of_node": list(nodes.machine_of_node), "machine_cores": list(nodes.machine_cores),
             "widened_ranks": list(nodes.widened), "node_of_rank": list(nodes.node_of_rank),
-            "rank0_devices": devices,
+            # rank0_devices: the first framework's record, as before schema 2.19 (the only one kept then)
+            "rank0_devices": devices[names[0]], "rank0_devices_by_framework": devices,
             "node_inventory": with_ranks_cores(inventory, masks, nodes.node_of_rank) if inventory else [],
             "startup_seconds": startup_summary(started) if started else None}
 

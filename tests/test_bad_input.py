@@ -152,7 +152,8 @@ def test_refusals_that_need_the_node_or_the_data_are_in_the_format_too(monkeypat
     cfg = dat.parse_text(_lines({9: 2, 10: "2 1", 11: "1 2", 14: 60, 35: "pytorch"}), "bad.dat")
     planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 1, 1])
     (tmp_path / "file").write_text("")
-    messages = [plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [1, 1, 1, 1], ("n1", "n2")),
+    one_gpu = {"pytorch": "0000:07:00.0"}       # every rank of n1 bound to one GPU (gpus.nccl_identity)
+    messages = [plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [one_gpu] * 4, ("n1", "n2")),
                 plan.results_dir_problem(dat.parse_text(_lines({5: tmp_path / "file" / "runs"}), "bad.dat"))]
     with pytest.raises(RunError) as info:                  # 50 samples: B = 60 fits neither P
         plan.batches(cfg, planned, (), {"digits": type("Data", (), {"n_train": 50})})

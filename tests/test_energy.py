@@ -7,7 +7,7 @@ import pytest
 
 from harness import telemetry
 from harness.telemetry import Sampler
-from tests.test_telemetry import fake_nvml
+from tests.test_telemetry import GPU, fake_nvml
 
 
 def test_power_readings_each_hold_until_the_next():
@@ -41,7 +41,7 @@ def test_reduce_sums_each_physical_gpus_window_once():
 
 def test_the_sampler_gives_the_window_apart_from_its_whole_span(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(energy=False, util=True))
-    s = Sampler(interval=0.02, gpu_index=0)
+    s = Sampler(interval=0.02, gpu=GPU(0))
     s.start()
     time.sleep(0.15)
     t0 = time.perf_counter()

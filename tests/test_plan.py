@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from harness import dat, plan, topology
+from harness import dat, gpus, plan, topology
 from harness.errors import RunError
 from tests.conftest import dat_text, mpirun
 
@@ -182,29 +182,92 @@ def test_a_framework_of_a_venv_of_its_own_says_to_run_with_it(tmp_path, monkeypa
     assert frameworks.own_venv_hint("pytorch", "x.dat") is None and frameworks.own_venv_hint("tensorflow", "x.dat") is None
 
 
+def _record(bus: str | None, nccl: bool = True, visible: str = "0") -> dict:
+    """A framework's set-up record on one rank (setup_devices), by hand: the GPU it pinned
+    (its bus id; every rank's index 0, as under Slurm's --gpus-per-task=1) or None."""
+    gpu = None if bus is None else {"index": 0, "visible": visible, "bus_id": bus, "uuid": None, "nvml_index": None}
+    return {"device": "GPU 0 of 1" if gpu else "CPU", "gpus_on_node": int(gpu is not None), "gpu": gpu,
+            "nccl": nccl and gpu is not None}
+
+
+def _pinned(*per_rank: dict) -> list[dict]:
+    """What driver._devices gathers: per rank, framework -> gpus.nccl_identity of its record."""
+    return [{name: gpus.nccl_identity(r) for name, r in records.items()} for records in per_rank]
+
+
 def test_a_pytorch_job_needs_a_gpu_a_rank():
     """Two nodes of 2 ranks each (world ranks 0, 1 on n1; 2, 3 on n2), layouts 2 x 1 and
-    1 x 2 in PyTorch. NCCL refuses a communicator with two ranks on one GPU: with one GPU on
-    n1 the 1 x 2 job puts ranks 0 and 1 on GPU 0 (local ranks 0 and 1, 1 % 1 = 0); with
-    two GPUs a node, or a CPU node (0 GPUs: Gloo), or TensorFlow, nothing is refused, and
-    base models of one rank may share a GPU."""
+    1 x 2 in PyTorch; the 1 x 2 job is ranks 0 and 1, on n1. NCCL refuses a communicator
+    with two ranks on one GPU (the same host and bus id). Compared by the GPU each rank
+    pinned, not its index: one GPU visible a rank, every rank's "GPU 0", on distinct bus ids
+    is accepted; the same bus id on one node is refused; on two nodes, or on CPUs (Gloo),
+    accepted; base models of one rank may share a GPU."""
     cfg = dat.parse_text(dat_text(l9=2, l10="2 1", l11="1 2", l35="pytorch"), "x.dat")
     planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 1, 1])
-    hosts = ("n1", "n2")
-    assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [1, 1, 2, 2], hosts) == (
-        "x.dat:11: found '2' (test 2's P) with world ranks 0 and 1 of job 0 both on GPU 0 of n1 (1 GPU(s) there for"
-        " its 2 ranks), expected each rank of a PyTorch job on a GPU of its own: NCCL refuses two ranks of one"
-        " communicator on one GPU; start at most 1 rank(s) a node on n1, or P = 1 there")
-    assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [2, 2, 2, 2], hosts) is None
-    assert plan.shared_gpu_problem(cfg, planned, (0, 0, 1, 1), [0, 0, 0, 0], hosts) is None
-    assert plan.shared_gpu_problem(cfg, planned[:1], (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None   # 2 x 1 only
-    tf = [dataclasses.replace(p, test=dataclasses.replace(p.test, framework="tensorflow")) for p in planned]
-    assert plan.shared_gpu_problem(cfg, tf, (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None
-    # PMAP 1 deals job ranks round-robin over the nodes: ranks 0 and 2, one a node, one GPU each: fine
+    assert planned[1].layout.jobs == ((0, 1),)
+    hosts, nodes = ("n1", "n2"), (0, 0, 1, 1)
+    a, b = "0000:07:00.0", "0000:0f:00.0"
+    one_each = _pinned(*({"pytorch": _record(bus)} for bus in (a, b, a, b)))   # every rank "GPU 0", 2 GPUs a node
+    assert plan.shared_gpu_problem(cfg, planned, nodes, one_each, hosts) is None
+    shared = _pinned(*({"pytorch": _record(bus)} for bus in (a, a, b, b)))     # ranks 0 and 1 bound to one GPU
+    assert plan.shared_gpu_problem(cfg, planned, nodes, shared, hosts) == (
+        "x.dat:11: found '2' (test 2's P) with world ranks 0 and 1 of job 0 both on GPU 0000:07:00.0 of n1 (1 GPU(s)"
+        " pinned there by its 2 ranks), expected each rank of a PyTorch job on a GPU of its own: NCCL refuses two"
+        " ranks of one communicator on one GPU; start at most one rank a GPU on n1, each bound to a different one"
+        " (its index among the node's ranks, or CUDA_VISIBLE_DEVICES / Slurm's --gpus-per-task=1 a rank), or P = 1"
+        " there")
+    cpus = _pinned(*({"pytorch": _record(None)} for _ in range(4)))
+    assert plan.shared_gpu_problem(cfg, planned, nodes, cpus, hosts) is None
+    assert plan.shared_gpu_problem(cfg, planned[:1], nodes, shared, hosts) is None   # 2 x 1 only: jobs of one rank
+    # PMAP 1 deals job ranks round-robin over the nodes: ranks 0 and 2, one a node, the same bus id on each: fine
     cfg1 = dat.parse_text(dat_text(l9=2, l10="2 1", l11="1 2", l12=1, l35="pytorch"), "x.dat")
     planned1, _ = plan.layouts(cfg1, dat.expand(cfg1), 4, [0, 0, 1, 1])
     assert planned1[1].layout.jobs == ((0, 2),)
-    assert plan.shared_gpu_problem(cfg1, planned1, (0, 0, 1, 1), [1, 1, 1, 1], hosts) is None
+    same_bus = _pinned(*({"pytorch": _record(a)} for _ in range(4)))
+    assert plan.shared_gpu_problem(cfg1, planned1, nodes, same_bus, hosts) is None
+
+
+def test_a_tensorflow_job_needs_a_gpu_a_rank_where_horovod_has_nccl():
+    """Horovod built with NCCL (its record's "nccl": hvd.nccl_built()) is refused two ranks
+    of a job on one GPU mid-test ("Duplicate GPU detected", horovod#3929): refused before;
+    a Horovod without NCCL carries GPU tensors through MPI or Gloo: allowed."""
+    cfg = dat.parse_text(dat_text(l9=2, l10="2 1", l11="1 2", l35="tensorflow"), "x.dat")
+    planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 1, 1])
+    hosts, nodes, a = ("n1", "n2"), (0, 0, 1, 1), "0000:07:00.0"
+    nccl = _pinned(*({"tensorflow": _record(a)} for _ in range(4)))
+    assert "with world ranks 0 and 1 of job 0 both on GPU 0000:07:00.0 of n1 (1 GPU(s) pinned there by its 2 ranks)," \
+           " expected each rank of a TensorFlow job on a GPU of its own" in plan.shared_gpu_problem(cfg, planned, nodes,
+                                                                                                  nccl, hosts)
+    mpi = _pinned(*({"tensorflow": _record(a, nccl=False)} for _ in range(4)))
+    assert plan.shared_gpu_problem(cfg, planned, nodes, mpi, hosts) is None
+
+
+def test_each_test_is_checked_on_its_own_frameworks_gpu():
+    """Issue 67 item 6: a sweep of MindSpore (its CPU build) and PyTorch (GPUs); a PyTorch
+    test is checked on PyTorch's record, whichever framework line 35 names first, and
+    MindSpore's tests, on the host, on none."""
+    a = "0000:07:00.0"
+    shared = _pinned(*({"mindspore": _record(None), "pytorch": _record(a)} for _ in range(4)))
+    for line35 in ("mindspore pytorch", "pytorch mindspore"):
+        cfg = dat.parse_text(dat_text(l9=2, l10="2 1", l11="1 2", l34=2, l35=line35), "x.dat")
+        planned, _ = plan.layouts(cfg, dat.expand(cfg), 4, [0, 0, 1, 1])
+        torch_tests = [p for p in planned if p.test.framework == "pytorch"]
+        ms_tests = [p for p in planned if p.test.framework == "mindspore"]
+        assert "of a PyTorch job" in plan.shared_gpu_problem(cfg, torch_tests, (0, 0, 1, 1), shared, ("n1", "n2"))
+        assert plan.shared_gpu_problem(cfg, ms_tests, (0, 0, 1, 1), shared, ("n1", "n2")) is None
+
+
+def test_the_gpu_nccl_compares():
+    """gpus.identity: the bus id (NCCL's key: two MIG slices of one GPU are one GPU to it),
+    else NVML's UUID, else the CUDA_VISIBLE_DEVICES entry; nccl_identity: None where the
+    record allows sharing (no GPU, or no NCCL)."""
+    gpu = {"index": 0, "visible": "MIG-4b2e", "bus_id": "0000:07:00.0", "uuid": "MIG-4b2e", "nvml_index": None}
+    assert gpus.identity(gpu) == "0000:07:00.0"
+    assert gpus.identity({**gpu, "bus_id": None}) == "MIG-4b2e"
+    assert gpus.identity({**gpu, "bus_id": None, "uuid": None, "visible": "3"}) == "cuda:3"
+    assert gpus.nccl_identity({"gpu": gpu, "nccl": True}) == "0000:07:00.0"
+    assert gpus.nccl_identity({"gpu": gpu, "nccl": False}) is None
+    assert gpus.nccl_identity({"gpu": None, "nccl": False}) is None
 
 
 def test_a_parallel_mode_needs_pytorch_a_chain_and_a_layout_it_takes(monkeypatch):

@@ -148,3 +148,23 @@ def test_a_test_block_names_its_test_framework_mode_and_invocation():
     assert report.row(replace(t, mode="data", invocation=1), 1, 2).splitlines()[0] == "Test 3 : pytorch"
     old = report.row(t, 3, 2, schema="2.8").splitlines()
     assert old[0].startswith("T/V ") and old[2].startswith("PBFC16MRPT2SGP16 digits")   # 2.8's 15-wide column
+
+
+def test_the_devices_line_names_each_frameworks_device_where_they_differ():
+    """Issue 67 item 6: the conventions' Devices line from one set-up record per framework.
+    Alike (one framework, or two on CPUs): the line as every earlier run wrote it. A GPU
+    framework beside MindSpore's CPU build: each framework's device, and each feed's cores."""
+    from types import SimpleNamespace as NS
+    from harness import report
+    cpu = {"device": "CPU", "threads": 2, "inter_op": 1, "gpus_on_node": 0, "gpu": None, "nccl": False}
+    gpu = {**cpu, "device": "GPU 0 of 1", "gpus_on_node": 1, "gpu": {"index": 0}, "nccl": True}
+    one = report.devices_line(NS(frameworks=("mindspore",)), {"mindspore": cpu})
+    assert one == ("Devices (rank 0): CPU; threads per rank: 2 intra-op and 1 inter-op for the step (cores / ranks"
+                   " sharing them); input (read, decode, augment: the workload's feed) runs on the host between steps"
+                   " (the workloads' numpy batches, channels first), on the same cores, none set aside: on a CPU-only"
+                   " node it shares them with the step")
+    both = report.devices_line(NS(frameworks=("mindspore", "pytorch")), {"mindspore": cpu, "pytorch": gpu})
+    assert both.startswith("Devices (rank 0): MindSpore CPU, PyTorch GPU 0 of 1; threads per rank: 2 intra-op and 1"
+                           " inter-op for the step")
+    assert "channels first), on the same cores, none set aside" in both and both.endswith(
+        ", on the cores the GPU leaves idle")

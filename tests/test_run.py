@@ -434,3 +434,33 @@ def test_run_folders_never_collide(tmp_path):
     from harness.driver import _make_run_dir
     made = {_make_run_dir(MPI.COMM_SELF, str(tmp_path)) for _ in range(50)}
     assert len(made) == 50 and all(p.startswith(str(tmp_path)) for p in made)
+
+
+@pytest.mark.parametrize("framework,expect", [("pytorch", {"index": 3, "visible": "3"}), ("mindspore", None)])
+def test_a_test_samples_the_gpu_its_own_framework_pinned_at_set_up(monkeypatch, framework, expect):
+    """Issue 67, items 6 and 7, without MPI: a sweep of PyTorch (GPU 3, pinned at set-up as
+    local rank 3 of 4) and MindSpore (its CPU build). After a loss renumbered this rank local
+    rank 1, a PyTorch test still samples GPU 3, and a MindSpore test samples no GPU (it is
+    charged none): each test reads its own framework's record, never the local rank."""
+    from types import SimpleNamespace as NS
+    from harness import frameworks, run, telemetry
+    opened, sampled = [], []
+
+    class Stop(Exception):
+        pass
+
+    def sampler(interval=1.0, gpu=None):
+        sampled.append(gpu)
+        raise Stop
+    monkeypatch.setattr(telemetry, "Sampler", sampler)
+    job = NS(build=lambda *a: "model", abandon=lambda: None)
+    monkeypatch.setattr(frameworks, "get", lambda name: NS(open_job=lambda spec: opened.append(spec) or job))
+    devices = {"pytorch": {"device": "GPU 3 of 4", "gpus_on_node": 4, "nccl": True, "gpu": {"index": 3, "visible": "3"}},
+               "mindspore": {"device": "CPU", "gpus_on_node": 0, "nccl": False, "gpu": None}}
+    ctx = run.Context(NS(comm_precision="fp32", allreduce="ring"), NS(detects=False), NS(local_rank=1,
+                      node_of_rank=(0, 0)), devices, "run", {}, 1, {})
+    test = NS(framework=framework, P=2, batch=8, mode="data", index=1, precision="fp32")
+    part = run.Part(ctx, NS(test=test, layout=NS(jobs=((0, 1),))), 0, 1, None, None, NS(beat=lambda *a: None), job=0)
+    with pytest.raises(Stop):
+        run._base_model(part, None, None)
+    assert sampled == [expect] and opened[0].gpus_on_node == devices[framework]["gpus_on_node"]

@@ -9,8 +9,14 @@ import types
 import numpy as np
 import pytest
 
-from harness import telemetry
+from harness import gpus, telemetry
 from harness.telemetry import Sampler
+
+
+def GPU(index: int, **known) -> dict:
+    """A pinned-GPU record (harness/gpus.pinned) with nothing but the index known: NVML finds
+    it by its index (CUDA_VISIBLE_DEVICES unset)."""
+    return {"index": index, "visible": str(index), "bus_id": None, "uuid": None, "nvml_index": None, **known}
 
 
 def busy(seconds: float) -> None:
@@ -60,14 +66,14 @@ def test_no_driver(monkeypatch):
     def missing():
         raise pynvml.NVMLError_LibraryNotFound(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     monkeypatch.setattr(pynvml, "nvmlInit", missing)
-    r = Sampler(interval=0.02, gpu_index=0).__enter__().stop()
+    r = Sampler(interval=0.02, gpu=GPU(0)).__enter__().stop()
     assert r["gpu"] is None and r["samples"] >= 1
     assert telemetry.gpu_inventory() == []
 
 
 def test_no_pynvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)   # `import pynvml` raises ImportError
-    with Sampler(interval=0.02, gpu_index=0) as s:
+    with Sampler(interval=0.02, gpu=GPU(0)) as s:
         time.sleep(0.05)
     assert s.summary["gpu"] is None
     assert telemetry.gpu_inventory() == []
@@ -114,7 +120,7 @@ def test_gpu_path_counter_and_unsupported_query(monkeypatch):
     nv = fake_nvml(energy=True, util=False)
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    with Sampler(interval=0.02, gpu_index=1) as s:
+    with Sampler(interval=0.02, gpu=GPU(1)) as s:
         time.sleep(0.2)
     g = s.summary["gpu"]
     n = s.summary["samples"]
@@ -132,7 +138,7 @@ def test_gpu_path_counter_and_unsupported_query(monkeypatch):
 
 def test_gpu_path_power_integral(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(energy=False, util=True))
-    with Sampler(interval=0.02, gpu_index=0) as s:
+    with Sampler(interval=0.02, gpu=GPU(0)) as s:
         time.sleep(0.3)
     g, secs = s.summary["gpu"], s.summary["seconds"]
     assert g["util_percent"]["mean"] == 75.0 and "energy_counter" not in g["available"]
@@ -152,7 +158,7 @@ def test_gpu_transient_error_is_skipped(monkeypatch):
         return 100_000
     nv.nvmlDeviceGetPowerUsage = flaky_power
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    with Sampler(interval=0.02, gpu_index=0) as s:
+    with Sampler(interval=0.02, gpu=GPU(0)) as s:
         time.sleep(0.2)
     r = s.summary
     assert r["errors"] == 1 and len(calls) == r["samples"] >= 3      # still asked after the error
@@ -160,14 +166,91 @@ def test_gpu_transient_error_is_skipped(monkeypatch):
     assert r["gpu"]["energy_joules"] <= 100 * r["seconds"]
 
 
+def test_cuda_visible_devices_entry_of_a_framework_index():
+    """Pure: the entry of CUDA_VISIBLE_DEVICES a framework's index stands for."""
+    assert gpus.visible_entry(1, "2,3") == "3" and gpus.visible_entry(0, "2,3") == "2"
+    assert gpus.visible_entry(1, None) == "1"                       # unset: every GPU, CUDA's numbering
+    assert gpus.visible_entry(0, "GPU-8c1f,GPU-77aa") == "GPU-8c1f"
+    assert gpus.visible_entry(0, " MIG-4b2e-aa ") == "MIG-4b2e-aa"
+
+
+def test_nvml_finds_the_pinned_gpu_by_uuid_then_bus_id_never_by_a_local_rank():
+    """Pure: the key NVML is asked by. NVML's UUID from set-up first; a MIG slice by its own
+    UUID (its parent's power is other slices' too); the bus id; a GPU- entry; an index entry
+    last (NVML's index only in PCI order). CUDA_VISIBLE_DEVICES="2,3", framework index 1:
+    physical GPU 3, whatever the rank's local rank."""
+    visible = {"index": 1, "visible": gpus.visible_entry(1, "2,3"), "bus_id": None, "uuid": None}
+    assert gpus.nvml_key(visible) == ("index", 3)
+    assert gpus.nvml_key({**visible, "bus_id": "0000:41:00.0"}) == ("bus_id", "0000:41:00.0")
+    assert gpus.nvml_key({**visible, "bus_id": "0000:41:00.0", "uuid": "GPU-9f"}) == ("uuid", "GPU-9f")
+    assert gpus.nvml_key({**visible, "visible": "GPU-8c1f"}) == ("uuid", "GPU-8c1f")
+    assert gpus.nvml_key({**visible, "visible": "MIG-4b2e", "bus_id": "0000:41:00.0"}) == ("uuid", "MIG-4b2e")
+
+
+def test_a_bus_id_in_one_form():
+    """CUDA writes the PCI domain in 4 hex digits, NVML in 8: one form, so ranks compare alike."""
+    assert gpus.bus_id("0000:07:00.0") == gpus.bus_id("00000000:07:00.0") == "0000:07:00.0"
+    assert gpus.bus_id("0000:B1:00.0") == "0000:b1:00.0"
+    assert gpus.bus_id("") is None and gpus.bus_id("junk") is None and gpus.bus_id(None) is None
+
+
+class FakeDriver:
+    """libcuda's three calls as ctypes makes them: the framework's ordinal -> a bus id."""
+    def __init__(self, buses, fail=None):
+        self.buses, self.fail = buses, fail
+
+    def cuInit(self, flags):
+        return 3 if self.fail == "init" else 0           # CUDA_ERROR_NOT_INITIALIZED
+
+    def cuDeviceGet(self, ref, ordinal):
+        if ordinal >= len(self.buses):
+            return 101                                   # CUDA_ERROR_INVALID_DEVICE
+        ref._obj.value = 100 + ordinal
+        return 0
+
+    def cuDeviceGetPCIBusId(self, text, length, device):
+        text.value = self.buses[device.value - 100].encode()
+        return 0
+
+
+def test_the_driver_names_the_pinned_gpu_by_its_bus_id():
+    """driver_bus_id through a stand-in libcuda; no driver, a refused call: None."""
+    assert gpus.driver_bus_id(1, FakeDriver(["0000:07:00.0", "0000:0F:00.0"])) == "0000:0f:00.0"
+    assert gpus.driver_bus_id(2, FakeDriver(["0000:07:00.0"])) is None
+    assert gpus.driver_bus_id(0, FakeDriver(["0000:07:00.0"], fail="init")) is None
+    assert gpus.driver_bus_id(0, object()) is None                  # no such symbol
+
+
 def test_cuda_visible_devices_mapping(monkeypatch):
+    """gpus.pinned at set-up: NVML finds the GPU by its bus id where the driver gives one,
+    else through CUDA_VISIBLE_DEVICES ("3,2": index 1 is NVML's 2; a UUID entry by UUID),
+    and records NVML's UUID; the sampler then opens that UUID."""
     nv = fake_nvml()
+    nv.nvmlDeviceGetHandleByPciBusId = lambda b: nv.calls["handle"].append(b) or "h7"
+    nv.nvmlDeviceGetIndex = lambda h: int(h[1:]) if h[1:].isdigit() else 0
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
-    assert Sampler(0.02, gpu_index=1).__enter__().stop()["gpu"]["uuid"] == "GPU-h2"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc")
-    assert Sampler(0.02, gpu_index=0).__enter__().stop()["gpu"]["uuid"] == "GPU-GPU-abc"
-    assert nv.calls["handle"] == [2, "GPU-abc"]
+    no_driver = object()
+    one = gpus.pinned(1, {"CUDA_VISIBLE_DEVICES": "3,2"}, no_driver)
+    assert one == {"index": 1, "visible": "2", "bus_id": None, "uuid": "GPU-h2", "nvml_index": 2}
+    assert gpus.pinned(0, {"CUDA_VISIBLE_DEVICES": "GPU-abc"}, no_driver)["uuid"] == "GPU-GPU-abc"
+    bus = gpus.pinned(0, {"CUDA_VISIBLE_DEVICES": "0"}, FakeDriver(["0000:07:00.0"]))
+    assert (bus["bus_id"], bus["uuid"], bus["nvml_index"]) == ("0000:07:00.0", "GPU-h7", 7)
+    assert nv.calls["handle"] == [2, "GPU-abc", "0000:07:00.0"]
+    assert Sampler(0.02, gpu=one).__enter__().stop()["gpu"]["uuid"] == "GPU-GPU-h2"   # by NVML's UUID
+    assert nv.calls["handle"][-1] == "GPU-h2"
+
+
+def test_a_renumbered_rank_samples_the_gpu_it_pinned(monkeypatch):
+    """Item 7 of issue 67: a rank pins GPU 3 at set-up (local rank 3 of 4); a loss renumbers
+    it local rank 2, and the sampler still opens GPU 3: it takes the record, not the rank."""
+    nv = fake_nvml(count=4)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pinned = GPU(3)                          # set-up's record: local rank 3 % 4 GPUs
+    local_rank_after_the_loss = 2            # topology.discover on the survivors
+    with Sampler(0.02, gpu=pinned) as s:
+        time.sleep(0.05)
+    assert s.summary["gpu"]["index"] == 3 != local_rank_after_the_loss and nv.calls["handle"] == [3]
 
 
 def test_inventories(monkeypatch):

@@ -54,9 +54,8 @@ class Facts(Protocol):
     RING: str                   # line 22's ring in a job's Exchange line
     FEED: str                   # where the workloads' feed runs (the conventions' Devices line)
     WARM_UP: str                # what its warm-up step takes out of the clock (the Warm-up line)
-    GPU_OF_ITS_OWN: bool        # each rank of a job needs a GPU of its own (NCCL's rule)
-    GPU_MEMORY: str             # "keeps": the GPU memory it grew stays its own to the process's end; "releases":
-    #                             it gives its cache back after each job; "none": it trains on CPUs here
+    USES_GPUS: bool             # computes on the node's GPUs where it sees some (False: a CPU build)
+    KEEPS_GPU_MEMORY: bool      # its allocator keeps the GPU memory it grew to the process's end (nothing gives it back)
     COMPILERS: dict             # line 33's compilers it offers -> the parameter block's words
     NO_COMPILER: str            # how it runs a step without one (COMPILER : none (...))
 
@@ -198,7 +197,7 @@ class JobSpec:
     mode: str                       # line 37, as written (harness/parallelism.py)
     P: int                          # the job's ranks as the test asks (line 11)
     batch: int                      # per-rank batch (line 14)
-    gpus_on_node: int               # GPUs of this rank's node (0: CPUs only)
+    gpus_on_node: int               # GPUs this rank's framework sees (0: CPUs only)
 
 
 class Framework(Protocol):
@@ -210,8 +209,10 @@ class Framework(Protocol):
     NAME: str
 
     def setup_devices(self, local_rank: int, sharing: int) -> dict:
-        """Pin this rank (threads: harness/train.threads; a GPU: local_rank % GPUs) before
-        the framework's runtime starts: {"threads", "inter_op", "device", "gpus_on_node"}."""
+        """Pin this rank (threads: harness/train.threads; a GPU: local_rank % GPUs it sees) before
+        the framework's runtime starts: {"threads", "inter_op", "device" (in words),
+        "gpus_on_node" (GPUs it sees), "gpu" (the GPU pinned: harness/gpus.pinned, or None),
+        "nccl" (its jobs' GPU tensors go through NCCL on this build: a GPU each rank)}."""
 
     def software(self) -> dict:
         """The framework's versions and build, for results.json's environment."""

@@ -70,9 +70,10 @@ FEED = "on the host between steps (the workloads' numpy batches, channels first)
 WARM_UP = "MindSpore's graph compilation (mindspore.jit) and the first MPI exchange"
 COMPILERS = {}     # line 33: none; its graph mode is how it always runs
 NO_COMPILER = "graph mode, mindspore.jit of the forward and backward pass"
-# The exchange runs on the host over MPI: ranks may share a device
-GPU_OF_ITS_OWN = False
-GPU_MEMORY = "none"     # it trains on CPUs here (its setup_devices)
+# Its PyPI wheel is its CPU build: a GPU node's GPUs stay idle (no set-up warning), and its exchange runs on
+# the host over MPI (its set-up record's "nccl" is False: ranks may share a device)
+USES_GPUS = False
+KEEPS_GPU_MEMORY = False   # it trains on CPUs here
 
 
 def isa_cap(environ, machine: str) -> dict[str, str]:

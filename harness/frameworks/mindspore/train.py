@@ -34,7 +34,7 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
     ms.device_context.cpu.op_tuning.threads_num(intra)
     ms.runtime.dispatch_threads_num(inter_op)
     kernels.PINNED["threads"] = intra
-    return {"threads": intra, "inter_op": inter_op, "device": "CPU", "gpus_on_node": 0}
+    return {"threads": intra, "inter_op": inter_op, "device": "CPU", "gpus_on_node": 0, "gpu": None, "nccl": False}
 
 
 def build(workload, data, seed: int, job: int, precision: str) -> nn.Cell:

@@ -38,10 +38,11 @@ WARM_UP = "PyTorch's first allocations and, in a job of 2 or more ranks, DDP's b
 # Line 33's compilers it offers, as the parameter block says them, and how it runs without one
 COMPILERS = {"inductor": "torch.compile, TorchInductor (forward and backward pass)"}
 NO_COMPILER = "eager"
-# NCCL refuses a communicator with two of its ranks on one GPU (plan.shared_gpu_problem)
-GPU_OF_ITS_OWN = True
+# It computes on the node's GPUs where it sees some (a GPU node where it finds none is said at set-up).
+# Whether its ranks need a GPU each is its set-up record's "nccl" (train.setup_devices; plan.shared_gpu_problem)
+USES_GPUS = True
 # Its caching allocator's blocks go back to the device after each job (interface.release_cached_memory)
-GPU_MEMORY = "releases"
+KEEPS_GPU_MEMORY = False
 
 
 def compiler_missing(compiler: str, environ) -> str | None:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness import parallelism, train, workloads
+from harness import gpus as harness_gpus, parallelism, train, workloads
 from harness.frameworks.pytorch import communication, kernels, models, optimizers, pipeline
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
@@ -34,7 +34,10 @@ def device() -> torch.device:
 
 def setup_devices(local_rank: int, sharing: int) -> dict:
     """Pin this rank: one GPU per local rank where there are GPUs, train.threads(sharing)
-    threads (PyTorch's inter-op pool can be sized only before its first parallel work)."""
+    threads (PyTorch's inter-op pool can be sized only before its first parallel work).
+    "gpu": the GPU pinned, named by the driver (harness/gpus.pinned: under a per-rank
+    CUDA_VISIBLE_DEVICES every rank's index is 0); "nccl": a job on GPUs exchanges through
+    NCCL (distributed.job_group), which refuses two of its ranks on one GPU."""
     intra, inter_op = train.threads(sharing)
     torch.set_num_threads(intra)
     try:
@@ -42,11 +45,12 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
     except RuntimeError:   # already started (a second test in this process): the first setting stands
         inter_op = torch.get_num_interop_threads()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    where = "CPU"
+    where, gpu = "CPU", None
     if gpus:
         torch.cuda.set_device(local_rank % gpus)
-        where = f"GPU {local_rank % gpus} of {gpus}"
-    return {"threads": intra, "inter_op": inter_op, "device": where, "gpus_on_node": gpus}
+        where, gpu = f"GPU {local_rank % gpus} of {gpus}", harness_gpus.pinned(local_rank % gpus)
+    return {"threads": intra, "inter_op": inter_op, "device": where, "gpus_on_node": gpus, "gpu": gpu,
+            "nccl": bool(gpus)}
 
 
 def build(workload, data, seed: int, job: int, dev: torch.device) -> torch.nn.Module:

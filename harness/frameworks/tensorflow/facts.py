@@ -40,11 +40,13 @@ WARM_UP = "TensorFlow's graph optimisation and XLA compilation, Horovod's first 
 # Line 33's compilers it offers, as the parameter block says them, and how it runs without one
 COMPILERS = {"xla": "XLA (forward and backward pass)"}
 NO_COMPILER = "graph, tf.function"
-# Whether each rank of a job needs a GPU of its own (plan.shared_gpu_problem): Horovod's exchange has checks of its own
-GPU_OF_ITS_OWN = False
+# It computes on the node's GPUs where it sees some (a GPU node where it finds none is said at set-up).
+# Whether its ranks need a GPU each is its set-up record's "nccl": Horovod built with NCCL (train.setup_devices;
+# plan.shared_gpu_problem)
+USES_GPUS = True
 # Its allocator grows into the GPU (memory growth) and keeps what it grew to the process's end: no
 # call gives it back (plan.gpu_memory_problem)
-GPU_MEMORY = "keeps"
+KEEPS_GPU_MEMORY = True
 
 
 def compiler_missing(compiler: str, environ) -> str | None:

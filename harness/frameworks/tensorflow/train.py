@@ -16,14 +16,20 @@ import sys
 
 import numpy as np
 
-from harness import workloads
+from harness import gpus as harness_gpus, workloads
 from harness.frameworks.tensorflow import communication, models
 from harness.train import Recipe, Schedule, TrainResult, lr_scale, replica_check, run, threads
 
 
 def setup_devices(local_rank: int, sharing: int) -> dict:
     """Pin this rank before TensorFlow starts its runtime: one GPU per local rank where
-    there are GPUs, and `threads(sharing)`."""
+    there are GPUs, and `threads(sharing)`. "gpu": the GPU pinned, named by the driver
+    (harness/gpus.pinned; TensorFlow's list index is CUDA's ordinal unless TensorFlow left
+    a GPU out, e.g. one of too low a compute capability); "nccl": Horovod was built with
+    NCCL, whose communicators refuse two ranks on one GPU ("Duplicate GPU detected",
+    horovod#3929); a build without it carries GPU tensors through MPI or Gloo, which allow it.
+    Any NCCL in the build counts (HOROVOD_GPU_OPERATIONS=NCCL, or only some operations):
+    a refusal is safer than a crash mid-test."""
     # tf_keras imports pandas where it is installed (the venv's is mlperf-logging's) only to
     # accept DataFrames in Model.fit, which no rank passes: ~0.7 s of every rank's start here
     # (import tensorflow 4.5-5.3 s with it, 4.2-4.8 without). A None entry makes that
@@ -35,16 +41,17 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(threads_)
     tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     gpus = tf.config.list_physical_devices("GPU")
-    device = "CPU"
+    device, pinned = "CPU", None
     if gpus:
         gpu = gpus[local_rank % len(gpus)]
         tf.config.set_visible_devices([gpu], "GPU")
         tf.config.experimental.set_memory_growth(gpu, True)
-        device = f"GPU {local_rank % len(gpus)} of {len(gpus)}"
+        device, pinned = f"GPU {local_rank % len(gpus)} of {len(gpus)}", harness_gpus.pinned(local_rank % len(gpus))
     # each job's Horovod (interface.Job) would import it later; here, once the runtime is configured, it
     # loads while the driver holds the garbage collector off (driver._collector_off)
-    import horovod.tensorflow  # noqa: F401
-    return {"threads": threads_, "inter_op": inter_op, "device": device, "gpus_on_node": len(gpus)}
+    import horovod.tensorflow as hvd
+    return {"threads": threads_, "inter_op": inter_op, "device": device, "gpus_on_node": len(gpus), "gpu": pinned,
+            "nccl": bool(gpus) and bool(hvd.nccl_built())}
 
 
 def learning_rate(step, total_steps: int, warmup_steps: int, peak: float):
