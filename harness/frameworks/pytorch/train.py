@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import time
 
 import numpy as np
 import torch
@@ -294,7 +293,8 @@ class PipelineStep(Step):
         groups, mode = split.groups, split.mode
         self.part, self.comm_precision = split.part(model), recipe.comm_precision
         stage = PipelineStage(self.part, groups.stage, groups.stages, dev, group=groups.pipeline)
-        self.busy = pipeline.Busy(stage, dev.type == "cuda")
+        self.clock = pipeline.clock(dev.type)
+        self.busy = pipeline.Busy(stage, self.clock)
         order = ScheduleGPipe if mode.schedule == "gpipe" else Schedule1F1B
         self.pipe = order(stage, mode.microbatches, loss_fn=lambda out, y: module.loss(_fp32(out), y).mean())
         self.opt, self.config = make_optimizer(recipe.optimizer, self.part, schedule(0), workload.MOMENTUM,
@@ -308,7 +308,7 @@ class PipelineStep(Step):
         self.taken += 1
         self.opt.zero_grad(set_to_none=True)
         groups, losses = self.split.groups, []
-        t0 = time.perf_counter()    # the schedule's span: its chunks (busy) and its waits (idle)
+        t0 = self.clock.mark()    # the schedule's span: its chunks (busy) and its waits (idle)
         with torch.autocast(self.dev.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             if groups.first_stage:
                 self.pipe.step(x)
@@ -316,7 +316,9 @@ class PipelineStep(Step):
                 self.pipe.step(target=y, losses=losses)
             else:
                 self.pipe.step()
-        self.seconds += time.perf_counter() - t0
+        t1 = self.clock.mark()
+        self.busy.read()          # once a step: on a GPU the one wait, for the stage's last chunk
+        self.seconds += self.clock.seconds(t0, t1)
         if groups.replicas > 1:   # mixed: the stage's gradients averaged over its replicas, once a step
             communication.average([p.grad for p in self.part.parameters() if p.grad is not None],
                                   self.comm_precision, groups.replicas_group)
