@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.18"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.20"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -64,6 +64,11 @@ SCHEMA = "2.18"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   the loss cost (retrain's waves' seconds, drop's survivors' Time), a test laid out on a
                  #   shrunk world has a World line, and the footer counts the ranks lost, the base models
                  #   trained again and dropped
+                 # 2.20: PyTorch on GPUs (issue 67): environment.torch_math (the torch.backends switches set
+                 #   alike for the micro-kernels and training, whether its fp32 is held to the TF32 peak; {} on
+                 #   a CPU) and the PyTorch GPU line rendered from it; PyTorch's roofline peak looked up with its
+                 #   own switches, its convolution channels-last on a GPU (per_rank conv.layout "NHWC");
+                 #   NVIDIA_TF32_OVERRIDE among library_settings
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of

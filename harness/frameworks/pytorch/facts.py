@@ -129,8 +129,27 @@ MODES = ("Parallel modes in PyTorch (line 37): the model's chain of blocks cut i
 
 
 def conventions(cfg, environment: dict, schema: tuple[int, int]) -> list[str]:
-    """The report's lines on how PyTorch trains this input, as results schema `schema` states them."""
-    return option_lines(cfg, schema)
+    """The report's lines on how PyTorch trains this input, as results schema `schema` states them,
+    and how it ran on GPUs (gpu_lines: from results.json's environment)."""
+    return [*option_lines(cfg, schema), *gpu_lines(environment.get("torch_math"))]
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def gpu_lines(math: dict | None) -> list[str]:
+    """The PyTorch GPU line: the torch.backends switches in force on world rank 0's GPU
+    (results.json's environment.torch_math, harness/frameworks/pytorch/kernels.switched;
+    schema 2.20), which the micro-kernels and training share; none on a CPU ({}) or for a
+    run recorded before them (absent)."""
+    if not math:
+        return []
+    return [f"PyTorch on GPUs (torch.backends, set alike for the micro-kernels and every job): fp32 matmuls on TF32"
+            f" tensor cores {_on(math['matmul_tf32'])}, fp32 cuDNN convolutions on TF32 {_on(math['conv_tf32'])}"
+            " (TF32 needs Ampere or newer; NVIDIA_TF32_OVERRIDE=0 turns it off), cuDNN autotuning (cudnn.benchmark)"
+            f" {_on(math['cudnn_benchmark'])}; the roofline's convolution runs channels-last, as the models train,"
+            f" and its fp32 figures are held to the {'TF32' if math['tf32_peak'] else 'FP32'} peak"]
 
 
 def stated(cfg, schema: tuple[int, int]) -> list[list[str]]:

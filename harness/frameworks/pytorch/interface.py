@@ -7,6 +7,7 @@ trained through DistributedDataParallel (train.py), the workloads' models one mo
 from __future__ import annotations
 
 import gc
+import os
 
 import torch
 # torch.optim imports torch._dynamo at a job's first optimizer and at every step (PyTorch 2.13): imported
@@ -25,9 +26,14 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
 
 
 def software() -> dict:
+    """Versions, and `torch_math`: the torch.backends switches in force on this rank's GPU
+    and whether its fp32 figures are held to the TF32 peak ({} on a CPU: kernels.switched,
+    kernels.peak_tf32), which change a GPU's figures (the report's PyTorch GPU line)."""
+    switches = kernels.switched(train.device())
     return {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
             "torch_nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
-            "torch_gloo": bool(dist.is_gloo_available())}
+            "torch_gloo": bool(dist.is_gloo_available()),
+            "torch_math": {**switches, "tf32_peak": kernels.peak_tf32(switches, os.environ)} if switches else {}}
 
 
 def roofline(precision: str, quick: bool) -> dict:
@@ -49,6 +55,7 @@ class Job:
 
     def __init__(self, spec):
         self.spec, self.device = spec, train.device()
+        kernels.switched(self.device)   # the micro-kernels' switches (a run without them sets them here)
         self._group = distributed.job_group(spec.comm, "nccl" if self.device.type == "cuda" else "gloo")
         self.group = self._group.__enter__()
 
