@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from harness import parallelism, train, workloads
 from harness.frameworks.pytorch import communication, kernels, models, optimizers, pipeline
+from harness.frameworks.pytorch import feed as batch_feed   # train.feed is the host feed
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
 
@@ -144,8 +145,10 @@ class Trainer:
     def _batches(self, rows_of, epochs: int, steps: int, feed_seed: int):
         if self.split is not None and not self.split.reads:   # a middle stage: its inputs come from the stage before
             return ((None, None) for _ in range(steps * epochs))
-        return ((self.module.inputs(x, self.dev), self.module.targets(y, self.dev)) for x, y in feed(
-            self.workload, self.module, self.data, rows_of, epochs, self.step_batch, feed_seed))
+        pairs = feed(self.workload, self.module, self.data, rows_of, epochs, self.step_batch, feed_seed)
+        # on a GPU pinned, non-blocking, one batch ahead on a side stream; on CPUs as the step asks
+        return batch_feed.batches(pairs, lambda xy: (self.module.inputs(xy[0], self.dev),
+                                                     self.module.targets(xy[1], self.dev)), steps, self.dev)
 
     def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
         self.s.undone_warm_up(itertools.islice(self._batches(lambda e: rows, 1, steps, feed_seed), steps))
