@@ -68,7 +68,8 @@ SCHEMA = "2.20"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   alike for the micro-kernels and training, whether its fp32 is held to the TF32 peak; {} on
                  #   a CPU) and the PyTorch GPU line rendered from it; PyTorch's roofline peak looked up with its
                  #   own switches, its convolution channels-last on a GPU (per_rank conv.layout "NHWC");
-                 #   NVIDIA_TF32_OVERRIDE among library_settings
+                 #   NVIDIA_TF32_OVERRIDE among library_settings; skipped[].cause may be "device" (a
+                 #   framework's precision its rank's device cannot train natively: bf16 before Ampere)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -84,6 +85,7 @@ SKIP_CAUSES = {
     "aggregation": "their workload lacks line 24's aggregation",
     "batch": "P x B (lines 11, 14) exceeds their training set",
     "lost": "ranks were lost before or while they ran (--on-fault drop)",
+    "device": "their precision (line 17) is not native on a rank's device (bf16 on a GPU before Ampere)",
 }
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major

@@ -72,7 +72,13 @@ def test_the_convolution_runs_channels_last_where_the_models_train_so():
 
 def test_the_pytorch_gpu_line_renders_the_recorded_switches_and_none_for_a_cpu_or_an_old_record():
     from harness.frameworks.pytorch import facts
-    assert facts.gpu_lines(None) == [] and facts.gpu_lines({}) == []
-    line, = facts.gpu_lines({"matmul_tf32": False, "conv_tf32": True, "cudnn_benchmark": True, "tf32_peak": True})
+    assert facts.gpu_lines({}) == [] and facts.gpu_lines({"torch_math": {}}) == []
+    math = {"matmul_tf32": False, "conv_tf32": True, "cudnn_benchmark": True, "tf32_peak": True}
+    line, = facts.gpu_lines({"torch_math": math, "library_settings": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}})
     assert ("fp32 matmuls on TF32 tensor cores off, fp32 cuDNN convolutions on TF32 on" in line
-            and "cuDNN autotuning (cudnn.benchmark) on" in line and line.endswith("held to the TF32 peak"))
+            and "cuDNN autotuning (cudnn.benchmark) on" in line and "held to the TF32 peak; " in line
+            and "from pinned memory, non-blocking" in line
+            and line.endswith("(TORCH_NCCL_ASYNC_ERROR_HANDLING=2) aborts the communicators and keeps the process:"
+                              " a lost rank fails its job's survivors' step, and they go on (--on-fault)"))
+    line, = facts.gpu_lines({"torch_math": math, "library_settings": {}})     # torch's default: 3
+    assert line.endswith("(TORCH_NCCL_ASYNC_ERROR_HANDLING=3) ends the process: a lost rank takes its job's survivors")

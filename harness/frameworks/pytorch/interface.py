@@ -40,6 +40,10 @@ def roofline(precision: str, quick: bool) -> dict:
     return kernels.roofline(precision, quick=quick)
 
 
+def precision_problem(precision: str) -> str | None:
+    return kernels.precision_problem(precision)
+
+
 def blocks(workload, data) -> list:
     """The chain of blocks of `workload`'s model for `data` (line 37's split modes;
     pipeline.blocks: profiled on the meta device)."""
@@ -64,7 +68,7 @@ class Job:
 
     def train(self, workload, data, model, indices, recipe, **hooks):
         return train.train_base_model(workload, data, model, indices, recipe, comm=self.spec.comm, dev=self.device,
-                                      **hooks)
+                                      watchdog=self.spec.watchdog, **hooks)
 
     def predict(self, workload, model, data, rows):
         return models.get(workload.NAME).predict(model, data, rows, self.device)
@@ -90,8 +94,8 @@ class Job:
 
     def abandon(self) -> None:
         """The job lost a rank (harness/elastic.py): the group goes without the barriers of
-        close (a dead member would fail them); destroying it is this process's alone."""
-        import torch.distributed as dist
+        close (a dead member would fail them), this process's alone: NCCL's communicators
+        aborted, a Gloo group destroyed (distributed.leave)."""
         gc.collect()
         self._group.gen.close()   # the context manager's generator ends here, its barriers skipped
-        dist.destroy_process_group()
+        distributed.leave(self.group.backend)

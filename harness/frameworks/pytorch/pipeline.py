@@ -31,7 +31,7 @@ from torch import nn
 
 from harness import flops as rules
 from harness import parallelism
-from harness.frameworks.pytorch import flops
+from harness.frameworks.pytorch import distributed, flops
 
 
 def chain(module, model: nn.Module) -> list[nn.Module]:
@@ -79,8 +79,11 @@ class Groups:
         rank = dist.get_rank()
         S, R = r.stages, r.replicas
         self.stage, self.replica, self.stages, self.replicas = rank // R, rank % R, S, R
-        pipes = [dist.new_group([s * R + k for s in range(S)]) for k in range(R)]
-        reps = [dist.new_group([s * R + k for k in range(R)]) for s in range(S)] if R > 1 else [None] * S
+        # the job's group's set-up timeout (NCCL's subgroups would take 10 minutes); the timed epochs' is
+        # a step's (train.Trainer.warm_up)
+        pipes = [dist.new_group([s * R + k for s in range(S)], timeout=distributed.TIMEOUT) for k in range(R)]
+        reps = ([dist.new_group([s * R + k for k in range(R)], timeout=distributed.TIMEOUT) for s in range(S)]
+                if R > 1 else [None] * S)
         self.pipeline, self.replicas_group = pipes[self.replica], reps[self.stage]
         self.last = (S - 1) * R + self.replica     # the job rank of this pipeline's last stage
         self.owner = lambda s: s * R               # the job rank whose copy of stage s is the model's

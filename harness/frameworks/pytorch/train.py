@@ -14,13 +14,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from harness import parallelism, train, workloads
-from harness.frameworks.pytorch import communication, kernels, models, optimizers, pipeline
+from harness.frameworks.pytorch import communication, distributed, kernels, models, optimizers, pipeline
 from harness.frameworks.pytorch import feed as batch_feed   # train.feed is the host feed
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
@@ -112,11 +113,12 @@ def feed(workload, module, data, shards, epochs: int, batch: int, seed: int):
 
 
 def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm, dev,
-                     **hooks) -> train.TrainResult:
+                     watchdog: float = 0.0, **hooks) -> train.TrainResult:
     """Train one base model on the job's process group (made by the caller) and its MPI
     communicator `comm`: harness/train.run's recipe with this package's Trainer (`hooks`:
-    run's seed, job, world_barrier and its optional hooks)."""
-    return train.run(Trainer(workload, data, model, recipe, comm, dev), indices, recipe, **hooks)
+    run's seed, job, world_barrier and its optional hooks; `watchdog`: the run's limit, s,
+    which NCCL's timeout a step stays under: distributed.step_timeout)."""
+    return train.run(Trainer(workload, data, model, recipe, comm, dev, watchdog), indices, recipe, **hooks)
 
 
 class Trainer:
@@ -125,8 +127,9 @@ class Trainer:
     stages (PipelineStep on a pipeline.Split: a pipeline reads its replica's share of the
     job's batches, B x S samples a step, on its first stage and its last)."""
 
-    def __init__(self, workload, data, model, recipe: train.Recipe, comm, dev):
+    def __init__(self, workload, data, model, recipe: train.Recipe, comm, dev, watchdog: float = 0.0):
         self.workload, self.data, self.model, self.recipe, self.comm, self.dev = workload, data, model, recipe, comm, dev
+        self.watchdog = watchdog
         self.module = models.get(workload.NAME)
         self.size = comm.size
         mode = parallelism.resolve(parallelism.parse(recipe.mode), self.size, recipe.batch)
@@ -152,6 +155,10 @@ class Trainer:
 
     def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
         self.s.undone_warm_up(itertools.islice(self._batches(lambda e: rows, 1, steps, feed_seed), steps))
+        # set-up done (DDP's first broadcast, compilation, autotuning): NCCL's groups from here on
+        # time out as a step would, so that a lost peer fails the survivors' collective (distributed.py)
+        groups = [None] if self.split is None else [None, self.split.groups.pipeline, self.split.groups.replicas_group]
+        distributed.shorten(distributed.step_timeout(self.s.warm_up_step, self.watchdog), groups)
 
     def feed(self, shards, epochs: int, steps: int, feed_seed: int):
         return self._batches(shards, epochs, steps, feed_seed)
@@ -224,6 +231,7 @@ class Step:
         self.amp = AMP.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(dev.type) if recipe.precision == "fp16" else None  # FP16's narrow range
         self.taken = 0        # steps taken: the LR schedule's step number
+        self.warm_up_step = 0.0   # s, the slowest warm-up step (distributed.step_timeout)
 
     def __call__(self, x, y):
         for group in self.opt.param_groups:
@@ -265,9 +273,13 @@ class Step:
                  self.scaler and copy.deepcopy(self.scaler.state_dict()), self.taken, torch.get_rng_state(),
                  torch.cuda.get_rng_state(self.dev) if cuda else None)
         for x, y in batches:
+            t0 = time.perf_counter()
             loss = self(x, y)
             if loss is not None:    # a pipeline's stages but the last return none
                 float(loss)         # waits for the step
+            if cuda:
+                torch.cuda.synchronize(self.dev)   # a middle stage's too (outside the clock)
+            self.warm_up_step = max(self.warm_up_step, time.perf_counter() - t0)
         self.model.load_state_dict(saved[0])
         self.opt.load_state_dict(saved[1])
         if self.scaler is not None:
@@ -303,7 +315,7 @@ class PipelineStep(Step):
         self.opt, self.config = make_optimizer(recipe.optimizer, self.part, schedule(0), workload.MOMENTUM,
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
         self.max_norm, self.amp, self.scaler = self.config.get("global_clipnorm", 0.0), AMP.get(recipe.precision), None
-        self.taken, self.seconds = 0, 0.0
+        self.taken, self.seconds, self.warm_up_step = 0, 0.0, 0.0
 
     def __call__(self, x, y):
         for group in self.opt.param_groups:
