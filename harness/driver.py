@@ -276,6 +276,8 @@ def _run(args, world, watchdog) -> int:
     plan = planning.make(world, given, nodes, watchdog)
     cfg = plan.cfg
     devices = _devices(world, plan, nodes, watchdog)
+    refused = _precision_problems(world, cfg)
+    plan = planning.device_skipped(plan, refused)
     if args.check:
         if world.rank == 0:
             print("\n".join(planning.describe(plan, world.size) + elastic.lines(tolerance)), flush=True)
@@ -283,7 +285,7 @@ def _run(args, world, watchdog) -> int:
 
     ceilings = None
     if cfg.roofline:
-        ceilings = _roofline(world, cfg.frameworks, cfg.precisions, watchdog)
+        ceilings = _roofline(world, cfg.frameworks, cfg.precisions, watchdog, refused)
     watchdog.beat("inventory")
     environment, nodes = _inventory(world, nodes, devices, cfg.frameworks)
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
@@ -530,7 +532,20 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance
     return report.Output(cfg, record, params, plan.previous)
 
 
-def _roofline(world, names, precisions, watchdog) -> dict | None:
+def _precision_problems(world, cfg) -> dict:
+    """COLLECTIVE: {(framework, precision): (world rank, why)}, the lowest rank whose device
+    cannot train a precision of line 17 in a framework of line 35 (Framework.precision_problem),
+    the same on every rank (plan.device_skipped)."""
+    mine = {(n, p): why for n in cfg.frameworks for p in cfg.precisions
+            if (why := frameworks.get(n).precision_problem(p))}
+    found = {}
+    for rank, theirs in enumerate(world.allgather(mine)):
+        for key, why in theirs.items():
+            found.setdefault(key, (rank, why))
+    return found
+
+
+def _roofline(world, names, precisions, watchdog, refused=()) -> dict | None:
     """GEMM, convolution and triad on every rank at once (they share the node's memory
     and power, as training does), in each framework of the sweep (`names`: a test's
     utilisation is measured against the library that trained it) and each precision;
@@ -542,6 +557,8 @@ def _roofline(world, names, precisions, watchdog) -> dict | None:
     out = {}
     for name in names:
         for prec in precisions:
+            if (name, prec) in refused:   # a precision a rank's device cannot run (_precision_problems)
+                continue
             key = frameworks.roofline_key(name, prec)
             world.step(f"the roofline ({key}): its start",   # the world as it stands
                        lambda: watchdog.wait(world.Ibarrier(), "roofline micro-kernels: waiting for the other ranks"))

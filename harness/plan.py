@@ -427,6 +427,29 @@ def batches(cfg: dat.Config, planned, skipped, datas: dict) -> tuple[tuple, tupl
     return tuple(fits), tuple(sorted([*skipped, *more], key=lambda s: s.test.index))
 
 
+def device_skipped(plan: Plan, problems: dict) -> Plan:
+    """The plan with the tests whose framework cannot train their precision on a rank's device
+    skipped ("device"): `problems` {(framework, precision): (world rank, why)}, the first rank
+    whose framework said so (Framework.precision_problem, once the devices are set up: bf16
+    on a GPU without bf16 tensor cores); RunError when none is left (runnable). Pure."""
+    if not problems:
+        return plan
+    cfg, kept, more = plan.cfg, [], []
+    for p in plan.tests:
+        t = p.test
+        if (t.framework, t.precision) not in problems:
+            kept.append(p)
+            continue
+        rank, why = problems[(t.framework, t.precision)]
+        others = [v for v in dat.KNOWN["precision"] if (t.framework, v) not in problems]
+        more.append(Skipped(t, f"{cfg.path}:17: found {t.precision!r} with framework {t.framework} (line 35) on"
+                               f" world rank {rank}, expected {_one_of(others)}: {why}", "device"))
+    runnable(kept, [*plan.skipped, *more])
+    gone = {s.test.index for s in more}
+    return replace(plan, tests=tuple(kept), runs=tuple((p, r) for p, r in plan.runs if p.test.index not in gone),
+                   skipped=tuple(sorted([*plan.skipped, *more], key=lambda s: s.test.index)))
+
+
 def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> results.Record:
     """The results of the invocation to resume, checked against the input file and the
     settings in force now (`values`, as settings.read gives them). A results directory (line

@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.19"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.20"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -75,6 +75,12 @@ SCHEMA = "2.19"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   pinned: CUDA_VISIBLE_DEVICES entry, PCI bus id, NVML UUID and index) and "nccl"; the
                  #   conventions' Devices line names each framework's device, threads and feed cores where they
                  #   differ (where they agree it reads as before; --verify takes the line as recorded)
+                 # 2.20: PyTorch on GPUs (issue 67): environment.torch_math (the torch.backends switches set
+                 #   alike for the micro-kernels and training, whether its fp32 is held to the TF32 peak; {} on
+                 #   a CPU) and the PyTorch GPU line rendered from it; PyTorch's roofline peak looked up with its
+                 #   own switches, its convolution channels-last on a GPU (per_rank conv.layout "NHWC");
+                 #   NVIDIA_TF32_OVERRIDE among library_settings; skipped[].cause may be "device" (a
+                 #   framework's precision its rank's device cannot train natively: bf16 before Ampere)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -90,6 +96,7 @@ SKIP_CAUSES = {
     "aggregation": "their workload lacks line 24's aggregation",
     "batch": "P x B (lines 11, 14) exceeds their training set",
     "lost": "ranks were lost before or while they ran (--on-fault drop)",
+    "device": "their precision (line 17) is not native on a rank's device (bf16 on a GPU before Ampere)",
 }
 
 MAJOR = SCHEMA.split(".")[0]   # readers refuse a file of another major

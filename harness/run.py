@@ -342,7 +342,7 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
         probe = None
         fw = frameworks.get(t.framework).open_job(frameworks.JobSpec(
             part.comm, tuple(part.planned.layout.jobs[job]), tuple(ctx.nodes.node_of_rank), cfg.comm_precision,
-            cfg.allreduce, t.mode, t.P, t.batch, ctx.devices[t.framework]["gpus_on_node"]))
+            cfg.allreduce, t.mode, t.P, t.batch, ctx.devices[t.framework]["gpus_on_node"], watchdog.seconds))
         model = fw.build(wl, local, part.seed, job, t.precision)
         watchdog.beat(f"training, test {t.index}")
         # the GPU pinned at set-up, not one worked out from the local rank: a loss renumbers local ranks

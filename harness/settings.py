@@ -243,7 +243,8 @@ def describe(values: dict[str, str]) -> list[str]:
 # These are the libraries every framework may load; each framework's own (its facts'
 # OWN_VARIABLES: TF_, HOROVOD_, TORCH, ...) come from the registry (frameworks.own_variables).
 LIBRARY_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "CUBLAS", "CUDNN_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_",
-                    "DNNL_", "ONEDNN_", "UCX_", "FI_", "MALLOC_", "LD_PRELOAD")
+                    "DNNL_", "ONEDNN_", "UCX_", "FI_", "MALLOC_", "LD_PRELOAD",
+                    "NVIDIA_TF32_OVERRIDE")   # 0: no TF32 in cuBLAS and cuDNN, every framework (kernels/peak.py)
 # Terraform's variables share TensorFlow's TF_ prefix (its CLI configuration, input
 # variables, tokens, plugin cache, logs): none of these prefixes occurs anywhere in the
 # files of TensorFlow 2.18, Keras or Horovod (grepped, libtensorflow_cc.so.2 included), so

@@ -15,16 +15,17 @@ from kernels import peak  # noqa: F401 -- kernels.peak.theoretical; light, no Te
 REPEATS = 5
 
 
-def measured(precision: str, quick: bool, name: str, run_gemm, run_conv, run_stream) -> dict:
+def measured(precision: str, quick: bool, name: str, run_gemm, run_conv, run_stream, *, tf32: bool) -> dict:
     """A framework's roofline dict (kernels.roofline's layout) from its own kernels:
     run_gemm(n, precision, repeats), run_conv(shape, precision, repeats) and
-    run_stream(mib, repeats) at the default sizes (None, {}) or `quick`'s, on device `name`."""
+    run_stream(mib, repeats) at the default sizes (None, {}) or `quick`'s, on device `name`;
+    the peak looked up with the framework's own TF32 switch `tf32` (peak.theoretical)."""
     from kernels import conv, gemm, stream
     repeats = 3 if quick else REPEATS
     g = run_gemm(gemm.QUICK_N if quick else None, precision, repeats)
     c = run_conv(conv.QUICK if quick else {}, precision, repeats)
     s = run_stream(stream.QUICK_MIB if quick else None, repeats)
-    peak_flops, source = peak.theoretical(precision)
+    peak_flops, source = peak.theoretical(precision, tf32=tf32)
     return {"precision": precision, "device": name, "gemm": g, "conv": c, "stream": s,
             "peak": {"flops": peak_flops, "source": source}}
 

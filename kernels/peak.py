@@ -7,9 +7,11 @@ vector units and the clock a rank gets; give it in the variable.
 
 Figures are dense tensor-core peaks in Tflops at boost clock (the datasheets print the
 2:4-sparsity figure for Hopper; we halve it). fp32 maps to the TF32 peak on GPUs that have
-one, because TensorFlow runs fp32 matmuls and convolutions on TF32 tensor cores by
-default, unless tf.config.experimental.enable_tensor_float_32_execution(False) or
-NVIDIA_TF32_OVERRIDE=0 turned it off.
+one where the framework that measures runs fp32 on TF32 tensor cores: TensorFlow does by
+default for matmuls and convolutions (unless
+tf.config.experimental.enable_tensor_float_32_execution(False)), PyTorch where its switches
+say so (harness/frameworks/pytorch/kernels.SWITCHES), and NVIDIA_TF32_OVERRIDE=0 turns it
+off for all.
 """
 from __future__ import annotations
 
@@ -41,11 +43,14 @@ TABLE = [
 ]
 
 
-def theoretical(precision: str, gpu: int | None = None) -> tuple[float | None, str]:
+def theoretical(precision: str, gpu: int | None = None, tf32: bool | None = None) -> tuple[float | None, str]:
     """(peak FLOP/s of this rank's device in `precision`, where the figure comes from).
     `gpu`: NVML index of this rank's GPU; by default any GPU of the node, if all are one
-    model. Never raises for a missing pynvml or driver; raises ValueError for a malformed
-    HPCAI500_PEAK_TFLOPS, since a silently ignored peak would give a wrong utilisation."""
+    model. `tf32`: whether the framework that measures runs fp32 on TF32 tensor cores (its
+    own switches: each framework looks its peak up with its own, issue 67); None:
+    TensorFlow's (tf32_enabled). Never raises for a missing pynvml or driver; raises
+    ValueError for a malformed HPCAI500_PEAK_TFLOPS, since a silently ignored peak would
+    give a wrong utilisation."""
     user = os.environ.get(ENV, "").strip()
     if user:
         tflops = _parse_env(user, precision)
@@ -60,7 +65,7 @@ def theoretical(precision: str, gpu: int | None = None) -> tuple[float | None, s
         name = names[0]
     else:
         return None, f"unknown: GPUs of several models on this node ({', '.join(sorted(set(names)))}); set {ENV}"
-    return lookup(name, precision, tf32_enabled())
+    return lookup(name, precision, tf32_enabled() if tf32 is None else tf32)
 
 
 def lookup(name: str, precision: str, tf32: bool = True) -> tuple[float | None, str]:
@@ -120,9 +125,17 @@ def gpu_names() -> list[str]:
             pass
 
 
+def tf32_off(environ=None) -> bool:
+    """Whether NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS and cuDNN, under every framework."""
+    return (os.environ if environ is None else environ).get("NVIDIA_TF32_OVERRIDE") == "0"
+
+
 def tf32_enabled() -> bool:
-    """Whether fp32 matmuls run as TF32: TensorFlow's switch if it is loaded, else its default."""
-    if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+    """Whether TensorFlow runs fp32 matmuls as TF32: its switch if it is loaded, else its
+    default (on). TensorFlow's alone: another framework passes its own to `theoretical`
+    (PyTorch's default for matmuls is off; before issue 67 its figures were held to the
+    TF32 peak through this)."""
+    if tf32_off():
         return False
     tf = sys.modules.get("tensorflow")
     return bool(tf.config.experimental.tensor_float_32_execution_enabled()) if tf else True

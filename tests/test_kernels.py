@@ -131,6 +131,11 @@ def test_peak_table_by_gpu_model(monkeypatch):
     assert peak.lookup("Tesla V100-SXM2-16GB", "fp32", tf32=True)[0] == 15.7e12    # no TF32 on Volta
     assert peak.lookup("Tesla V100-PCIE-32GB", "bf16")[0] is None
     assert peak.lookup("Tesla P100-PCIE-16GB", "fp32")[1].startswith("unknown")
+    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE")
+    # each framework with its own switch (issue 67): PyTorch's fp32 with TF32 off is held to 19.5, not 156
+    assert peak.theoretical("fp32", tf32=False)[0] == 19.5e12 and "fp32 dense peak" in peak.theoretical("fp32", tf32=False)[1]
+    assert peak.theoretical("fp32", tf32=True)[0] == 156e12 and peak.theoretical("fp16", tf32=False)[0] == 312e12
+    assert peak.tf32_off({"NVIDIA_TF32_OVERRIDE": "0"}) and not peak.tf32_off({"NVIDIA_TF32_OVERRIDE": "1"})
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml("NVIDIA A100-PCIE-40GB", "Tesla T4"))
     assert peak.theoretical("fp16")[0] is None                                   # mixed node: which one?
     assert peak.theoretical("fp16", gpu=1)[0] == 65e12

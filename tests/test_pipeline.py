@@ -179,3 +179,27 @@ def test_each_split_workloads_chain_is_its_model(monkeypatch, workload, data, se
         with torch.no_grad():
             low = model.encoder.entry(x[:1]).numel()
         assert blocks[0].out_elements == 2 * low and blocks[1].out_elements > low
+
+
+def test_a_stages_chunks_are_timed_by_the_devices_clock_read_once_a_step(monkeypatch):
+    """Issue 67, item 10: a GPU times a stage's chunks with CUDA events, read once a step
+    (no synchronisation of the whole device around each chunk, which also waited for the
+    transfers on NCCL's streams); a CPU with perf_counter, as before. A fake stage's two
+    chunks on a hand clock (marks 1, 3 and 10, 14): 2 + 4 = 6 s, added only when read."""
+    from harness.frameworks.pytorch import pipeline
+    assert type(pipeline.clock("cuda")) is pipeline.EventClock
+    assert type(pipeline.clock("cpu")) is pipeline.WallClock
+    synchronized = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synchronized.append(a))
+    ticks = iter([1.0, 3.0, 10.0, 14.0])
+
+    class Hand(pipeline.WallClock):
+        def mark(self):
+            return next(ticks)
+
+    stage = type("Stage", (), {"forward_one_chunk": lambda self, k: f"f{k}", "backward_one_chunk": lambda self, k: f"b{k}"})()
+    busy = pipeline.Busy(stage, Hand())
+    assert (stage.forward_one_chunk(0), stage.backward_one_chunk(0)) == ("f0", "b0")
+    assert busy.seconds == 0.0 and len(busy.marks) == 2        # nothing read while the schedule runs
+    busy.read()
+    assert busy.seconds == 6.0 and busy.marks == [] and synchronized == []

@@ -111,6 +111,32 @@ def test_a_framework_may_refuse_one_precision_of_a_sweep(monkeypatch):
         "x.dat:17: found 'bf16' with framework pytorch (line 35), expected one of fp32, fp16: not built"))]
 
 
+def test_a_precision_a_ranks_gpu_cannot_train_skips_its_tests_alone():
+    """Issue 67, item 11: once the devices are set up, a framework that says a rank's device
+    cannot train a precision (PyTorch: bf16 on a GPU before Ampere) skips that framework's
+    tests of it, cause "device", naming line 17, the first such rank and why; its other
+    precisions and the other framework's bf16 run; none left: refused."""
+    from harness import results
+    cfg = dat.parse_text(dat_text(l9=1, l10=1, l11=1, l16=2, l17="fp32 bf16", l34=2, l35="tensorflow pytorch"),
+                         "x.dat")
+    planned, skipped = plan.layouts(cfg, dat.expand(cfg), 1, [0])
+    given = plan.Plan(cfg, {}, planned, skipped, tuple((p, 0) for p in planned), topology.Nodes((0,), ("h",), 0, 1),
+                      {}, None)
+    assert plan.device_skipped(given, {}) is given
+    why = "GPU Tesla V100-SXM2-16GB (compute capability 7.0) has no bf16 tensor cores"
+    got = plan.device_skipped(given, {("pytorch", "bf16"): (3, why)})
+    assert [(p.test.framework, p.test.precision) for p in got.tests] == [
+        ("tensorflow", "fp32"), ("pytorch", "fp32"), ("tensorflow", "bf16")]
+    assert [p.test.index for p, _ in got.runs] == [p.test.index for p in got.tests]
+    (s,) = got.skipped
+    assert (s.test.framework, s.test.precision, s.cause) == ("pytorch", "bf16", "device") and s.cause in results.SKIP_CAUSES
+    assert s.reason == f"x.dat:17: found 'bf16' with framework pytorch (line 35) on world rank 3, expected one of fp32, fp16: {why}"
+    alone = plan.Plan(cfg, {}, tuple(p for p in planned if p.test.precision == "bf16"), (), (),
+                      given.nodes, {}, None)
+    with pytest.raises(RunError, match="x.dat:17: found 'bf16' with framework pytorch"):
+        plan.device_skipped(alone, {("pytorch", "bf16"): (0, why), ("tensorflow", "bf16"): (0, why)})
+
+
 def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeypatch):
     """Line 35: a framework that lacks a workload's model, or cannot carry a Table 2 choice,
     skips those tests (each test's framework: framework_choice_problem), naming the line, the

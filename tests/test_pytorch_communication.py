@@ -120,3 +120,19 @@ def test_the_conventions_say_so_from_schema_2_15_and_verify_reads_2_14s_words():
     assert before[-1].startswith("Compiler inductor: torch.compile of the DDP-wrapped model (TorchInductor: C++ on"
                                  " CPUs, Triton on GPUs); ")
     assert facts.stated(cfg, (2, 14)) == [before]
+
+
+def test_the_maxima_build_no_device_constant_a_tensor(monkeypatch):
+    """Issue 67, item 8: inside DDP's hook a torch.tensor(value, device=...) is a blocking
+    host-to-device copy, once a gradient tensor. The maxima make none (torch.tensor counted),
+    run on the meta device (no data, no copy: each op exists there), and keep the rule by
+    hand: max |g| of [-3, 2] is 3, a NaN or an inf anywhere gives inf, zeros give 0."""
+    made = []
+    real = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real(*a, **k))
+    grads = [torch.tensor([-3.0, 2.0]), torch.tensor([float("nan"), 1.0]), torch.tensor([1.0, float("-inf")]),
+             torch.zeros(2, 2), torch.tensor([0.5], dtype=torch.float16)]
+    made.clear()
+    assert c.maxima(grads).tolist() == [3.0, math.inf, math.inf, 0.0, 0.5] and made == []
+    m = c.maxima([torch.empty(3, 4, device="meta"), torch.empty(5, device="meta")])
+    assert m.is_meta and m.shape == (2,) and m.dtype == torch.float32 and made == []

@@ -75,3 +75,34 @@ def test_loopback_comes_last():
     from harness.frameworks.pytorch import distributed
     found = distributed.candidates()
     assert found and found[-1].startswith("127.") and len(set(found)) == len(found)
+
+
+def test_nccls_lost_peer_fails_the_survivors_collective_within_a_step_timeout():
+    """Issue 67, item 11 (a GPU proves the rest: bench/gpu_check.sh): NCCL's watchdog set
+    to abort the communicators and keep the process (TORCH_NCCL_ASYNC_ERROR_HANDLING=2,
+    before torch starts); from the timed epochs on, a timeout of 4 x the slowest warm-up step,
+    at least 2 minutes, under half the watchdog limit and never above set-up's 30 minutes; a
+    group that lost a member aborted under NCCL, destroyed under Gloo."""
+    from datetime import timedelta
+    from harness import frameworks
+    from harness.frameworks.pytorch import distributed, facts
+    assert facts.ENVIRONMENT == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    assert frameworks.environment()["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    t = distributed.step_timeout
+    assert t(0.5, 1800) == timedelta(seconds=120)             # a fast step: the floor
+    assert t(60.0, 1800) == timedelta(seconds=240)            # a compiled first step of 60 s: 4 x
+    assert t(600.0, 1800) == timedelta(seconds=900)           # under half the watchdog's 1800 s
+    assert t(600.0, 0) == timedelta(minutes=30)               # watchdog off: set-up's timeout at most
+    assert t(1.0, 100) == timedelta(seconds=50)               # a short watchdog wins over the floor
+    assert (distributed.ending("nccl"), distributed.ending("gloo")) == ("abort", "destroy")
+
+
+def test_bf16_is_refused_on_a_gpu_without_bf16_tensor_cores_only():
+    from harness.frameworks.pytorch import kernels
+    volta = "GPU Tesla V100-SXM2-16GB (compute capability 7.0)"
+    assert kernels.bf16_problem("bf16", volta, False) == f"{volta} has no bf16 tensor cores (Ampere, compute" \
+                                                         " capability 8.0, or newer)"
+    assert kernels.bf16_problem("bf16", "GPU NVIDIA A100-SXM4-80GB (compute capability 8.0)", True) is None
+    assert kernels.bf16_problem("fp16", volta, False) is None and kernels.bf16_problem("fp32", volta, False) is None
+    assert kernels.bf16_problem("bf16", None, False) is None                  # a CPU: autocast's bf16 runs
+    assert kernels.precision_problem("bf16") is None                          # this machine: a CPU

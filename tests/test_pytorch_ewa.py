@@ -78,3 +78,27 @@ def test_predict_packs_the_best_detections_first(data):
     assert (np.diff(rows[..., 1], axis=1) <= 1e-6).all()
     np.testing.assert_allclose(pt.predict(model, data, slice(4, 5), torch.device("cpu")), s[2:3], atol=1e-5)
     assert 0.0 <= ewa.quality(pt.predict(model, data, slice(None), torch.device("cpu")), data) <= 1.0
+
+
+def test_the_batchs_nms_is_each_images_nms_bit_for_bit():
+    """Issue 67, item 9: the proposals' NMS takes one IoU tensor for the batch (one copy to
+    the host, packed eight to a byte from a GPU; one of the kept indices back) where it took
+    one an image. On the CPU it keeps exactly what `nms` keeps image by image, zero rows after
+    (random boxes, some identical and some empty, scores with ties)."""
+    g = torch.Generator().manual_seed(5)
+    corner = torch.rand(3, 60, 2, generator=g) * 40
+    boxes = torch.cat([corner, corner + torch.rand(3, 60, 2, generator=g) * 20], -1)
+    boxes[:, 5] = boxes[:, 4]
+    boxes[:, 7, 2:] = boxes[:, 7, :2]                                   # zero area
+    scores = torch.round(torch.rand(3, 60, generator=g) * 8) / 8       # ties
+    for keep, iou in ((10, 0.7), (60, 0.3), (80, 0.5)):
+        each = torch.stack([pt._padded(b[pt.nms(b, s, keep, iou)], keep) for b, s in zip(boxes, scores)])
+        assert torch.equal(pt.nms_each(boxes, scores, keep, iou), each)
+
+
+def test_boolean_verdicts_pack_eight_to_a_byte_as_numpy_does():
+    over = torch.rand(2, 5, 13, generator=torch.Generator().manual_seed(1)) > 0.5
+    packed = pt.pack_bits(over)
+    assert packed.dtype == torch.uint8 and packed.shape == (2, 5, 2)
+    assert np.array_equal(packed.numpy(), np.packbits(over.numpy(), axis=-1))
+    assert np.array_equal(pt.host_bool(over), over.numpy())             # a CPU's: as it is

@@ -460,7 +460,8 @@ def test_a_test_samples_the_gpu_its_own_framework_pinned_at_set_up(monkeypatch, 
     ctx = run.Context(NS(comm_precision="fp32", allreduce="ring"), NS(detects=False), NS(local_rank=1,
                       node_of_rank=(0, 0)), devices, "run", {}, 1, {})
     test = NS(framework=framework, P=2, batch=8, mode="data", index=1, precision="fp32")
-    part = run.Part(ctx, NS(test=test, layout=NS(jobs=((0, 1),))), 0, 1, None, None, NS(beat=lambda *a: None), job=0)
+    part = run.Part(ctx, NS(test=test, layout=NS(jobs=((0, 1),))), 0, 1, None, None, NS(beat=lambda *a: None, seconds=0.0),
+                    job=0)
     with pytest.raises(Stop):
         run._base_model(part, None, None)
     assert sampled == [expect] and opened[0].gpus_on_node == devices[framework]["gpus_on_node"]

@@ -198,6 +198,8 @@ class JobSpec:
     P: int                          # the job's ranks as the test asks (line 11)
     batch: int                      # per-rank batch (line 14)
     gpus_on_node: int               # GPUs this rank's framework sees (0: CPUs only)
+    watchdog: float = 0.0           # s: the run's watchdog limit (harness/watchdog.py; 0: off), which a
+    #                                 framework's own collective timeouts must stay under
 
 
 class Framework(Protocol):
@@ -220,6 +222,11 @@ class Framework(Protocol):
     def roofline(self, precision: str, quick: bool) -> dict:
         """The GEMM, convolution and triad micro-kernels in this framework (kernels.roofline's dict)."""
 
+    def precision_problem(self, precision: str) -> str | None:
+        """Optional (OPTIONAL: a framework that leaves it out refuses none): why this rank's
+        device, as set up, cannot train line 17's `precision` (bf16 on a GPU without bf16
+        tensor cores), or None; a test that needs it is skipped (plan.device_skipped)."""
+
     def blocks(self, workload, data) -> list:
         """Only a framework that cuts models (split_problem None for it): the model's chain
         of harness/parallelism.Block, for --check's stages (line 37)."""
@@ -240,5 +247,14 @@ def get(name: str) -> Framework:
     where the framework cuts models: its NO_PIPELINE is None), by the one check of
     every interface of modules (workloads.checked_module: TypeError naming what it lacks)."""
     cuts = facts(name).NO_PIPELINE is None
-    required = tuple(m for m in workloads.required_members(Framework, {}) if m != "blocks" or cuts)
-    return workloads.checked_module(f"harness.frameworks.{name}.interface", required, {}, "the framework interface ")
+    required = tuple(m for m in workloads.required_members(Framework, OPTIONAL) if m != "blocks" or cuts)
+    return workloads.checked_module(f"harness.frameworks.{name}.interface", required, OPTIONAL,
+                                    "the framework interface ")
+
+
+def _no_problem(precision: str) -> None:
+    return None
+
+
+# The interface's optional members, and what stands in for one a framework leaves out
+OPTIONAL = {"precision_problem": _no_problem}

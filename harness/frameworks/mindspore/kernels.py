@@ -30,7 +30,8 @@ def roofline(precision: str, quick: bool = False) -> dict:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(DTYPES)}")
     name = where()
     return kernels.measured(precision, quick, name, lambda n, p, r: run_gemm(n, p, r, name),
-                            lambda shape, p, r: run_conv(shape, p, r, name), lambda mib, r: run_stream(mib, r, name))
+                            lambda shape, p, r: run_conv(shape, p, r, name), lambda mib, r: run_stream(mib, r, name),
+                            tf32=False)   # CPU only: no TF32 (peak.theoretical)
 
 
 def where() -> str:

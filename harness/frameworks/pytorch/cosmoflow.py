@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.frameworks.pytorch import models, train
+from harness.frameworks.pytorch import feed, models, train
 from harness.workloads import cosmoflow as cf
 
 
@@ -49,7 +49,7 @@ def inputs(x: np.ndarray, device) -> torch.Tensor:
 
 
 def targets(y: np.ndarray, device) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(y, np.float32)).to(device)
+    return feed.to_device(np.asarray(y, np.float32), device)
 
 
 def loss(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness.frameworks.pytorch import models, train
+from harness.frameworks.pytorch import feed, models, train
 
 
 def build_model(data) -> nn.Module:
@@ -48,7 +48,7 @@ def inputs(x: np.ndarray, device) -> torch.Tensor:
 
 
 def targets(y: np.ndarray, device) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(y, np.int64)).to(device)
+    return feed.to_device(np.asarray(y, np.int64), device)
 
 
 def loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,58 @@ from harness.errors import first_failure
 
 TIMEOUT = datetime.timedelta(minutes=30)   # a rendezvous or collective this slow is the watchdog's to end
 CONNECT = datetime.timedelta(seconds=5)    # a store client's connection to one of the root's addresses
+# Under NCCL a dead peer does not fail a collective: NCCL's kernels wait for it (within a node
+# forever; across nodes until its network transport notices, if it does), and PyTorch's own
+# watchdog only acts at the group's timeout. With TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (the
+# facts' ENVIRONMENT: CleanUpOnly) that watchdog aborts the communicators at the timeout or
+# at NCCL's asynchronous error and leaves the process alive, so that the stuck step returns
+# and the next collective raises ("NCCL communicator was aborted"): harness/elastic.py's
+# survivors then confirm the loss over ULFM and go on. 1 (TearDown) and 3 (SkipCleanUp,
+# torch's default) end the survivor's process too: a lost rank would take its job's others.
+# From the timed epochs on, the groups' timeout is one that suits a step (step_timeout).
+STEP_FLOOR = 120.0    # s: a step's collective may wait this long for a slow partner (a feed's hiccup)
+STEP_FACTOR = 4       # x the slowest warm-up step (the first step: autotuning and compilation in it)
+
+
+def step_timeout(warm_up_step: float, watchdog: float) -> datetime.timedelta:
+    """The NCCL groups' timeout for the timed epochs: STEP_FACTOR x the slowest warm-up step
+    `warm_up_step` (s), at least STEP_FLOOR; at most half the run's watchdog limit `watchdog`
+    (s, 0: off; harness/watchdog.py), so that a survivor's collective fails before its watchdog
+    would end it (a rank blocked in a dead collective beats no more), and at most the set-up's
+    TIMEOUT. What a lost peer costs its job's survivors on GPUs, beyond the others' waits. Pure."""
+    cap = TIMEOUT.total_seconds() if watchdog <= 0 else min(TIMEOUT.total_seconds(), watchdog / 2)
+    return datetime.timedelta(seconds=min(max(STEP_FLOOR, STEP_FACTOR * warm_up_step), cap))
+
+
+def shorten(timeout: datetime.timedelta, groups) -> None:
+    """`timeout` for the NCCL process groups `groups` (None: the job's default group) from
+    their next collective on; Gloo's keep TIMEOUT (a dead Gloo peer closes its socket: the
+    survivors' collective fails at once)."""
+    import torch.distributed as dist
+    for group in groups:
+        if group is not None or dist.is_initialized():
+            if dist.get_backend(group) == "nccl":
+                dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def ending(backend: str) -> str:
+    """How a rank leaves a group that lost a member: NCCL's communicators are aborted
+    (ncclCommAbort: local, returns with peers dead or stuck; destroying one first waits for
+    its pending work, which a dead peer never completes); Gloo's group is destroyed, as
+    before. Pure."""
+    return "abort" if backend == "nccl" else "destroy"
+
+
+def leave(backend: str) -> None:
+    """This process's groups gone without a collective (Job.abandon): every group (the job's
+    and a split model's) aborted at once under NCCL, in one NCCL group call so that no
+    communicator's abort waits for another's; destroyed under Gloo."""
+    import torch.distributed as dist
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if ending(backend) == "abort" and abort is not None:
+        abort()
+    else:
+        dist.destroy_process_group()
 
 
 def candidates() -> list[str]:

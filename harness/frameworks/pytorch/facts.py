@@ -18,7 +18,11 @@ REQUIRES = (("torch", "torch (requirements-pytorch.txt)"),)   # (module, the pip
 VENV = None   # installed in the main venv (make venv FRAMEWORKS=...)
 # The environment variables only torch reads: a run without PyTorch leaves them out of its record
 OWN_VARIABLES = ("TORCH", "PYTORCH_")
-ENVIRONMENT = {}   # nothing to set before torch is imported
+# Set where unset before torch is imported: NCCL's watchdog aborts a group's communicators
+# at a timeout or an asynchronous error and leaves the process alive (CleanUpOnly), so that a
+# lost rank fails its job's survivors' collective instead of hanging them or ending them
+# (harness/frameworks/pytorch/distributed.py; torch's default, 3, ends the process)
+ENVIRONMENT = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 REFUSES = {
     ("allreduce", "hierarchical"): "torch.distributed has no hierarchical mode of its own (NCCL picks its"
                                    " algorithm inside a node); use ring",
@@ -133,8 +137,44 @@ MODES = ("Parallel modes in PyTorch (line 37): the model's chain of blocks cut i
 
 
 def conventions(cfg, environment: dict, schema: tuple[int, int]) -> list[str]:
-    """The report's lines on how PyTorch trains this input, as results schema `schema` states them."""
-    return option_lines(cfg, schema)
+    """The report's lines on how PyTorch trains this input, as results schema `schema` states them,
+    and how it ran on GPUs (gpu_lines: from results.json's environment)."""
+    return [*option_lines(cfg, schema), *gpu_lines(environment)]
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+# What NCCL's watchdog does at a collective's timeout or error, by TORCH_NCCL_ASYNC_ERROR_HANDLING
+ASYNC_ERRORS = {"0": "nothing: a lost rank hangs its job's survivors until the run's watchdog ends them",
+                "1": "aborts the communicators and ends the process: a lost rank takes its job's survivors",
+                "2": "aborts the communicators and keeps the process: a lost rank fails its job's survivors'"
+                     " step, and they go on (--on-fault)",
+                "3": "ends the process: a lost rank takes its job's survivors"}
+
+
+def gpu_lines(environment: dict) -> list[str]:
+    """The PyTorch GPU line: the torch.backends switches in force on world rank 0's GPU
+    (results.json's environment.torch_math, harness/frameworks/pytorch/kernels.switched;
+    schema 2.20), which the micro-kernels and training share, the feed, and what a lost rank
+    does under NCCL (its TORCH_NCCL_ASYNC_ERROR_HANDLING, as library_settings recorded it);
+    none on a CPU ({}) or for a run recorded before them (absent)."""
+    math = environment.get("torch_math")
+    if not math:
+        return []
+    errors = environment.get("library_settings", {}).get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")   # torch's default
+    return [f"PyTorch on GPUs (torch.backends, set alike for the micro-kernels and every job): fp32 matmuls on TF32"
+            f" tensor cores {_on(math['matmul_tf32'])}, fp32 cuDNN convolutions on TF32 {_on(math['conv_tf32'])}"
+            " (TF32 needs Ampere or newer; NVIDIA_TF32_OVERRIDE=0 turns it off), cuDNN autotuning (cudnn.benchmark)"
+            f" {_on(math['cudnn_benchmark'])}; the roofline's convolution runs channels-last, as the models train,"
+            f" and its fp32 figures are held to the {'TF32' if math['tf32_peak'] else 'FP32'} peak; the training"
+            " batches go host to device from pinned memory, non-blocking, each one's copies issued on a side stream"
+            " before the step before it (within an epoch: harness/frameworks/pytorch/feed.py); bf16 tests are"
+            " skipped on a GPU before Ampere; a job's NCCL collectives time out, from the timed epochs on, after a"
+            " step's time (distributed.step_timeout: 4 x the slowest warm-up step, at least 2 min, at most half the"
+            f" watchdog limit), when NCCL's watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING={errors})"
+            f" {ASYNC_ERRORS.get(errors, 'does what that value says')}"]
 
 
 def stated(cfg, schema: tuple[int, int]) -> list[list[str]]:

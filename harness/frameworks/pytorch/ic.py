@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from harness.frameworks.pytorch import models, train
+from harness.frameworks.pytorch import feed, models, train
 from harness.workloads import ic
 
 L2 = ic.WEIGHT_DECAY          # coupled weight decay on the kernels (module docstring)
@@ -97,7 +97,7 @@ def inputs(x: np.ndarray, device) -> torch.Tensor:
 
 
 def targets(y: np.ndarray, device) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(y, np.int64)).to(device)
+    return feed.to_device(np.asarray(y, np.int64), device)
 
 
 def loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ trained through DistributedDataParallel (train.py), the workloads' models one mo
 from __future__ import annotations
 
 import gc
+import os
 
 import torch
 # torch.optim imports torch._dynamo at a job's first optimizer and at every step (PyTorch 2.13): imported
@@ -25,13 +26,22 @@ def setup_devices(local_rank: int, sharing: int) -> dict:
 
 
 def software() -> dict:
+    """Versions, and `torch_math`: the torch.backends switches in force on this rank's GPU
+    and whether its fp32 figures are held to the TF32 peak ({} on a CPU: kernels.switched,
+    kernels.peak_tf32), which change a GPU's figures (the report's PyTorch GPU line)."""
+    switches = kernels.switched(train.device())
     return {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
             "torch_nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
-            "torch_gloo": bool(dist.is_gloo_available())}
+            "torch_gloo": bool(dist.is_gloo_available()),
+            "torch_math": {**switches, "tf32_peak": kernels.peak_tf32(switches, os.environ)} if switches else {}}
 
 
 def roofline(precision: str, quick: bool) -> dict:
     return kernels.roofline(precision, quick=quick)
+
+
+def precision_problem(precision: str) -> str | None:
+    return kernels.precision_problem(precision)
 
 
 def blocks(workload, data) -> list:
@@ -49,6 +59,7 @@ class Job:
 
     def __init__(self, spec):
         self.spec, self.device = spec, train.device()
+        kernels.switched(self.device)   # the micro-kernels' switches (a run without them sets them here)
         self._group = distributed.job_group(spec.comm, "nccl" if self.device.type == "cuda" else "gloo")
         self.group = self._group.__enter__()
 
@@ -57,7 +68,7 @@ class Job:
 
     def train(self, workload, data, model, indices, recipe, **hooks):
         return train.train_base_model(workload, data, model, indices, recipe, comm=self.spec.comm, dev=self.device,
-                                      **hooks)
+                                      watchdog=self.spec.watchdog, **hooks)
 
     def predict(self, workload, model, data, rows):
         return models.get(workload.NAME).predict(model, data, rows, self.device)
@@ -84,11 +95,11 @@ class Job:
 
     def abandon(self) -> None:
         """The job lost a rank (harness/elastic.py): the group goes without the barriers of
-        close (a dead member would fail them); destroying it is this process's alone."""
-        import torch.distributed as dist
+        close (a dead member would fail them), this process's alone: NCCL's communicators
+        aborted, a Gloo group destroyed (distributed.leave)."""
         gc.collect()
         self._group.gen.close()   # the context manager's generator ends here, its barriers skipped
-        dist.destroy_process_group()
+        distributed.leave(self.group.backend)
 
 
 def release_cached_memory(device) -> None:

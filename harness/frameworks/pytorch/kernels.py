@@ -8,20 +8,96 @@ and byte counts (kernels.gemm.flop, kernels.conv.flop_per_sample, kernels.stream
 the same timing discipline (kernels.timing.measure: a warm-up call excluded, chains
 sized to ~50 ms, the median of the repeats), with PyTorch's sync: CUDA kernels are
 queued asynchronously, so a sample ends with torch.cuda.synchronize(); CPU operators
-return when done. Differences, stated in each result: the convolution runs NCHW
-(PyTorch's default layout, the one its models train in; TensorFlow's is NHWC), and fp32
-"math" says what PyTorch's backend flags allow on the GPU (TF32 for matmuls off by
-default, for cuDNN convolutions on), where TensorFlow enables TF32 for both. The triad is
-one fused operator, torch.add(b, c, alpha=s, out=a): 3 arrays of traffic.
+return when done. The kernels run as the training step does (issue 67, item 5): on a GPU
+under the same torch.backends switches (SWITCHES, set by `switched` for the kernels and
+every job alike) and with the convolution channels-last, the layout every 2-D model
+trains in there (models.channels_last_on); on CPUs NCHW, as the models but digits train
+there. Each result's "math" says whether its fp32 ran on TF32 tensor cores, and "layout"
+the convolution's memory layout. The peak is looked up with PyTorch's own switches
+(peak_tf32), not TensorFlow's. The triad is one fused operator, torch.add(b, c, alpha=s,
+out=a): 3 arrays of traffic.
 """
 from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
 
 import torch
 
 import kernels
-from kernels import conv, device, gemm, stream, timing
+from harness.frameworks.pytorch import models
+from kernels import conv, device, gemm, peak, stream, timing
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+AMPERE = (8, 0)   # the first compute capability with TF32 tensor cores
+
+
+@dataclass(frozen=True)
+class Switches:
+    """torch.backends' switches that change a GPU's figures: set by the harness on every
+    GPU rank (`switched`), never left to the installed torch's defaults, and recorded
+    (results.json's environment.torch_math, echoed in the report's PyTorch lines)."""
+    matmul_tf32: bool       # cuBLAS fp32 matmuls on TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32; torch's default off)
+    conv_tf32: bool         # cuDNN fp32 convolutions on TF32 (torch.backends.cudnn.allow_tf32; torch's default on)
+    cudnn_benchmark: bool   # cuDNN times its algorithms for each new convolution shape, keeps the fastest (default off)
+
+
+# TF32 for matmuls and convolutions, as TensorFlow runs fp32 by default (a framework sweep
+# compares like with like) and as NVIDIA's PyTorch references trained (matmul TF32 was torch's
+# default until 1.12); cuDNN's autotuning, as NVIDIA's ResNet-50 sets it. The legacy
+# allow_tf32 flags throughout: torch 2.13 refuses to read them once the fp32_precision API
+# has set one, so the two are never mixed here.
+SWITCHES = Switches(matmul_tf32=True, conv_tf32=True, cudnn_benchmark=True)
+
+
+def switched(dev: torch.device) -> dict:
+    """SWITCHES set on a GPU (`dev` a CUDA device) and read back as they are now in force;
+    {} on a CPU, where they change nothing and are left alone. Idempotent: the roofline,
+    every job and the software record call it."""
+    if dev.type != "cuda":
+        return {}
+    torch.backends.cuda.matmul.allow_tf32 = SWITCHES.matmul_tf32
+    torch.backends.cudnn.allow_tf32 = SWITCHES.conv_tf32
+    torch.backends.cudnn.benchmark = SWITCHES.cudnn_benchmark
+    return asdict(Switches(bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32),
+                           bool(torch.backends.cudnn.benchmark)))
+
+
+def tf32_math(precision: str, switch: bool, capability: tuple | None, environ) -> bool:
+    """Whether a kernel of `precision` behind `switch` (a Switches TF32 flag) runs on TF32
+    tensor cores: fp32, the switch on, a GPU of compute capability `capability` Ampere or
+    newer (None: a CPU), and NVIDIA_TF32_OVERRIDE not 0. Pure."""
+    return (precision == "fp32" and switch and capability is not None and tuple(capability) >= AMPERE
+            and not peak.tf32_off(environ))
+
+
+def peak_tf32(switches: dict, environ) -> bool:
+    """Whether PyTorch's fp32 figures are held to the TF32 peak: where either TF32 switch is
+    on (`switches`: switched's record; {} on a CPU), the step's matmuls or convolutions may
+    run on TF32, and the ceiling is the fastest math the step may use, so that utilisation
+    cannot pass 1; NVIDIA_TF32_OVERRIDE=0 turns TF32 off. A GPU without TF32 has no TF32
+    peak (peak.lookup falls back to fp32). Pure."""
+    return bool(switches) and bool(switches["matmul_tf32"] or switches["conv_tf32"]) and not peak.tf32_off(environ)
+
+
+def bf16_problem(precision: str, gpu: str | None, native_bf16: bool) -> str | None:
+    """Why a rank cannot train `precision` on its device, or None: bf16 on a GPU (`gpu`: its
+    name and compute capability; None: a CPU, where autocast's bf16 runs) without bf16 tensor
+    cores (`native_bf16`: Ampere, 8.0, or newer), where torch would emulate it or fail, and
+    its figures would say nothing of the GPU. Pure."""
+    if precision != "bf16" or gpu is None or native_bf16:
+        return None
+    return f"{gpu} has no bf16 tensor cores (Ampere, compute capability 8.0, or newer)"
+
+
+def precision_problem(precision: str) -> str | None:
+    """bf16_problem on this rank's device (kernels.where), as its GPU says."""
+    dev, _ = where()
+    if dev.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(dev)
+    gpu = f"GPU {torch.cuda.get_device_name(dev)} (compute capability {major}.{minor})"
+    return bf16_problem(precision, gpu, torch.cuda.is_bf16_supported(including_emulation=False))
 
 
 def roofline(precision: str, quick: bool = False) -> dict:
@@ -30,8 +106,10 @@ def roofline(precision: str, quick: bool = False) -> dict:
     if precision not in DTYPES:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(DTYPES)}")
     dev, name = where()
+    tf32 = peak_tf32(switched(dev), os.environ)
     return kernels.measured(precision, quick, name, lambda n, p, r: run_gemm(n, p, r, dev, name),
-                            lambda shape, p, r: run_conv(shape, p, r, dev, name), lambda mib, r: run_stream(mib, r, dev, name))
+                            lambda shape, p, r: run_conv(shape, p, r, dev, name),
+                            lambda mib, r: run_stream(mib, r, dev, name), tf32=tf32)
 
 
 def where() -> tuple[torch.device, str]:
@@ -53,8 +131,9 @@ def _kind(dev: torch.device) -> str:
     return "GPU" if dev.type == "cuda" else "CPU"
 
 
-def _math(precision: str, dev: torch.device, tf32: bool) -> str:
-    return "tf32" if precision == "fp32" and dev.type == "cuda" and tf32 else precision
+def _math(precision: str, dev: torch.device, switch: bool) -> str:
+    capability = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+    return "tf32" if tf32_math(precision, switch, capability, os.environ) else precision
 
 
 def run_gemm(n, precision: str, repeats: int, dev, name: str) -> dict:
@@ -62,21 +141,29 @@ def run_gemm(n, precision: str, repeats: int, dev, name: str) -> dict:
     a = (torch.rand(n, n, device=dev) * 2 - 1).to(DTYPES[precision])
     b = (torch.rand(n, n, device=dev) * 2 - 1).to(DTYPES[precision])
     t = timing.measure(lambda: torch.mm(a, b), repeats, sync)
-    return {"n": n, "precision": precision, "math": _math(precision, dev, torch.backends.cuda.matmul.allow_tf32),
+    return {"n": n, "precision": precision, "math": _math(precision, dev, SWITCHES.matmul_tf32),
             "device": name, "seconds": t.seconds, "flop": gemm.flop(n), "flops": gemm.flop(n) / t.seconds,
             "repeats": repeats, "chain": t.chain, "samples": t.samples}
+
+
+def conv_layout(dev: torch.device) -> torch.memory_format:
+    """The convolution kernel's memory layout: channels-last where the 2-D models train so
+    (models.channels_last_on: every GPU), else PyTorch's contiguous NCHW."""
+    return torch.channels_last if models.channels_last_on(dev, False) else torch.contiguous_format
 
 
 def run_conv(shape: dict, precision: str, repeats: int, dev, name: str) -> dict:
     s = {**conv.SHAPE, **{k: v for k, v in shape.items() if k != "batch"}}
     batch = shape.get("batch") or conv.DEFAULT_BATCH[_kind(dev)]
     k, hw, cin, cout = s["k"], s["hw"], s["cin"], s["cout"]
-    x = (torch.rand(batch, cin, hw, hw, device=dev) * 2 - 1).to(DTYPES[precision])
-    w = (torch.rand(cout, cin, k, k, device=dev) * 2 - 1).to(DTYPES[precision])
+    layout = conv_layout(dev)
+    x = (torch.rand(batch, cin, hw, hw, device=dev) * 2 - 1).to(DTYPES[precision]).contiguous(memory_format=layout)
+    w = (torch.rand(cout, cin, k, k, device=dev) * 2 - 1).to(DTYPES[precision]).contiguous(memory_format=layout)
     t = timing.measure(lambda: torch.nn.functional.conv2d(x, w, padding="same"), repeats, sync)
     work = batch * conv.flop_per_sample(k, cin, hw, hw, cout)    # "same", stride 1: output is hw x hw
-    return {"batch": batch, "height": hw, "width": hw, "cin": cin, "cout": cout, "kernel": k, "layout": "NCHW",
-            "precision": precision, "math": _math(precision, dev, torch.backends.cudnn.allow_tf32),
+    return {"batch": batch, "height": hw, "width": hw, "cin": cin, "cout": cout, "kernel": k,
+            "layout": "NHWC" if layout is torch.channels_last else "NCHW",
+            "precision": precision, "math": _math(precision, dev, SWITCHES.conv_tf32),
             "device": name, "seconds": t.seconds, "flop": work, "flops": work / t.seconds,
             "repeats": repeats, "chain": t.chain, "samples": t.samples}
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from harness import flops as rules
 from harness import parallelism
-from harness.frameworks.pytorch import flops
+from harness.frameworks.pytorch import distributed, flops
 
 
 def chain(module, model: nn.Module) -> list[nn.Module]:
@@ -79,8 +79,11 @@ class Groups:
         rank = dist.get_rank()
         S, R = r.stages, r.replicas
         self.stage, self.replica, self.stages, self.replicas = rank // R, rank % R, S, R
-        pipes = [dist.new_group([s * R + k for s in range(S)]) for k in range(R)]
-        reps = [dist.new_group([s * R + k for k in range(R)]) for s in range(S)] if R > 1 else [None] * S
+        # the job's group's set-up timeout (NCCL's subgroups would take 10 minutes); the timed epochs' is
+        # a step's (train.Trainer.warm_up)
+        pipes = [dist.new_group([s * R + k for s in range(S)], timeout=distributed.TIMEOUT) for k in range(R)]
+        reps = ([dist.new_group([s * R + k for k in range(R)], timeout=distributed.TIMEOUT) for s in range(S)]
+                if R > 1 else [None] * S)
         self.pipeline, self.replicas_group = pipes[self.replica], reps[self.stage]
         self.last = (S - 1) * R + self.replica     # the job rank of this pipeline's last stage
         self.owner = lambda s: s * R               # the job rank whose copy of stage s is the model's
@@ -94,29 +97,67 @@ class Groups:
         return self.stage == self.stages - 1
 
 
+class WallClock:
+    """A CPU's clock for the chunks (perf_counter): CPU operators return when done, so a
+    mark after a call is its end."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+
+class EventClock:
+    """A GPU's clock for the chunks: CUDA events recorded on the stage's stream (the
+    current one), so that a chunk's time is its kernels' on the device and the host waits
+    for nothing while the schedule runs; read once a step (EventClock.seconds syncs on the
+    end event, which the step's last read makes complete). Synchronising the whole device
+    around each chunk, as this did before (issue 67, item 10), also waited for the
+    point-to-point transfers on NCCL's streams: the split modes paid for transfers that
+    overlap compute."""
+
+    def mark(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0    # elapsed_time is in ms
+
+
+def clock(device_type: str):
+    """The chunks' clock on a device of `device_type`: CUDA events on a GPU, perf_counter elsewhere."""
+    return EventClock() if device_type == "cuda" else WallClock()
+
+
 class Busy:
     """Seconds a PipelineStage spends computing its chunks (forward and backward), summed:
     the rest of a step is its idle share (the schedule's bubble, the waits for its
-    neighbours' activations and gradients). On a GPU each chunk is synchronised first, so
-    that the time is the device's, not the launch's."""
+    neighbours' activations and gradients). Each chunk is marked at its start and end on
+    `clock` (clock(device type)); the marks are read into `seconds` once a step (`read`,
+    train.PipelineStep), so that on a GPU no chunk waits for the device."""
 
-    def __init__(self, stage, cuda: bool):
-        self.seconds, self.cuda = 0.0, cuda
+    def __init__(self, stage, clock):
+        self.seconds, self.clock, self.marks = 0.0, clock, []
         for name in ("forward_one_chunk", "backward_one_chunk"):
             setattr(stage, name, self._timed(getattr(stage, name)))
 
     def _timed(self, call):
         def timed(*args, **kwargs):
-            if self.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            start = self.clock.mark()
             try:
                 return call(*args, **kwargs)
             finally:
-                if self.cuda:
-                    torch.cuda.synchronize()
-                self.seconds += time.perf_counter() - t0
+                self.marks.append((start, self.clock.mark()))
         return timed
+
+    def read(self) -> None:
+        """The step's chunks added to `seconds`, in the order they ran."""
+        for start, end in self.marks:
+            self.seconds += self.clock.seconds(start, end)
+        self.marks = []
 
 
 class _DenseGradient(torch.autograd.Function):

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from harness import gpus as harness_gpus, parallelism, train, workloads
-from harness.frameworks.pytorch import communication, kernels, models, optimizers, pipeline
+from harness.frameworks.pytorch import communication, distributed, kernels, models, optimizers, pipeline
+from harness.frameworks.pytorch import feed as batch_feed   # train.feed is the host feed
 
 AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}    # line 17 -> autocast's dtype (fp32: no autocast)
 
@@ -116,11 +117,12 @@ def feed(workload, module, data, shards, epochs: int, batch: int, seed: int):
 
 
 def train_base_model(workload, data, model, indices: np.ndarray, recipe: train.Recipe, *, comm, dev,
-                     **hooks) -> train.TrainResult:
+                     watchdog: float = 0.0, **hooks) -> train.TrainResult:
     """Train one base model on the job's process group (made by the caller) and its MPI
     communicator `comm`: harness/train.run's recipe with this package's Trainer (`hooks`:
-    run's seed, job, world_barrier and its optional hooks)."""
-    return train.run(Trainer(workload, data, model, recipe, comm, dev), indices, recipe, **hooks)
+    run's seed, job, world_barrier and its optional hooks; `watchdog`: the run's limit, s,
+    which NCCL's timeout a step stays under: distributed.step_timeout)."""
+    return train.run(Trainer(workload, data, model, recipe, comm, dev, watchdog), indices, recipe, **hooks)
 
 
 class Trainer:
@@ -129,8 +131,9 @@ class Trainer:
     stages (PipelineStep on a pipeline.Split: a pipeline reads its replica's share of the
     job's batches, B x S samples a step, on its first stage and its last)."""
 
-    def __init__(self, workload, data, model, recipe: train.Recipe, comm, dev):
+    def __init__(self, workload, data, model, recipe: train.Recipe, comm, dev, watchdog: float = 0.0):
         self.workload, self.data, self.model, self.recipe, self.comm, self.dev = workload, data, model, recipe, comm, dev
+        self.watchdog = watchdog
         self.module = models.get(workload.NAME)
         self.size = comm.size
         mode = parallelism.resolve(parallelism.parse(recipe.mode), self.size, recipe.batch)
@@ -149,11 +152,17 @@ class Trainer:
     def _batches(self, rows_of, epochs: int, steps: int, feed_seed: int):
         if self.split is not None and not self.split.reads:   # a middle stage: its inputs come from the stage before
             return ((None, None) for _ in range(steps * epochs))
-        return ((self.module.inputs(x, self.dev), self.module.targets(y, self.dev)) for x, y in feed(
-            self.workload, self.module, self.data, rows_of, epochs, self.step_batch, feed_seed))
+        pairs = feed(self.workload, self.module, self.data, rows_of, epochs, self.step_batch, feed_seed)
+        # on a GPU pinned, non-blocking, one batch ahead on a side stream; on CPUs as the step asks
+        return batch_feed.batches(pairs, lambda xy: (self.module.inputs(xy[0], self.dev),
+                                                     self.module.targets(xy[1], self.dev)), steps, self.dev)
 
     def warm_up(self, rows: np.ndarray, steps: int, feed_seed: int) -> None:
         self.s.undone_warm_up(itertools.islice(self._batches(lambda e: rows, 1, steps, feed_seed), steps))
+        # set-up done (DDP's first broadcast, compilation, autotuning): NCCL's groups from here on
+        # time out as a step would, so that a lost peer fails the survivors' collective (distributed.py)
+        groups = [None] if self.split is None else [None, self.split.groups.pipeline, self.split.groups.replicas_group]
+        distributed.shorten(distributed.step_timeout(self.s.warm_up_step, self.watchdog), groups)
 
     def feed(self, shards, epochs: int, steps: int, feed_seed: int):
         return self._batches(shards, epochs, steps, feed_seed)
@@ -226,6 +235,7 @@ class Step:
         self.amp = AMP.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(dev.type) if recipe.precision == "fp16" else None  # FP16's narrow range
         self.taken = 0        # steps taken: the LR schedule's step number
+        self.warm_up_step = 0.0   # s, the slowest warm-up step (distributed.step_timeout)
 
     def __call__(self, x, y):
         for group in self.opt.param_groups:
@@ -267,9 +277,13 @@ class Step:
                  self.scaler and copy.deepcopy(self.scaler.state_dict()), self.taken, torch.get_rng_state(),
                  torch.cuda.get_rng_state(self.dev) if cuda else None)
         for x, y in batches:
+            t0 = time.perf_counter()
             loss = self(x, y)
             if loss is not None:    # a pipeline's stages but the last return none
                 float(loss)         # waits for the step
+            if cuda:
+                torch.cuda.synchronize(self.dev)   # a middle stage's too (outside the clock)
+            self.warm_up_step = max(self.warm_up_step, time.perf_counter() - t0)
         self.model.load_state_dict(saved[0])
         self.opt.load_state_dict(saved[1])
         if self.scaler is not None:
@@ -298,13 +312,14 @@ class PipelineStep(Step):
         groups, mode = split.groups, split.mode
         self.part, self.comm_precision = split.part(model), recipe.comm_precision
         stage = PipelineStage(self.part, groups.stage, groups.stages, dev, group=groups.pipeline)
-        self.busy = pipeline.Busy(stage, dev.type == "cuda")
+        self.clock = pipeline.clock(dev.type)
+        self.busy = pipeline.Busy(stage, self.clock)
         order = ScheduleGPipe if mode.schedule == "gpipe" else Schedule1F1B
         self.pipe = order(stage, mode.microbatches, loss_fn=lambda out, y: module.loss(_fp32(out), y).mean())
         self.opt, self.config = make_optimizer(recipe.optimizer, self.part, schedule(0), workload.MOMENTUM,
                                                workload.OPTIMIZER_OPTIONS.get(recipe.optimizer, {}), module.L2)
         self.max_norm, self.amp, self.scaler = self.config.get("global_clipnorm", 0.0), AMP.get(recipe.precision), None
-        self.taken, self.seconds = 0, 0.0
+        self.taken, self.seconds, self.warm_up_step = 0, 0.0, 0.0
 
     def __call__(self, x, y):
         for group in self.opt.param_groups:
@@ -312,7 +327,7 @@ class PipelineStep(Step):
         self.taken += 1
         self.opt.zero_grad(set_to_none=True)
         groups, losses = self.split.groups, []
-        t0 = time.perf_counter()    # the schedule's span: its chunks (busy) and its waits (idle)
+        t0 = self.clock.mark()    # the schedule's span: its chunks (busy) and its waits (idle)
         with torch.autocast(self.dev.type, dtype=self.amp or torch.float32, enabled=self.amp is not None):
             if groups.first_stage:
                 self.pipe.step(x)
@@ -320,7 +335,9 @@ class PipelineStep(Step):
                 self.pipe.step(target=y, losses=losses)
             else:
                 self.pipe.step()
-        self.seconds += time.perf_counter() - t0
+        t1 = self.clock.mark()
+        self.busy.read()          # once a step: on a GPU the one wait, for the stage's last chunk
+        self.seconds += self.clock.seconds(t0, t1)
         if groups.replicas > 1:   # mixed: the stage's gradients averaged over its replicas, once a step
             communication.average([p.grad for p in self.part.parameters() if p.grad is not None],
                                   self.comm_precision, groups.replicas_group)
