@@ -15,13 +15,17 @@
 #  (4) the gradient exchanges on the GPU in a 1-rank NCCL group (line 21's fp16 and int8, the int8
 #      hook's arithmetic on CUDA tensors): the average of one rank is its gradient, int8 within
 #      scale/2 = max|g|/254 of it, fp16 within fp16's rounding;
+#  (4b) the GPU pinned: the driver's PCI bus id and NVML's UUID as the harness records them equal
+#      nvidia-smi's, whether CUDA_VISIBLE_DEVICES is unset or names the GPU by index or UUID; PyTorch's
+#      math switches (TF32 matmul and conv, cudnn.benchmark) all on; bf16 no problem on Hopper;
 #  (5) the shipped sweep in PyTorch on the GPU (digits: 1 rank; 2 ranks with mpirun: two base models
 #      of one rank sharing the GPU), NVML energy and VFLOPS per watt in its report; --verify of each
 #      run (exit 0);
 #  (6) with 2 GPUs or more (and mpirun): P = 2 jobs on NCCL: line 21 fp32, fp16 and int8 (DDP's hooks:
 #      Exchange says NCCL, --verify 0), a Horovod NCCL all-reduce of GPU tensors on 2 GPUs where
 #      Horovod is installed, and one rank SIGKILLed under --on-fault drop (NCCL's error path: the run
-#      ends well within the watchdog, never at NCCL's 30-minute timeout; --status 6);
+#      ends well within the watchdog, never at NCCL's 30-minute timeout; --status 6); on one GPU
+#      instead, a P = 2 test refused at set-up, naming the GPU;
 #  (7) ResNet-50 v1.5 bf16 at 224 px in PyTorch (the ic workload), images/s against NVIDIA's published
 #      2,470 a GPU (A100; the Pillow feed may bound it: the telemetry line says how busy the GPU was).
 # Not built yet, said so when reached: the harness against a bare DDP loop (bench/peers.py's PyTorch
@@ -133,6 +137,39 @@ EOF
 # The shipped sweep, framework pytorch, results under $OUT; roofline on (full sizes), 10 epochs.
 sed -e "s#^runs          results#$(printf '%-13s' "$OUT/runs") results#" -e 's/^tensorflow    frameworks/pytorch       frameworks/' \
     HPCAI500.dat > "$OUT/pytorch.dat"
+# The GPU each rank pins, as the harness records it (harness/gpus.py: the driver's PCI bus id, NVML's
+# UUID), against nvidia-smi, with CUDA_VISIBLE_DEVICES unset and set to the same GPU by index and by
+# UUID; PyTorch's math switches as set for the micro-kernels and every job; bf16 on this GPU.
+# Expected on an H100: the same bus id and UUID each time, every switch True, bf16 no problem (None).
+step "the GPU pinned (bus id, UUID) against nvidia-smi; PyTorch's switches; bf16" 120 "$PY" - <<'EOF'
+import os, subprocess, sys
+sys.path.insert(0, ".")
+import torch
+if not torch.cuda.is_available():
+    print("no GPU: nothing to compare")
+    raise SystemExit(0)
+from harness import gpus
+from harness.frameworks.pytorch import kernels
+smi = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout
+rows = [[x.strip() for x in line.split(",")] for line in smi.strip().splitlines()]
+print("nvidia-smi:", rows)
+first = rows[0]
+for visible in (None, first[0], first[2]):   # unset, the index, the UUID: each names nvidia-smi's first GPU
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    code = ("import sys, json; sys.path.insert(0, '.'); from harness import gpus; print(json.dumps(gpus.pinned(0)))")
+    rec = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    print(f"CUDA_VISIBLE_DEVICES={visible}: {rec.stdout.strip() or rec.stderr[-500:]}")
+    import json
+    got = json.loads(rec.stdout)
+    assert got["bus_id"] == gpus.bus_id(first[1]), (got["bus_id"], first[1])
+    assert got["uuid"] in (None, first[2]), (got["uuid"], first[2])
+print("switches:", kernels.switched(torch.device("cuda", 0)))
+print("bf16 problem:", kernels.precision_problem("bf16"))
+EOF
 step "shipped sweep, 1 rank" 180 "$PY" hpcai500.py "$OUT/pytorch.dat"
 if [[ -n "$MPIRUN" ]]; then
     step "shipped sweep, 2 ranks (two base models sharing the GPU)" 180 "$MPIRUN" --oversubscribe -np 2 "$PY" hpcai500.py "$OUT/pytorch.dat"
@@ -174,7 +211,13 @@ EOF
     say "   the kill's run ended after $((SECONDS - t0)) s (expected: well under the watchdog's 120 s)"
     "$PY" hpcai500.py --status "$OUT/p2-runs" | tee -a "$LOG"
 elif [[ -n "$MPIRUN" ]]; then
-    say "P = 2 on NCCL, Horovod's NCCL all-reduce, a rank killed under NCCL: skipped, $GPUS GPU(s) (NCCL needs a GPU a rank)"
+    # one GPU: NCCL refuses two ranks of one communicator on it, so the run must refuse the P = 2 test at
+    # set-up, naming the GPU (plan.shared_gpu_problem), not crash in its first all-reduce
+    p2 refused fp32
+    step "P = 2 on one GPU: refused at set-up, naming the GPU" 120 bash -c \
+        '! "$@" > "$0" 2>&1 && grep "expected each rank of a PyTorch job on a GPU of its own" "$0"' \
+        "$OUT/p2-refused.log" "$MPIRUN" --oversubscribe -np 2 "$PY" hpcai500.py "$OUT/p2-refused.dat"
+    say "P = 2 on NCCL, Horovod's NCCL all-reduce, a rank killed under NCCL: skipped, $GPUS GPU (NCCL needs a GPU a rank)"
 fi
 for run in "$OUT"/runs/2* "$OUT"/p2-runs/2*; do
     [[ -d "$run" ]] || continue
