@@ -7,8 +7,9 @@ pick_mpirun() {
     beside="$(dirname "$1")/mpirun"
     if [[ -x "$beside" ]]; then echo "$beside"; else command -v mpirun || true; fi
 }
-# one_world MPIRUN PY: exit 0 when MPIRUN starts PY as one world of 2 ranks (each prints its rank).
+# one_world MPIRUN PY: exit 0 when MPIRUN starts PY as one world of 2 ranks (its rank 0 says so: two
+# ranks printing at once interleave their lines).
 one_world() {
     "$1" --oversubscribe -np 2 "$2" -c "from mpi4py import MPI; c = MPI.COMM_WORLD; \
-assert c.size == 2, f'a world of {c.size}: this mpirun is not the MPI of mpi4py'; print('rank', c.rank, 'of', c.size)"
+assert c.size == 2, f'a world of {c.size}: this mpirun is not the MPI of mpi4py'; c.rank or print('one world of', c.size)"
 }

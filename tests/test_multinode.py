@@ -179,7 +179,7 @@ def test_ranks_killed_on_other_nodes_cost_their_base_models_and_n2_takes_over_fr
     assert p.returncode == 0, p.stderr[-3000:]
     assert "hpcai500: rank 1 takes over as the coordinator: " in p.stderr, p.stderr[-3000:]
     res = results(tmp_path / "runs")
-    assert [(s["index"], s["cause"]) for s in res["skipped"]] == [(3, "lost")]
+    assert [(s["index"], s["cause"]) for s in res["skipped"]] == [(3, "lost")], (res["skipped"], p.stderr[-4000:])
     assert [x["ranks"] for x in res["fault_tolerance"]["losses"]] == [[3], [2], [0]]
     t1, t2 = res["tests"]
     assert [(x["ranks"], x["hosts"]) for x in t1["losses"]] == [([3], ["n4"])] and t1["jobs_lost"] == [1]
