@@ -1,4 +1,4 @@
-"""Sampler and staging cost at ImageNet scale (1 281 167 training samples, DESIGN.md §10).
+"""Sampler and staging cost at ImageNet scale (1 281 167 training samples, DESIGN.md §14).
 
 Part 1, one process: the Data Sampler's pure steps for one base model, against a plain
 shuffle of the same N (which any data-parallel run pays) as the baseline.

@@ -13,7 +13,7 @@ machine: ranks of different nodes end up bound to the same core. Two ranks of on
 bound never progress: each busy-polls in MPI (Horovod's background thread spins in
 MPI_Allreduce) on the core its partner needs; measured on two simulated nodes, the first
 all-reduce of a job spanning them made no progress in 7 minutes, and 8 s with the
-bindings widened (DESIGN.md §7). `discover` therefore widens the binding of every rank
+bindings widened (DESIGN.md §11). `discover` therefore widens the binding of every rank
 of a machine where ranks of different nodes share a core to every core of the machine
 (every thread of the process, before TensorFlow starts its own), and the
 report says so; bindings inside one node, and every binding on a real cluster, are left

@@ -38,7 +38,7 @@ LeakyReLU 0.3; MaxPool3D 2], Flatten, Dense 128 + LeakyReLU + Dropout
 0.5, Dense 64 + LeakyReLU + Dropout 0.5, Dense 4 tanh x 1.2; loss MSE. Recipe:
 SGD momentum 0.9 (the harness's default). The reference's LR (0.001 x global batch / 64,
 4 warm-up epochs, x0.25 from epoch 32, x0.125 from 64) is line 19 and 20's business here,
-with the harness's warm-up + cosine decay (DESIGN.md §5).
+with the harness's warm-up + cosine decay (DESIGN.md §9).
 
 Ensemble and VFLOPS: each framework's `predict` gives each validation universe's 4
 predicted parameters; the harness sums the M models' (ENSEMBLE "sum") and `quality` gets
