@@ -69,7 +69,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # PMIx's hash job store, not its shared-memory one (gds/shmem2): PMIx 5.0.8 (the venv's Open MPI)
 # sometimes fails a rank's start with PMIX_ERR_OUT_OF_RESOURCE in pmix_client.c (openpmix#3886;
-# README, "Running on a real system"). mpirun hands it to every node's daemon; no figure depends on it.
+# docs/troubleshooting.md, "PMIX_ERR_OUT_OF_RESOURCE at start"). mpirun hands it to every node's daemon; no figure depends on it.
 export PMIX_MCA_gds := hash
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2

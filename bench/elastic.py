@@ -149,7 +149,7 @@ def main() -> None:
     print(f"retrain: {sum(x[8] == f'{M} of {M}' for x in whole)} of {len(whole)} runs ended with the ensemble whole;"
           " its quality against the fault-free run's in the table (the same resamples: a model trained again differs"
           " from the lost one only by the nondeterminism of its training)")
-    print("node lost: Open MPI 5.0.8's PRRTE ends the job when a daemon is lost (README, 'When a rank dies'):"
+    print("node lost: Open MPI 5.0.8's PRRTE ends the job when a daemon is lost (docs/running.md, 'Limits'):"
           " the run's finished tests stand, this test is lost")
 
 

@@ -137,7 +137,8 @@ def parse_args(argv):
                    help="what a lost rank (a dead process, node or a hung rank's watchdog) costs: 'retrain' the base"
                         " models it touched on the survivors once the others finish, 'drop' them, the test and the"
                         " sweep going on with the survivors either way, or 'abort' the run"
-                        f" (default: ${elastic.SETTING} or {elastic.DEFAULT}); needs ULFM at launch (README)")
+                        f" (default: ${elastic.SETTING} or {elastic.DEFAULT}); needs ULFM at launch"
+                        " (docs/install.md, 'ULFM')")
     p.add_argument("--resume", metavar="RUN",
                    help="continue the interrupted invocation whose folder is RUN (runs/<id>; not a results"
                         " directory: the run to write into is named, never guessed): its finished tests are kept"

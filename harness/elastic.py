@@ -45,7 +45,7 @@ from harness import signals
 
 POLICIES = ("abort", "drop", "retrain")
 SETTING = "HPCAI500_ON_FAULT"
-DEFAULT = "retrain"   # a ranking run ends whole, so its tests keep their division (README)
+DEFAULT = "retrain"   # a ranking run ends whole, so its tests keep their division (docs/running.md)
 AGREE_TRIES = 3         # agreements a world step asks before it believes a "no" (World._agree)
 DETECT_SECONDS = 10.0   # s a job survivor waits for ULFM to name the failed member (seen: 0.5 s)
 
@@ -319,7 +319,7 @@ def announce(loss: Loss, policy: str, left: int) -> str:
     """The console's one line on a loss, printed by world rank 0 as soon as the survivors
     have agreed on it (World._shrink): who, where, found at which step, what it costs."""
     return (f"hpcai500: {describe([loss])}; --on-fault {policy}: {COSTS[policy]}, the run goes on with the"
-            f" {left} rank(s) left (README: When a rank dies)")
+            f" {left} rank(s) left (docs/running.md, 'When a rank dies')")
 
 
 def lines(tolerance: dict, schema: tuple[int, int] | None = None) -> list[str]:

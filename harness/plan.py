@@ -282,7 +282,7 @@ def framework_problem(cfg: dat.Config) -> str | None:
             hint = frameworks.own_venv_hint(name, cfg.path)   # a framework of a venv of its own: run with that one
             where = f"by this Python ({sys.executable}) on this rank's node; {hint}" if hint else "on this rank's node"
             return (f"{cfg.path}:35: found {name!r}, expected a framework installed on every node:"
-                    f" {', '.join(gone)} cannot be imported {where} (README.md, Frameworks)")
+                    f" {', '.join(gone)} cannot be imported {where} (docs/install.md, 'Frameworks')")
         needs = frameworks.compiler_missing(name, cfg.compiler)
         if needs:
             return (f"{cfg.path}:33: found {cfg.compiler!r} with framework {name} (line 35), expected none, or a"
@@ -302,7 +302,7 @@ def gpu_memory_problem(cfg: dat.Config, gpus_on_node: int) -> str | None:
         return (f"{cfg.path}:35: found {' '.join(cfg.frameworks)!r} on a node with {gpus_on_node} GPU(s), expected"
                 f" {keeps[0]} alone on GPUs in a run: {frameworks.facts(keeps[0]).TITLE} keeps the GPU memory it grew"
                 f" until its process ends, so {', '.join(others)}'s tests would run out of it; run each framework in"
-                " its own invocation (README, GPU nodes)")
+                " its own invocation (docs/install.md, 'GPU builds')")
     return None
 
 

@@ -189,7 +189,7 @@ def read(environ=None) -> dict[str, str]:
     for name in sorted(k for k in environ if k.startswith(PREFIX)):
         if name not in TABLE:
             raise SettingError(f"environment: found {name}, expected one of the settings "
-                               f"({', '.join(TABLE)}); see README 'Settings'")
+                               f"({', '.join(TABLE)}); see docs/running.md, 'Settings'")
         text = environ[name]
         try:
             TABLE[name].parse(text)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Turn ULFM (Open MPI's fault tolerance) on for every plain `mpirun` of the Open MPI
 # installed in a prefix: a rank that dies then raises MPI_ERR_PROC_FAILED in its partners
-# instead of PRTE killing the job (harness/elastic.py, README "When a rank dies").
+# instead of PRTE killing the job (harness/elastic.py; docs/running.md, "When a rank dies").
 # Usage: scripts/ulfm.sh PREFIX/etc. Idempotent: a parameter already set is rewritten.
 #   openmpi-mca-params.conf: mpi_ft_enable = 1           (the ranks: ULFM's error handling)
 #   prte-mca-params.conf:    state_base_recoverable = 1  (mpirun: keep the job when a rank dies)

@@ -57,7 +57,7 @@ def dat_text(**lines) -> str:
 # rank yields instead (Open MPI's mpi_yield_when_idle, which it sets itself where a job alone
 # oversubscribes a node): two 2-rank jobs of one base model each, side by side, took 12.4 s
 # instead of 16.3 (3 pairs each, 2026-11-29, 2-core Intel Xeon). An MCA parameter, MPI's own
-# configuration, not recorded in results.json (README, "Settings"), and no figure a test
+# configuration, not recorded in results.json (docs/running.md, "Settings"), and no figure a test
 # asserts depends on it; `make run` leaves it to Open MPI.
 SUITE_MPI = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 # The same contention in OpenMP: a PyTorch process alone on the machine (a 1-rank run, or a

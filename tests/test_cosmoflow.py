@@ -363,7 +363,7 @@ def test_cosmoflow_logs_eval_error_and_passes_mlperfs_own_checker(cosmoflow_run,
         assert "eval_error" in keys and "eval_accuracy" not in keys
         assert next(e["value"] for e in events if e["key"] == "submission_benchmark") == "hpcai500-cosmoflow"
         assert next(e["metadata"]["status"] for e in events if e["key"] == "run_stop") == "aborted"
-        # MLPerf's checker from its command line, as README says (it leaves compliance_checker.log in cwd)
+        # MLPerf's checker from its command line, as docs/submitting.md says (it leaves compliance_checker.log in cwd)
         out = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "hpc",
                               "--ruleset", "3.0.0", "--config", rules, str(log)], cwd=tmp_path,
                              capture_output=True, text=True)

@@ -241,7 +241,7 @@ def test_the_console_line_of_a_loss_names_ranks_hosts_step_and_cost():
     loss = elastic.Loss((2, 3), "test 1: the evaluation after epoch 1", 4.0, 9.0, ("n2",))
     assert elastic.announce(loss, "drop", 2) == (
         "hpcai500: ranks 2, 3 (on n2) lost, found at test 1: the evaluation after epoch 1; --on-fault drop: the base"
-        " models it touched leave the ensemble, the run goes on with the 2 rank(s) left (README: When a rank dies)")
+        " models it touched leave the ensemble, the run goes on with the 2 rank(s) left (docs/running.md, 'When a rank dies')")
     assert "are trained again once the others finish" in elastic.announce(loss, "retrain", 2)
     assert elastic.entry(loss)["hosts"] == ["n2"]
     assert elastic.describe([elastic.entry(elastic.Loss((1,), "the roofline", 1.0))]) == \

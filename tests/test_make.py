@@ -71,8 +71,8 @@ def test_the_venvs_frameworks_are_the_default(tmp_path):
 
 def test_make_launches_with_pmixs_hash_job_store():
     """Every mpirun that `make` starts (run, check, test, bench) gets PMIX_MCA_gds=hash: PMIx
-    5.0.8's shared-memory job store sometimes fails a rank's start (README, "Running on a
-    real system"). A recipe's shell shows what the Makefile exports."""
+    5.0.8's shared-memory job store sometimes fails a rank's start (docs/troubleshooting.md,
+    "PMIX_ERR_OUT_OF_RESOURCE at start"). A recipe's shell shows what the Makefile exports."""
     env = {k: v for k, v in os.environ.items() if k != "PMIX_MCA_gds"}
     p = subprocess.run(["make", "-s", "--eval", 'pmixcheck: ; @echo "$$PMIX_MCA_gds"', "pmixcheck"], cwd=ROOT,
                        env=env, capture_output=True, text=True)

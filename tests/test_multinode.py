@@ -286,7 +286,7 @@ N2_LOST = "with losses: rank(s) 2, 3 lost, 0 base model(s) dropped, 1 test run(s
 def test_a_node_that_dies_ends_the_job_within_a_minute(node_faults):
     """n2's init is killed: its daemon and both its ranks die at once, as in a crash.
     mpirun loses the daemon's connection and ends the job, ULFM on or not: Open MPI
-    5.0.8's PRRTE cannot keep a job whose daemon died (README, "When a rank dies"). Whatever mpirun exits,
+    5.0.8's PRRTE cannot keep a job whose daemon died (docs/running.md, "Limits"). Whatever mpirun exits,
     --status exits non-zero naming what happened: interrupted (3), or, where the ranks
     were gone at once, dead (5) once the heartbeat has missed 12 stamps (0.5 s apart
     here: rank 0's process is in n1's PID namespace, so only the stamp's age tells)."""

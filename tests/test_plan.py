@@ -174,7 +174,7 @@ def test_a_framework_must_carry_the_input_and_be_installed_on_every_node(monkeyp
     monkeypatch.setattr(frameworks.facts("pytorch"), "REQUIRES", (("torch_not_here", "torch (requirements-pytorch.txt)"),))
     assert plan.framework_problem(cfg) == ("x.dat:35: found 'pytorch', expected a framework installed on every node:"
                                            " torch (requirements-pytorch.txt) cannot be imported on this rank's node"
-                                           " (README.md, Frameworks)")
+                                           " (docs/install.md, 'Frameworks')")
     assert frameworks.missing("tensorflow") == []
 
 
@@ -193,7 +193,7 @@ def test_a_framework_of_a_venv_of_its_own_says_to_run_with_it(tmp_path, monkeypa
             " imported by this Python (/main/.venv/bin/python) on this rank's node; MindSpore runs from a venv of its own")
     run = (f"run with its python (one rank: {tmp_path}/.venv-mindspore/bin/python hpcai500.py x.dat; N ranks, with its"
            f" mpirun: PATH={tmp_path}/.venv-mindspore/bin:$PATH mpirun -np N python hpcai500.py x.dat)"
-           " (README.md, Frameworks)")
+           " (docs/install.md, 'Frameworks')")
     assert plan.framework_problem(cfg) == (f"{head}, not built here: make venv VENV=.venv-mindspore"
                                            f" FRAMEWORKS=mindspore, then {run}")
     (tmp_path / ".venv-mindspore" / "bin").mkdir(parents=True)
@@ -204,7 +204,7 @@ def test_a_framework_of_a_venv_of_its_own_says_to_run_with_it(tmp_path, monkeypa
     monkeypatch.setattr(frameworks.sys, "prefix", str(tmp_path / ".venv-mindspore"))
     assert plan.framework_problem(cfg).endswith(
         f"; this Python is MindSpore's own venv, {tmp_path}/.venv-mindspore, and lacks it: build it again, make venv"
-        " VENV=.venv-mindspore FRAMEWORKS=mindspore (README.md, Frameworks)")
+        " VENV=.venv-mindspore FRAMEWORKS=mindspore (docs/install.md, 'Frameworks')")
     assert frameworks.own_venv_hint("pytorch", "x.dat") is None and frameworks.own_venv_hint("tensorflow", "x.dat") is None
 
 
@@ -471,7 +471,7 @@ def test_tensorflow_and_pytorch_do_not_share_a_nodes_gpus_in_one_run():
     assert plan.gpu_memory_problem(both, 4) == (
         "x.dat:35: found 'tensorflow pytorch' on a node with 4 GPU(s), expected tensorflow alone on GPUs in a run:"
         " TensorFlow keeps the GPU memory it grew until its process ends, so pytorch's tests would run out of it; run"
-        " each framework in its own invocation (README, GPU nodes)")
+        " each framework in its own invocation (docs/install.md, 'GPU builds')")
     assert plan.gpu_memory_problem(both, 0) is None
     assert plan.gpu_memory_problem(dat.parse_text(dat_text(l34=2, l35="pytorch mindspore"), "x.dat"), 4) is None
     assert plan.gpu_memory_problem(dat.parse_text(dat_text(l35="pytorch"), "x.dat"), 8) is None

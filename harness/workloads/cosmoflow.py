@@ -43,7 +43,7 @@ with the harness's warm-up + cosine decay (DESIGN.md §9).
 Ensemble and VFLOPS: each framework's `predict` gives each validation universe's 4
 predicted parameters; the harness sums the M models' (ENSEMBLE "sum") and `quality` gets
 their mean. The penalty of Eq. 8 for an error is (target / achieved)^n (harness/metrics.py); n = 5 (PENALTY_N):
-see there and README.
+see there and docs/workloads.md, "cosmoflow".
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ Two departures from a real cluster, both forced by one machine:
 
 Nodes report this machine's cores as their own (slurmd sees them); task/affinity binds
 each node's tasks to cores 0, 1, ... as Open MPI's daemons do, which the harness
-widens (README, "Bindings").
+widens (docs/running.md, "Several nodes").
 
 Needs root and Debian's packages slurm-wlm, munge and libpmix2 (scripts/slurm/install.sh);
 `available()` says what is missing.
