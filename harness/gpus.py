@@ -17,7 +17,7 @@ device properties gained uuid and PCI fields late in 2.x; the driver is what bot
 sit on, numbers devices as they do, and is present wherever either sees a GPU. Unproven on a
 GPU (no device machine has run this): bench/gpu_check.sh should compare it with nvidia-smi.
 
-Pure functions (visible_entry, bus_id, identity, nccl_identity, nvml_key) with the driver
+Pure functions (visible_entry, bus_id, identity, nccl_identity, nvml_key, bf16_problem) with the driver
 and NVML at the edges (driver_bus_id, pinned, handle). No MPI.
 """
 from __future__ import annotations
@@ -105,6 +105,20 @@ def handle(nv, gpu: dict):
     if kind == "bus_id":
         return nv.nvmlDeviceGetHandleByPciBusId(value)
     return nv.nvmlDeviceGetHandleByIndex(value)
+
+
+BF16_CAPABILITY = (8, 0)   # compute capability of the first GPUs with bf16 tensor cores (Ampere)
+
+
+def bf16_problem(precision: str, gpu: str | None, native_bf16: bool) -> str | None:
+    """Why a rank cannot train `precision` on its device, or None: bf16 on a GPU (`gpu`: its
+    name and compute capability; None: a CPU, where the frameworks' bf16 runs) without bf16
+    tensor cores (`native_bf16`: Ampere, 8.0, or newer), where a framework would emulate it or
+    fail, and its figures would say nothing of the GPU. Pure; each framework asks its GPU
+    (Framework.precision_problem)."""
+    if precision != "bf16" or gpu is None or native_bf16:
+        return None
+    return f"{gpu} has no bf16 tensor cores (Ampere, compute capability 8.0, or newer)"
 
 
 def driver_bus_id(index: int, lib=None) -> str | None:

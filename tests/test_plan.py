@@ -488,3 +488,24 @@ def test_a_pytorch_jobs_gpu_cache_goes_back_when_it_closes_and_a_cpus_is_left_al
     assert calls == []
     interface.release_cached_memory(torch.device("cuda", 1))
     assert calls == [("sync", "cuda:1"), ("empty",)]
+
+
+def test_tensorflow_refuses_bf16_by_its_pinned_gpus_compute_capability(monkeypatch):
+    """Issue 67 item 11, TensorFlow's side: the GPU setup_devices left visible is asked for its
+    compute capability (stand-ins for TensorFlow's config calls): 7.0 refuses bf16 naming the
+    GPU, 9.0 and a CPU do not, and a capability TensorFlow does not give refuses nothing."""
+    import tensorflow as tf
+
+    from harness.frameworks.tensorflow import interface
+    seen, details = [["gpu0"]], [{"device_name": "Tesla V100-SXM2-16GB", "compute_capability": (7, 0)}]
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind: seen[0])
+    monkeypatch.setattr(tf.config.experimental, "get_device_details", lambda device: details[0])
+    assert interface.precision_problem("bf16") == ("GPU Tesla V100-SXM2-16GB (compute capability 7.0) has no bf16"
+                                                   " tensor cores (Ampere, compute capability 8.0, or newer)")
+    assert interface.precision_problem("fp16") is None
+    details[0] = {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": (9, 0)}
+    assert interface.precision_problem("bf16") is None
+    details[0] = {"device_name": "?"}
+    assert interface.precision_problem("bf16") is None
+    seen[0] = []
+    assert interface.precision_problem("bf16") is None

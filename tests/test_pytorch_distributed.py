@@ -98,11 +98,13 @@ def test_nccls_lost_peer_fails_the_survivors_collective_within_a_step_timeout():
 
 
 def test_bf16_is_refused_on_a_gpu_without_bf16_tensor_cores_only():
+    from harness import gpus
     from harness.frameworks.pytorch import kernels
     volta = "GPU Tesla V100-SXM2-16GB (compute capability 7.0)"
-    assert kernels.bf16_problem("bf16", volta, False) == f"{volta} has no bf16 tensor cores (Ampere, compute" \
-                                                         " capability 8.0, or newer)"
-    assert kernels.bf16_problem("bf16", "GPU NVIDIA A100-SXM4-80GB (compute capability 8.0)", True) is None
-    assert kernels.bf16_problem("fp16", volta, False) is None and kernels.bf16_problem("fp32", volta, False) is None
-    assert kernels.bf16_problem("bf16", None, False) is None                  # a CPU: autocast's bf16 runs
-    assert kernels.precision_problem("bf16") is None                          # this machine: a CPU
+    assert gpus.bf16_problem("bf16", volta, False) == f"{volta} has no bf16 tensor cores (Ampere, compute" \
+                                                       " capability 8.0, or newer)"
+    assert gpus.bf16_problem("bf16", "GPU NVIDIA A100-SXM4-80GB (compute capability 8.0)", True) is None
+    assert gpus.bf16_problem("fp16", volta, False) is None and gpus.bf16_problem("fp32", volta, False) is None
+    assert gpus.bf16_problem("bf16", None, False) is None                  # a CPU: autocast's bf16 runs
+    assert kernels.precision_problem("bf16") is None                        # this machine: a CPU
+

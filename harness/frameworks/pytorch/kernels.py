@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 import kernels
+from harness import gpus
 from harness.frameworks.pytorch import models
 from kernels import conv, device, gemm, peak, stream, timing
 
@@ -80,24 +81,14 @@ def peak_tf32(switches: dict, environ) -> bool:
     return bool(switches) and bool(switches["matmul_tf32"] or switches["conv_tf32"]) and not peak.tf32_off(environ)
 
 
-def bf16_problem(precision: str, gpu: str | None, native_bf16: bool) -> str | None:
-    """Why a rank cannot train `precision` on its device, or None: bf16 on a GPU (`gpu`: its
-    name and compute capability; None: a CPU, where autocast's bf16 runs) without bf16 tensor
-    cores (`native_bf16`: Ampere, 8.0, or newer), where torch would emulate it or fail, and
-    its figures would say nothing of the GPU. Pure."""
-    if precision != "bf16" or gpu is None or native_bf16:
-        return None
-    return f"{gpu} has no bf16 tensor cores (Ampere, compute capability 8.0, or newer)"
-
-
 def precision_problem(precision: str) -> str | None:
-    """bf16_problem on this rank's device (kernels.where), as its GPU says."""
+    """gpus.bf16_problem on this rank's device (kernels.where), as its GPU says."""
     dev, _ = where()
     if dev.type != "cuda":
         return None
     major, minor = torch.cuda.get_device_capability(dev)
     gpu = f"GPU {torch.cuda.get_device_name(dev)} (compute capability {major}.{minor})"
-    return bf16_problem(precision, gpu, torch.cuda.is_bf16_supported(including_emulation=False))
+    return gpus.bf16_problem(precision, gpu, torch.cuda.is_bf16_supported(including_emulation=False))
 
 
 def roofline(precision: str, quick: bool = False) -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from harness import communication
+from harness import communication, gpus
 from harness.frameworks.tensorflow import communication as tf_communication
 from harness.frameworks.tensorflow import facts, flops, models, train
 
@@ -37,6 +37,22 @@ def horovod_build() -> dict:
     import horovod.tensorflow as hvd
     return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "cuda": bool(hvd.cuda_built()),
             "nccl": int(hvd.nccl_built() or 0)}
+
+
+def precision_problem(precision: str) -> str | None:
+    """gpus.bf16_problem on the GPU this rank pinned (train.setup_devices made it the only one
+    TensorFlow sees), from its compute capability; None on a CPU, and where TensorFlow does not
+    say the capability (nothing to refuse on)."""
+    import tensorflow as tf
+    seen = tf.config.get_visible_devices("GPU")
+    if not seen:
+        return None
+    details = tf.config.experimental.get_device_details(seen[0])
+    capability = details.get("compute_capability")
+    if not capability:
+        return None
+    gpu = f"GPU {details.get('device_name', '?')} (compute capability {capability[0]}.{capability[1]})"
+    return gpus.bf16_problem(precision, gpu, tuple(capability) >= gpus.BF16_CAPABILITY)
 
 
 def roofline(precision: str, quick: bool) -> dict:
