@@ -271,10 +271,10 @@ class World:
         if gone:
             hosts = tuple(sorted({self.hosts[r] for r in gone})) if self.hosts else ()
             self.losses.append(Loss(gone, phase, self._clock() - self._t0, time.time(), hosts))
-            if self.comm.rank == 0 and self.policy != "abort":   # abort's one line is the run's error (driver.py)
+            if self.policy == "abort":   # its one line is the run's error (driver._aborted)
+                raise Aborted(f"--on-fault abort: {describe(self.losses[-1:])}; the run ends", coordinator_lost)
+            if self.comm.rank == 0:
                 print(announce(self.losses[-1], self.policy, self.comm.size), file=sys.stderr, flush=True)
-        if gone and self.policy == "abort":
-            raise Aborted(f"--on-fault abort: {describe(self.losses[-1:])}; the run ends", coordinator_lost)
         if coordinator_lost:
             raise CoordinatorLost(f"world rank 0, the coordinator, was lost ({describe(self.losses[-1:])})")
         return gone

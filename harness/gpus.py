@@ -107,7 +107,7 @@ def handle(nv, gpu: dict):
     return nv.nvmlDeviceGetHandleByIndex(value)
 
 
-BF16_CAPABILITY = (8, 0)   # compute capability of the first GPUs with bf16 tensor cores (Ampere)
+AMPERE = (8, 0)   # compute capability of the first GPUs with TF32 and bf16 tensor cores
 
 
 def bf16_problem(precision: str, gpu: str | None, native_bf16: bool) -> str | None:

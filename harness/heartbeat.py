@@ -145,7 +145,8 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
     failed = [t for t in rec.tests if not t.consistency.get("passed")]
     stop = rec.interrupted or {}
     during = f" during test {stop['test']}" if stop.get("test") else ""
-    lost = losses(rec)
+    tally_ = of_record(rec)
+    lost = losses(tally_)
     # a run that did not complete names its losses too: a test left out for lost ranks is
     # not among those planned, so its count alone ("1 of 1") would read as nothing missing
     also = f"; {lost}" if lost else ""
@@ -154,10 +155,10 @@ def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None
             names = ", ".join(f"test {t.index}" + (f" rep {t.repetition}" if t.repetition else "") for t in failed)
             return State("failed", False, f"complete, but {names} failed the replica consistency check",
                          finished, planned)
-        if lost and not of_record(rec).whole:   # ranks lost, and with them base models or test runs
+        if lost and not tally_.whole:   # ranks lost, and with them base models or test runs
             return State("complete-with-losses", False, f"every test PASSED, {lost}", finished, planned)
         if lost:   # retrain made every ensemble whole: a result as asked, its Time carrying the cost
-            return State("complete", False, f"every test PASSED and whole; recovered {lost.split(': ', 1)[1]}",
+            return State("complete", False, f"every test PASSED and whole; recovered {words(tally_)}",
                          finished, planned)
         return State("complete", False, "every test PASSED", finished, planned)
     if rec.status == "interrupted":
@@ -205,16 +206,18 @@ def tally(fault_losses: list[dict], tests: list, skipped: list[dict]) -> Tally:
 
 
 def of_record(rec: results.Record) -> Tally:
-    return tally((rec.fault_tolerance or {}).get("losses", []), rec.tests, rec.skipped)
+    return tally(rec.fault_losses, rec.tests, rec.skipped)
 
 
-def losses(rec: results.Record) -> str:
-    """What the run lost to faults (harness/elastic.py), in words; "" for none."""
-    t = of_record(rec)
-    if not t:
-        return ""
-    return (f"with losses: rank(s) {', '.join(map(str, t.ranks)) or '?'} lost, {t.dropped} base model(s) dropped,"
+def words(t: Tally) -> str:
+    """A tally in words: 'rank(s) 3 lost, 1 base model(s) dropped, 0 test run(s) left out'."""
+    return (f"rank(s) {', '.join(map(str, t.ranks)) or '?'} lost, {t.dropped} base model(s) dropped,"
             + (f" {t.again} trained again," if t.again else "") + f" {t.left_out} test run(s) left out")
+
+
+def losses(t: Tally) -> str:
+    """What a run lost to faults (its tally: of_record), in words; "" for none."""
+    return f"with losses: {words(t)}" if t else ""
 
 
 def planned_runs(rec: results.Record) -> int | None:

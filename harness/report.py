@@ -116,7 +116,7 @@ def earlier_losses(previous: results.Record) -> list[dict]:
     """The losses of a run's invocations so far (fault_tolerance.losses), each marked with the
     invocation that had it: 0 the first, k after the k-th --resume (as TestResult.invocation)."""
     k = len(previous.resumed)
-    return [{**x, "invocation": x.get("invocation", k)} for x in (previous.fault_tolerance or {}).get("losses", [])]
+    return [{**x, "invocation": x.get("invocation", k)} for x in previous.fault_losses]
 
 
 LOSS_COSTS = (2, 18)   # from this results schema on, the report says what faults cost (losses_line, world_line, footer)
@@ -132,10 +132,8 @@ def losses_line(t: results.TestResult, version: tuple[int, int] = results.minor(
                       for r in t.retrained)
     cost = (f"job(s) {', '.join(map(str, t.jobs_lost))} dropped: every figure is the {kept} left's"
             if t.jobs_lost else "" if again else "no base model lost: the losses came after the last evaluation")
-    if version >= LOSS_COSTS:
-        cost = "".join(f" ; {x}" for x in (cost, fault_cost(t)) if x)[3:]
-    return (f"Losses      : {kept} of {t.M} base models trained ; {where}"
-            + "".join(f" ; {x}" for x in (again, cost) if x))
+    parts = (again, cost, fault_cost(t) if version >= LOSS_COSTS else "")
+    return f"Losses      : {kept} of {t.M} base models trained ; {where}" + "".join(f" ; {x}" for x in parts if x)
 
 
 def fault_cost(t: results.TestResult) -> str:
@@ -454,12 +452,10 @@ def input_line(cfg, devices: dict) -> str:
     def cores(name: str) -> str:
         return (", on the same cores, none set aside: on a CPU-only node it shares them with the step"
                 if not devices[name]["gpus_on_node"] else ", on the cores the GPU leaves idle")
-    clauses = {cores(n) for n in cfg.frameworks}
-    if len(clauses) == 1:
-        return ("input (read, decode, augment: the workload's feed) runs "
-                + "; ".join(frameworks.facts(f).FEED for f in cfg.frameworks) + clauses.pop())
-    return ("input (read, decode, augment: the workload's feed) runs "
-            + "; ".join(frameworks.facts(f).FEED + cores(f) for f in cfg.frameworks))
+    alike = len({cores(n) for n in cfg.frameworks}) == 1
+    feeds = "; ".join(frameworks.facts(f).FEED + ("" if alike else cores(f)) for f in cfg.frameworks)
+    return ("input (read, decode, augment: the workload's feed) runs " + feeds
+            + (cores(cfg.frameworks[0]) if alike else ""))
 
 
 def run_lines(cfg) -> list[str]:
@@ -532,8 +528,8 @@ class Output:
         with open(os.path.join(run_dir, "report.txt")) as f:
             self.text = f.read()
         self.current, self.lock = None, threading.RLock()
-        self.earlier_losses = [x for x in (self.record.fault_tolerance or {}).get("losses", [])
-                               if x.get("invocation", len(self.record.resumed)) < len(self.record.resumed)]
+        # this invocation's own losses carry no invocation (earlier_losses marks the ones before it)
+        self.earlier_losses = [x for x in self.record.fault_losses if "invocation" in x]
         return self
 
     def begin(self, index: int, rep: int) -> None:
@@ -590,7 +586,7 @@ class Output:
                            (f" during test {test}; its result is lost, the finished tests' stand.\n"
                             if test else ".\n"))
             self._emit(footer(rec.tests, rec.skipped, summary_lines(rec.tests, rec.repeats), bool(interrupted),
-                              (rec.fault_tolerance or {}).get("losses", [])))
+                              rec.fault_losses))
             self._save()     # the figures first: on a signal, the launcher may kill us any moment
             self._charts()
             self._save()

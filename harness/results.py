@@ -246,6 +246,11 @@ class Record:
     def json(self) -> dict:
         return asdict(self)
 
+    @property
+    def fault_losses(self) -> list[dict]:
+        """fault_tolerance.losses: every loss of ranks in the run ([]: none, or a file of schema < 2.11)."""
+        return (self.fault_tolerance or {}).get("losses", [])
+
 
 def load_run(run_dir: str) -> Record:
     """The results of a run folder (runs/<id>), refused (ValueError, naming the folder)

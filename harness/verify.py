@@ -626,7 +626,7 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
         segs.append(("footer", report.footer(tests, res.skipped,
                                              report.summary_lines(tests, res.repeats, res.schema),
                                              status == "interrupted",
-                                             (res.fault_tolerance or {}).get("losses", []), res.schema), False))
+                                             res.fault_losses, res.schema), False))
     return segs
 
 

@@ -231,7 +231,7 @@ def test_the_losses_line_names_the_models_trained_again_and_status_counts_them()
         " ; the retraining waves took 7.00 s of the time to solution 12.50 s (5.50 s without them), Time 9.00 s sums"
         " every pass")
     rec = results.Record("0.2", "r", {}, {}, {}, {}, [], {}, tests=[t])
-    assert heartbeat.losses(rec) == "with losses: rank(s) 1, 2 lost, 0 base model(s) dropped, 2 trained again, 0 test" \
+    assert heartbeat.losses(heartbeat.of_record(rec)) == "with losses: rank(s) 1, 2 lost, 0 base model(s) dropped, 2 trained again, 0 test" \
         " run(s) left out"
     assert "trained again on the survivors" in elastic.lines({"policy": "retrain", "ulfm": True, "how": "h"})[0]
 
@@ -300,7 +300,7 @@ def test_a_resumed_run_keeps_the_losses_of_the_invocations_before(tmp_path):
     out.lost([{"ranks": [2], "hosts": ["n1"], "phase": "test 2: q", "seconds": 1.0, "time": 20.0}])
     saved = json.loads((tmp_path / "results.json").read_text())["fault_tolerance"]
     assert [x["ranks"] for x in saved["losses"]] == [[1], [2]] and saved["policy"] == "retrain"
-    assert heartbeat.losses(results.load(str(tmp_path / "results.json"))).startswith("with losses: rank(s) 1, 2 lost")
+    assert heartbeat.losses(heartbeat.of_record(results.load(str(tmp_path / "results.json")))).startswith("with losses: rank(s) 1, 2 lost")
 
 
 def test_closing_a_lost_models_log_rewrites_its_division_and_aborts_it():

@@ -30,7 +30,6 @@ from harness.frameworks.pytorch import models
 from kernels import conv, device, gemm, peak, stream, timing
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-AMPERE = (8, 0)   # the first compute capability with TF32 tensor cores
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def tf32_math(precision: str, switch: bool, capability: tuple | None, environ) -
     """Whether a kernel of `precision` behind `switch` (a Switches TF32 flag) runs on TF32
     tensor cores: fp32, the switch on, a GPU of compute capability `capability` Ampere or
     newer (None: a CPU), and NVIDIA_TF32_OVERRIDE not 0. Pure."""
-    return (precision == "fp32" and switch and capability is not None and tuple(capability) >= AMPERE
+    return (precision == "fp32" and switch and capability is not None and tuple(capability) >= gpus.AMPERE
             and not peak.tf32_off(environ))
 
 

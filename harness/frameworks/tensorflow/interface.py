@@ -52,7 +52,7 @@ def precision_problem(precision: str) -> str | None:
     if not capability:
         return None
     gpu = f"GPU {details.get('device_name', '?')} (compute capability {capability[0]}.{capability[1]})"
-    return gpus.bf16_problem(precision, gpu, tuple(capability) >= gpus.BF16_CAPABILITY)
+    return gpus.bf16_problem(precision, gpu, tuple(capability) >= gpus.AMPERE)
 
 
 def roofline(precision: str, quick: bool) -> dict:
