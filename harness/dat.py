@@ -40,6 +40,17 @@ KNOWN = {kind: tuple(table) for kind, table in CHOICES.items()}
 # The line of each single-valued keyword: the parser reads it there, and messages about a
 # choice (harness/plan.py) name it.
 LINE_OF = {"precision": 17, "optimizer": 18, "comm_precision": 21, "allreduce": 22, "sampler": 23, "aggregation": 24, "compiler": 33}
+# What each option a tuning run may vary (--tune, harness/tune.py) changes, stated once here where
+# the lines are read: Config field -> (its values' line, kind). "speed": how fast the same training
+# runs, not what it learns (a tuning run decides it by short timed probes of FLOPS); "quality": what
+# is learnt (decided on VFLOPS by multi-fidelity tuning). The framework is a speed knob: each builds
+# the same reference model (docs/frameworks.md). The sweep lines (10-11, 14, 17, 35, 37) list values
+# in any run; the single-valued ones (SINGLE) may list several under --tune only.
+KNOBS = {"layouts": (10, "quality"), "pmap": (12, "speed"), "batch_sizes": (14, "quality"),
+         "precisions": (17, "quality"), "optimizer": (18, "quality"), "base_lr": (19, "quality"),
+         "warmup_epochs": (20, "quality"), "comm_precision": (21, "quality"), "allreduce": (22, "speed"),
+         "staging": (28, "speed"), "compiler": (33, "speed"), "frameworks": (35, "speed"), "modes": (37, "quality")}
+SINGLE = ("pmap", "optimizer", "base_lr", "warmup_epochs", "comm_precision", "allreduce", "staging", "compiler")
 MAX_REPETITIONS = 100
 MAX_BYTES = 1 << 20
 NLINES = 37
@@ -142,6 +153,8 @@ class Config:
     frameworks: tuple[str, ...] = (frameworks.DEFAULT,)  # lines 34-35
     modes: tuple[str, ...] = ("data",)    # lines 36-37: parallel modes as written (harness/parallelism.py)
     staging_keep: bool = False            # line 28's optional 'keep': copies stay after a test
+    alternatives: tuple = ()              # --tune: ((field, (value, ...)), ...) for each line of SINGLE listing
+    #                                       several values (the field holds the first); () in any other run
 
 
 @dataclass(frozen=True)
@@ -176,8 +189,9 @@ def _num(tok):
 
 
 class _Reader:
-    def __init__(self, text, path):
-        self.path = path
+    def __init__(self, text, path, tune=False):
+        self.path, self.tune = path, tune
+        self.alternatives = {}   # field -> its values, for a line of SINGLE listing several (--tune)
         self.lines = [ln.rstrip("\r") for ln in text.split("\n")]
         if self.lines[-1] == "":
             self.lines.pop()
@@ -248,6 +262,24 @@ class _Reader:
         self.unique(n, vals, label)
         return tuple(vals)
 
+    def listed(self, n, field, first, conv, what):
+        """Line n's values after its first (`conv(tok)`: a value, or None where the free text
+        begins): under --tune a search space (self.alternatives), each value once; in any other
+        run refused, as a run would train the first alone."""
+        toks, vals = self.tokens(n), [first]
+        for tok in toks[1:]:
+            v = conv(tok)
+            if v is None:
+                break
+            vals.append(v)
+        if len(vals) == 1:
+            return
+        if not self.tune:
+            raise self.err(n, toks[1], f"{what} alone after {toks[0]!r} (several values are a search space, read"
+                           " by --tune only)")
+        self.unique(n, vals, what)
+        self.alternatives[field] = tuple(vals)
+
     def unique(self, n, vals, what):
         for i, v in enumerate(vals):
             if v in vals[:i]:
@@ -268,6 +300,8 @@ def record(cfg: Config) -> dict:
     apart), the dataset as its text, tuples as lists."""
     out = {f.name: getattr(cfg, f.name) for f in fields(Config) if f.name != "text"}
     out["dataset"] = cfg.dataset.text
+    if not cfg.alternatives:   # a tuning run's only (--tune): any other record reads as before schema 2.21
+        del out["alternatives"]
     return json.loads(json.dumps(out))
 
 
@@ -293,9 +327,38 @@ def _added_lines(r: _Reader) -> None:
                         f"add {'it' if len(add) == 1 else 'them'}, e.g. " + " and ".join(map(repr, add)))
 
 
-def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
-    """Validate the text of an input file; raises DatError at the first error."""
-    r = _Reader(text, path)
+def _recipe_lines(r: _Reader, epochs: int) -> dict:
+    """Lines 18-24: the optimizer, learning rate and warm-up, the exchange, sampler and
+    aggregation (lines 18-22 may list a --tune search space: _Reader.listed)."""
+    optimizer = r.keyword(LINE_OF["optimizer"], "optimizer", "optimizer", "an")
+    r.listed(LINE_OF["optimizer"], "optimizer", optimizer, _known("optimizer"), "an optimizer")
+    base_lr = r.number(19, "a base learning rate: a number > 0", lambda v: v > 0, _num)
+    r.listed(19, "base_lr", base_lr, lambda t: v if (v := _num(t)) is not None and v > 0 else None,
+             "a base learning rate")
+    warmup = r.number(20, f"warm-up epochs: a number >= 0 and <= epochs ({epochs}, line 15)",
+                      lambda v: 0 <= v <= epochs, _num)
+    r.listed(20, "warmup_epochs", warmup, lambda t: v if (v := _num(t)) is not None and 0 <= v <= epochs else None,
+             "a number of warm-up epochs")
+    comm_precision = r.keyword(LINE_OF["comm_precision"], "comm_precision", "communication precision")
+    r.listed(LINE_OF["comm_precision"], "comm_precision", comm_precision, _known("comm_precision"),
+             "a communication precision")
+    allreduce = r.keyword(LINE_OF["allreduce"], "allreduce", "all-reduce", "an")
+    r.listed(LINE_OF["allreduce"], "allreduce", allreduce, _known("allreduce"), "an all-reduce")
+    sampler = r.keyword(LINE_OF["sampler"], "sampler", "sampler")
+    aggregation = r.keyword(LINE_OF["aggregation"], "aggregation", "aggregation", "an")
+    return {"optimizer": optimizer, "base_lr": base_lr, "warmup_epochs": warmup, "comm_precision": comm_precision,
+            "allreduce": allreduce, "sampler": sampler, "aggregation": aggregation}
+
+
+def _known(kind: str):
+    """A token's keyword of `kind` (lowercase), or None: listed's reading of a keyword line."""
+    return lambda tok: tok.lower() if tok.lower() in KNOWN[kind] else None
+
+
+def parse_text(text: str, path: str = "HPCAI500.dat", tune: bool = False) -> Config:
+    """Validate the text of an input file; raises DatError at the first error. `tune`: a
+    tuning run's (--tune), where the lines of SINGLE may list several values."""
+    r = _Reader(text, path, tune)
     r.tokens(1), r.tokens(2)  # free title lines, but they must be there
     output_file = r.first(3, "an output file name")
     device_out = r.number(4, "a device out: an integer >= 0 (6=stdout, 7=stderr, "
@@ -308,18 +371,12 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     layouts = tuple(zip(ms, ps))
     r.unique(11, layouts, "(M, P) layout")
     pmap = r.number(12, "a PMAP: 0 (node-packed) or 1 (round-robin)", lambda v: v in (0, 1))
+    r.listed(12, "pmap", pmap, lambda t: v if (v := _int(t)) in (0, 1) else None, "a PMAP")
     batch_sizes = tuple(r.ints(14, 13, "a batch size: an integer >= 1", lambda v: v >= 1))
     r.unique(14, batch_sizes, "batch size")
     epochs = r.number(15, "epochs: an integer >= 1", lambda v: v >= 1)
     precisions = r.keywords(17, 16, "precision", "training precision")
-    optimizer = r.keyword(LINE_OF["optimizer"], "optimizer", "optimizer", "an")
-    base_lr = r.number(19, "a base learning rate: a number > 0", lambda v: v > 0, _num)
-    warmup = r.number(20, f"warm-up epochs: a number >= 0 and <= epochs ({epochs}, line 15)",
-                      lambda v: 0 <= v <= epochs, _num)
-    comm_precision = r.keyword(LINE_OF["comm_precision"], "comm_precision", "communication precision")
-    allreduce = r.keyword(LINE_OF["allreduce"], "allreduce", "all-reduce", "an")
-    sampler = r.keyword(LINE_OF["sampler"], "sampler", "sampler")
-    aggregation = r.keyword(LINE_OF["aggregation"], "aggregation", "aggregation", "an")
+    recipe = _recipe_lines(r, epochs)
     target = r.number(25, "a target quality: -1 (workload default) or a number in (0, 1]",
                       lambda v: v == -1 or 0 < v <= 1, _num)
     penalty_n = r.number(26, "a penalty exponent n: -1 (workload default) or a number >= 0",
@@ -330,6 +387,11 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     staging = "none" if tok.lower() == "none" else tok
     # an optional second value 'keep': leave the staged copies in place after each test
     staging_keep = staging != "none" and len(r.tokens(28)) > 1 and r.tokens(28)[1].lower() == "keep"
+    if r.tune:   # a search space: none and node-local paths ('keep' after a path keeps every path's copies)
+        paths = [t for t in r.tokens(28) if t.lower() == "none" or t.startswith(("/", ".", "~"))]
+        staging_keep = staging_keep or "keep" in [t.lower() for t in r.tokens(28)[1:3]]
+        r.listed(28, "staging", staging, lambda t: ("none" if t.lower() == "none" else t) if t in paths else None,
+                 "a staging directory")
     seed = r.number(29, f"a seed: an integer in [0, {SEED_MAX}]", lambda v: 0 <= v <= SEED_MAX)
     roofline = r.number(30, "roofline micro-kernels: 0 (skip) or 1 (run)", lambda v: v in (0, 1))
     _added_lines(r)
@@ -337,6 +399,7 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     stop_at_target = bool(r.number(32, "stop at target: 0 (no) or 1 (at the first evaluation that reaches it)",
                                    lambda v: v in (0, 1)))
     compiler = r.keyword(LINE_OF["compiler"], "compiler", "compiler")
+    r.listed(LINE_OF["compiler"], "compiler", compiler, _known("compiler"), "a compiler")
     frameworks = r.keywords(35, 34, "framework", "framework")
     modes = _modes(r)
     for n in range(NLINES + 1, len(r.lines) + 1):
@@ -346,13 +409,10 @@ def parse_text(text: str, path: str = "HPCAI500.dat") -> Config:
     return Config(
         path=path, text=text, output_file=output_file, device_out=device_out,
         results_dir=results_dir, workloads=workloads, dataset=dataset, layouts=layouts,
-        pmap=pmap, batch_sizes=batch_sizes, epochs=epochs, precisions=precisions,
-        optimizer=optimizer, base_lr=base_lr, warmup_epochs=warmup,
-        comm_precision=comm_precision, allreduce=allreduce, sampler=sampler,
-        aggregation=aggregation, target_quality=target, penalty_n=penalty_n,
+        pmap=pmap, batch_sizes=batch_sizes, epochs=epochs, precisions=precisions, **recipe, target_quality=target, penalty_n=penalty_n,
         repetitions=repetitions, staging=staging, seed=seed, roofline=roofline,
         eval_every=eval_every, stop_at_target=stop_at_target, staging_keep=staging_keep, compiler=compiler,
-        frameworks=frameworks, modes=modes)
+        frameworks=frameworks, modes=modes, alternatives=tuple(r.alternatives.items()))
 
 
 def _modes(r: _Reader) -> tuple[str, ...]:
@@ -375,8 +435,8 @@ def _modes(r: _Reader) -> tuple[str, ...]:
     return tuple(vals)
 
 
-def parse(path: str) -> Config:
-    """Read `path` (UTF-8, at most 1 MiB) and parse it; reading errors are line 0."""
+def parse(path: str, tune: bool = False) -> Config:
+    """Read `path` (UTF-8, at most 1 MiB) and parse it (parse_text); reading errors are line 0."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
@@ -396,7 +456,7 @@ def parse(path: str) -> Config:
         line = data.count(b"\n", 0, e.start) + 1
         raise DatError(path, 0, _Bare(f"a non-UTF-8 byte {data[e.start]:#04x} on line {line}"),
                        "UTF-8 text") from None
-    return parse_text(text.removeprefix("\ufeff"), path)
+    return parse_text(text.removeprefix("\ufeff"), path, tune)
 
 
 def expand(cfg: Config) -> list[Test]:
@@ -441,4 +501,15 @@ def describe(cfg: Config, schema: tuple[int, int] | None = None) -> list[str]:
             ("PARMODE", " ".join(cfg.modes)),
             ("OUTPUT", dev),
             ("RESULTS", cfg.results_dir)]
-    return [f"{k:<8}: {v}" for k, v in rows]
+    also = {ROW_OF[f]: " ".join(_token(v) for v in vals[1:]) for f, vals in cfg.alternatives}   # --tune's lists
+    return [f"{k:<8}: {v}" + (f" (--tune also: {also[k]})" if k in also else "") for k, v in rows]
+
+
+# The parameter row of each line of SINGLE (describe)
+ROW_OF = {"pmap": "PMAP", "optimizer": "OPTIM", "base_lr": "LR", "warmup_epochs": "WARMUP", "comm_precision": "COMM",
+          "allreduce": "ALLRED", "staging": "STAGING", "compiler": "COMPILER"}
+
+
+def _token(value) -> str:
+    """A value as the input file writes it (a number with %g)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -30,8 +30,8 @@ import numpy as np
 
 from harness.errors import RunError, crash, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import (dat, division, elastic, fault, frameworks, gpus, heartbeat, report, results, run, settings, signals,
-                     telemetry, topology, verify, workloads)
+from harness import (dat, division, elastic, fault, files, frameworks, gpus, heartbeat, report, results, run, settings,
+                     signals, telemetry, topology, tune, verify, workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
@@ -104,7 +104,7 @@ def _seconds(text: str) -> float:
 # The modes that read earlier runs' folders (no MPI, no input file, no training): one at a time,
 # and never with what plans or starts a run (RUN_OPTIONS, the input file), which they would ignore.
 READERS = ("--verify", "--status", "--summarize")
-RUN_OPTIONS = ("--check", "--resume", "--on-fault")
+RUN_OPTIONS = ("--check", "--resume", "--on-fault", "--tune")
 
 
 def mode_conflict(args, dat_given: bool) -> str | None:
@@ -116,12 +116,22 @@ def mode_conflict(args, dat_given: bool) -> str | None:
     if len(readers) > 1:
         return (f"argument {readers[1]}: not allowed with argument {readers[0]}: each reads earlier runs on its own;"
                 " give one")
-    others = [f"argument {o}" for o in RUN_OPTIONS if getattr(args, o[2:].replace("-", "_"))]
+    others = [f"argument {o}" for o in RUN_OPTIONS if getattr(args, o[2:].replace("-", "_")) not in (None, False)]
     others += [f"an input file ({args.dat})"] * dat_given
     if others:
         return (f"argument {readers[0]}: not allowed with {others[0]}: {readers[0]} reads earlier runs (their"
                 " results.json), it plans and starts none")
     return None
+
+
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a budget in minutes, found {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected minutes > 0, found {text!r}")
+    return value
 
 
 def parse_args(argv):
@@ -143,6 +153,11 @@ def parse_args(argv):
                    help="continue the interrupted invocation whose folder is RUN (runs/<id>; not a results"
                         " directory: the run to write into is named, never guessed): its finished tests are kept"
                         " and skipped; the input file must be the one it ran")
+    p.add_argument("--tune", nargs="?", type=_minutes, const=tune.DEFAULT_MINUTES, metavar="MINUTES",
+                   help="tune the input file for this machine within MINUTES of machine time (default"
+                        f" {tune.DEFAULT_MINUTES:g}): its lines listing several values are the search space; writes"
+                        f" the tuning table, a chart and the tuned input file ({tune.TUNED}) in the run's folder"
+                        " (docs/tuning.md, 'Tuning with --tune')")
     p.add_argument("--summarize", nargs="+", metavar="RUN",
                    help="reprint the result tables of earlier runs (runs/<id> folders; a results directory: every"
                         " run in it) side by side")
@@ -268,7 +283,10 @@ def _run(args, world, watchdog) -> int:
     signals.on_signal(stop)
 
     watchdog.beat("input")
-    given = planning.read(world, args.dat, args.resume)
+    tuning = args.tune is not None
+    given = planning.read(world, args.dat, args.resume, tuning)
+    if tuning and (why := tune.space_problem(given.cfg)):   # before the data: the same input on every rank
+        raise RunError(why)
     tolerance = _agreed_tolerance(world)
     nodes = topology.discover(world)
     world.hosts = [nodes.hosts[n] for n in nodes.node_of_rank]   # by launch rank: a loss names its hosts
@@ -279,8 +297,10 @@ def _run(args, world, watchdog) -> int:
     devices = _devices(world, plan, nodes, watchdog)
     refused = _precision_problems(world, cfg)
     plan = planning.device_skipped(plan, refused)
+    budget = (args.tune or 0) * 60.0   # s
+    stages = _tuning_plan(world, plan, budget, args.check, tolerance) if tuning else None
     if args.check:
-        if world.rank == 0:
+        if world.rank == 0 and not tuning:
             print("\n".join(planning.describe(plan, world.size) + elastic.lines(tolerance)), flush=True)
         return 0
 
@@ -291,16 +311,17 @@ def _run(args, world, watchdog) -> int:
     environment, nodes = _inventory(world, nodes, devices, cfg.frameworks)
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     ctx = run.Context(cfg, world, nodes, devices, os.path.basename(os.path.normpath(run_dir)), ceilings or {},
-                      plan.n_tests, _submission(world, environment))
+                      tune.planned_trials(stages) if tuning else plan.n_tests, _submission(world, environment))
     if world.rank == 0:
         # stamped before results.json first says `running`: a reader never finds that status without a heartbeat
         heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
-        output[0] = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {}, tolerance)
+        output[0] = _output(cfg, plan, run_dir, environment, devices, nodes, ceilings or {}, tolerance,
+                            stages and tune.start(budget, stages))
         # said at the start: a Ctrl-C of mpirun can end its forwarding of our output before the
         # report's end reaches the terminal, while report.txt still gets it whole
         print(f"hpcai500: results in {run_dir}/ (report.txt, results.json: rewritten after each test)",
               file=sys.stderr, flush=True)
-    _sweep(ctx, plan, output, watchdog, run_dir)
+    _tune(ctx, plan, output, watchdog, run_dir, budget) if tuning else _sweep(ctx, plan, output, watchdog, run_dir)
     watchdog.beat("the summary and charts")
     if output[0]:
         output[0].finish()
@@ -429,6 +450,114 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
         raise
 
 
+def _tuning_plan(world, plan, budget: float, check: bool, tolerance: dict) -> tuple:
+    """A tuning run's stages (tune.make_plan: pure, the same on every rank; RunError for a
+    space or budget it refuses); under --check printed by rank 0 with the input and the space."""
+    cfg = plan.cfg
+    try:
+        stages, cannot = tune.make_plan(cfg, world.size, plan.datas[cfg.workloads[0]].n_train, budget)
+    except tune.TuneError as e:
+        raise RunError(str(e)) from None
+    if check and world.rank == 0:
+        print("\n".join(planning.describe_input(plan, f"a --tune search space on {world.size} rank(s)")
+                        + tune.plan_lines(cfg, stages, budget, cannot) + elastic.lines(tolerance)), flush=True)
+    return stages
+
+
+def _tune(ctx, plan, cell, watchdog, run_dir: str, budget: float) -> None:
+    """A tuning run (--tune, harness/tune.py): world rank 0 holds the study and sends each
+    trial's settings; every rank runs the trial as a test of the sweep (_trial). At the end
+    rank 0 writes the tuning table and the tuned input file; the report's block and chart
+    come with the summary (report.Output.finish)."""
+    world, cfg = ctx.world, plan.cfg
+    data = plan.datas[cfg.workloads[0]]
+    state = {"ctx": ctx, "seen": len(world.losses)}
+
+    def send(spec):
+        return world.step("tuning: the next trial's settings", lambda: world.bcast(spec, root=0))
+
+    try:
+        if world.rank != 0:
+            while (spec := send(None)) is not None:
+                _trial(state, plan, spec, watchdog, cell, data, run_dir)
+            return
+        tuner = tune.Tuning(cfg, budget, world.size, data.n_train, execute=None,
+                            study=tune.studies(run_dir, cfg.seed), said=lambda line: say(line),
+                            saved=cell[0].tuned, done=tune.done(plan.previous))
+
+        def execute(spec):
+            got = _trial(state, plan, send(spec), watchdog, cell, data, run_dir)
+            tuner.world_size = world.size   # a loss shrinks what later trials may lay out
+            return got
+        tuner.execute = execute
+        best = tuner.run()
+        send(None)
+    except elastic.Aborted as e:
+        _aborted(state["ctx"], cell, cfg, run_dir, e)
+    except RunError as e:
+        if cell[0]:
+            cell[0].finish(interrupted=f"{results.ERROR_PREFIX}{e}")
+        raise
+    if best is None:
+        raise RunError(f"--tune: no finalist finished (see {run_dir}/report.txt's tuning table): no tuned file")
+    how = (f"HPC AI500 V3.0 input file tuned by hpcai500 --tune (run {os.path.basename(os.path.normpath(run_dir))},"
+           f" {time.strftime('%Y-%m-%d')})\nbest of {len(tuner.rows)} trials: trial {best['number']}, VFLOPS"
+           f" {best['vflops'] / 1e12:.3e} T measured at the full length; the search: {tune.TABLE} beside this file")
+    text = tune.tuned_text(cfg, best, how)
+    dat.parse_text(text, tune.TUNED)   # an ordinary input file, or a bug here: DatError
+    files.atomic_write(os.path.join(run_dir, tune.TUNED), text)
+    files.atomic_write(os.path.join(run_dir, tune.TABLE),
+                       "\n".join(tune.table_lines(cfg, tuner.rows) + [tune.TABLE_LEGEND]) + "\n")
+    cell[0].tuned({"tuned": tune.TUNED})
+
+
+def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None:
+    """One trial of a tuning run on every rank: a test of the trial's configuration
+    (tune.configure) laid out on the world as it stands, run by run.test and recorded by rank
+    0's output as any test; rank 0 returns its figures for the table (a trial that lost ranks
+    marked `fault`, as it is not compared), the others None."""
+    world, ctx = state["ctx"].world, state["ctx"]
+    if len(world.losses) > state["seen"]:   # ranks lost in the trial before: the nodes anew
+        state["seen"] = len(world.losses)
+        ctx = state["ctx"] = replace(ctx, nodes=topology.discover(world))
+        if cell[0]:
+            cell[0].lost([elastic.entry(x) for x in world.losses])
+    cfg = tune.configure(plan.cfg, spec.choice, spec.epochs)
+    t = tune.test_of(cfg, spec.choice, spec.number)
+    t0 = time.perf_counter()
+    try:
+        M, warnings = topology.resolve(world.size, t.M, t.P)
+    except topology.TopologyError as e:   # the same on every rank: the world as it stands
+        return {"fault": f"cannot run on the {world.size} rank(s) left: {e}", "wall_seconds": 0.0}
+    planned = planning.judged(cfg, planning.Planned(t, topology.map_jobs(ctx.nodes.node_of_rank, M, t.P, cfg.pmap),
+                                                    tuple(warnings)),
+                              data, plan.settings, plan.facts[t.workload])
+    watchdog.beat(f"tuning trial {t.index} ({spec.stage}: M={t.M}, P={t.P}, B={t.batch}, {spec.epochs} epochs)")
+    if cell[0]:
+        cell[0].begin(t.index, 0)
+    try:
+        fault.point(world.origin, "start", t.index)
+        world.step(f"the start of test {t.index}", lambda: watchdog.wait(
+            world.Ibarrier(), f"test {t.index}: waiting for every rank to start it"))
+        done = run.test(replace(ctx, cfg=cfg), planned, data, watchdog, 0)
+    except elastic.AllLost as e:
+        if cell[0]:
+            cell[0].skip(t.index, 0, str(e), "lost")
+        return {"fault": str(e), "wall_seconds": time.perf_counter() - t0}
+    except elastic.CoordinatorLost as e:
+        raise RunError(f"{e}; the tuning's study was world rank 0's: --resume {run_dir} with --tune continues it"
+                       " from its journal") from None
+    if world.rank != 0:
+        return None
+    result = replace(done[0], trial=spec.trial())
+    cell[0].add(result, done[1])
+    lost = (f"{len(result.losses)} loss(es) of ranks during it ({report.fault_cost(result) or 'its Losses line'})"
+            if result.losses or result.jobs_lost else None)
+    return {"flops": result.flops, "quality": result.quality, "vflops": result.vflops,
+            "train_seconds": result.train_seconds, "epochs_trained": result.epochs_trained,
+            "wall_seconds": time.perf_counter() - t0, "fault": lost}
+
+
 def _aborted(ctx, cell, cfg, run_dir: str, e: elastic.Aborted) -> None:
     """--on-fault abort after an agreed loss: the run ends failed, what it lost on record
     (a lost coordinator's successor takes its output over first); RunError on every survivor."""
@@ -513,8 +642,9 @@ def _fault_tolerance(policy: str) -> dict:
     return {"policy": policy, "ulfm": survives, "how": how}
 
 
-def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance):
-    """Rank 0's writer of the report and results.json, with the run's conventions."""
+def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance, tuning=None):
+    """Rank 0's writer of the report and results.json, with the run's conventions; `tuning`:
+    a tuning run's results.json `tuning` at its start (tune.start)."""
     notes = [f"{w}: {note}" for w in cfg.workloads if (note := workloads.get(w).describe_model(plan.datas[w])[0])]
     notes += [f"{w}: {line}" for w in cfg.workloads for line in workloads.get(w).describe_data(plan.datas[w])]
     notes += [f"{w}: {division.facts_line(plan.facts[w])}" for w in cfg.workloads]   # as each test's data_facts
@@ -527,9 +657,9 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance
                                         for line in frameworks.facts(name).conventions(
                                             cfg, environment, results.minor(results.SCHEMA))]),
         skipped=[{"index": s.test.index, "reason": s.reason, "cause": s.cause} for s in plan.skipped],
-        fault_tolerance=tolerance, tv_legend=dat.TV_LEGEND)
+        fault_tolerance=tolerance, tv_legend=dat.TV_LEGEND, tuning=tuning)
     params = (dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)
-              + elastic.lines(tolerance))
+              + elastic.lines(tolerance) + (tune.param_lines(tuning) if tuning else []))
     return report.Output(cfg, record, params, plan.previous)
 
 

@@ -81,7 +81,7 @@ class Input:
     previous: dict | None      # rank 0: results.json of the run resumed
 
 
-def read(world, path: str, resume: str | None) -> Input:
+def read(world, path: str, resume: str | None, tune: bool = False) -> Input:
     """Rank 0 parses the file, reads the environment settings (and the run to resume);
     every rank gets the result or the same error, and installs rank 0's settings. No
     TensorFlow, no data: a bad file or setting is refused at once."""
@@ -89,13 +89,13 @@ def read(world, path: str, resume: str | None) -> Input:
     if world.rank == 0:
         try:
             values = settings.read()
-            cfg = dat.parse(path)
+            cfg = dat.parse(path, tune)
             tests = dat.expand(cfg)
             if resume:
-                previous = resumed(resume, cfg, len(tests), values)
+                previous = resumed(resume, cfg, len(tests), values, tune)
         except (dat.DatError, settings.SettingError, RunError) as e:
             err = str(e)
-    done = {(t.index, t.repetition) for t in previous.tests} if previous else set()
+    done = {(t.index, t.repetition) for t in previous.tests} if previous and not tune else set()
     cfg, tests, values, err, done = world.bcast((cfg, tests, values, err, done), root=0)
     if err:
         raise RunError(err)
@@ -450,7 +450,7 @@ def device_skipped(plan: Plan, problems: dict) -> Plan:
                    skipped=tuple(sorted([*plan.skipped, *more], key=lambda s: s.test.index)))
 
 
-def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> results.Record:
+def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict, tune: bool = False) -> results.Record:
     """The results of the invocation to resume, checked against the input file and the
     settings in force now (`values`, as settings.read gives them). A results directory (line
     5) is refused, naming its newest run: --resume writes into the folder it is given, so the
@@ -478,7 +478,14 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict) -> result
     if differ:
         raise RunError(f"--resume {run_dir}: found {'; '.join(differ)}, expected the settings that run's finished"
                        " tests had: resume with them, or start a new run")
-    if len(previous.tests) >= n_tests * cfg.repetitions:
+    if tune != (previous.tuning is not None):   # a tuning run resumes as one, a sweep as a sweep
+        raise RunError(f"--resume {run_dir}: found a {'tuning run' if previous.tuning is not None else 'sweep'},"
+                       f" expected {'a tuning run (--tune)' if tune else 'a sweep'}: resume it as it ran"
+                       f"{' (with --tune)' if previous.tuning is not None else ' (without --tune)'}")
+    if tune and previous.tuning.get("best") is not None:
+        raise RunError(f"--resume {run_dir}: nothing to resume, its tuning finished (trial"
+                       f" {previous.tuning['best']} the best)")
+    if not tune and len(previous.tests) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
     state = heartbeat.status(run_dir, previous)
     if state.alive:   # two invocations writing one folder would lose results
@@ -496,17 +503,23 @@ def _stages(t: dat.Test, data) -> list[str]:
             *parallelism.describe_stages(parallelism.stages(chain, r.stages), r, sum(b.trainable for b in chain))]
 
 
-def describe(plan: Plan, world_size: int) -> list[str]:
-    """What --check prints: the parameters, each test's map, the skipped tests."""
+def describe_input(plan: Plan, what: str) -> list[str]:
+    """--check's first lines: the input valid for `what`, its parameters, settings and data."""
     cfg = plan.cfg
-    lines = [f"{cfg.path}: valid. {len(plan.tests)} test(s) on {world_size} rank(s), "
-             f"{len(plan.nodes.hosts)} node(s):"]
+    lines = [f"{cfg.path}: valid. {what}, {len(plan.nodes.hosts)} node(s):"]
     lines += [f"  {line}" for line in dat.describe(cfg) + settings.describe(plan.settings)]
     for name, data in plan.datas.items():
         lines.append(f"data {name}: {data.source}, {data.n_train} training / {data.n_val} validation samples")
         lines += [f"  {line}" for line in workloads.get(name).describe_data(data)]
         if name in plan.facts:
             lines.append(f"  {division.facts_line(plan.facts[name])}")
+    return lines
+
+
+def describe(plan: Plan, world_size: int) -> list[str]:
+    """What --check prints: the parameters, each test's map, the skipped tests."""
+    cfg = plan.cfg
+    lines = describe_input(plan, f"{len(plan.tests)} test(s) on {world_size} rank(s)")
     for p in plan.tests:
         t, layout = p.test, p.layout
         lines.append(f"test {t.index}: {t.tv(cfg)} {t.workload} M={layout.M} P={layout.P} B={t.batch} {t.precision}")

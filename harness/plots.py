@@ -163,3 +163,37 @@ def _save(fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def tuning(rows: list[dict], path: str) -> int:
+    """A tuning run's chart (--tune): VFLOPS against trial, each stage its marker, and FLOPS
+    against quality; the finalists circled, the tuned file's starred. Faulted trials are left
+    out. Returns the trials drawn."""
+    drawn = [r for r in rows if not r.get("fault") and r.get("vflops") is not None]
+    if not drawn:
+        return 0
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    stages = list(dict.fromkeys(r["stage"] for r in drawn))
+    for i, stage in enumerate(stages):
+        mine = [r for r in drawn if r["stage"] == stage]
+        marker = "os^vD<>p"[i % 8]
+        left.plot([r["number"] for r in mine], [r["vflops"] / 1e12 for r in mine], marker, linestyle="", label=stage)
+        right.plot([r["quality"] for r in mine], [r["flops"] / 1e12 for r in mine], marker, linestyle="", label=stage)
+    for ax, x, y in ((left, "number", "vflops"), (right, "quality", "flops")):
+        final = [r for r in drawn if r["stage"] == "final"]
+        ax.plot([r[x] for r in final], [r[y] / 1e12 for r in final], "o", markersize=14, markerfacecolor="none",
+                color="black", label="finalists")
+        best = [r for r in drawn if r["outcome"].startswith("best")]
+        ax.plot([r[x] for r in best], [r[y] / 1e12 for r in best], "*", markersize=16, color="gold",
+                markeredgecolor="black", label="tuned file's")
+        ax.grid(True, alpha=0.3)
+    left.set_xlabel("trial")
+    left.set_ylabel("VTflops (short trials: estimates)")
+    right.set_xlabel("quality")
+    right.set_ylabel("Tflops")
+    left.set_title("VFLOPS by trial")
+    right.set_title("FLOPS against quality")
+    left.legend(fontsize=7)
+    fig.suptitle("HPC AI500 V3.0 tuning (--tune)")
+    _save(fig, path)
+    return len(drawn)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import threading
 import time
 from collections import Counter
 from dataclasses import replace
 
-from harness import experiments, files, flops, frameworks, heartbeat, metrics, mllog, parallelism, results, telemetry, topology, train
+from harness import (experiments, files, flops, frameworks, heartbeat, metrics, mllog, parallelism, results, telemetry,
+                     topology, train, tune)
 
 RULE = "=" * 80
 THIN = "-" * 80
@@ -63,6 +65,9 @@ def test_line(t: results.TestResult, repetitions: int, invocations: int) -> str:
         parts.append(f"repetition {t.repetition + 1} of {repetitions}")
     if t.invocation < invocations - 1:
         parts.append(f"timed by invocation {t.invocation + 1} of {invocations} (before --resume), as recorded then")
+    if t.trial:   # a tuning run's (--tune): its stage and length
+        parts.append(f"tuning trial, {t.trial['stage']}, {t.trial['epochs']} of {t.epochs} epochs"
+                     if t.trial["epochs"] != t.epochs else f"tuning trial, {t.trial['stage']}, {t.epochs} epochs")
     return f"Test {t.index} : " + " ; ".join(parts)
 
 
@@ -491,6 +496,20 @@ def roofline_lines(c: dict) -> list[str]:
 
 
 # -- rank 0's writer -----------------------------------------------------------------
+def tuning_block(cfg, tuning: dict) -> str:
+    """The report's block of a tuning run (--tune): its table, and the tuned file or why there is none."""
+    best = next((r for r in tuning["trials"] if r["number"] == tuning.get("best")), None)
+    lines = ["", f"Tuning ({len(tuning['trials'])} trials of {tuning['planned']} planned, {tuning['spent_seconds'] / 60:.1f}"
+             f" of {tuning['budget_seconds'] / 60:g} min of machine time):", *tune.table_lines(cfg, tuning["trials"]),
+             *textwrap.wrap(tune.TABLE_LEGEND, 98)]
+    if tuning.get("picks"):
+        lines.append("Speed picks (highest FLOPS of the probes): " + tune.label(tune.choice_of({"choice": tuning["picks"]})))
+    lines.append(f"Tuned input file: {tuning['tuned']} (trial {best['number']}: VFLOPS {best['vflops'] / 1e12:.3e} T,"
+                 f" measured at the full length)" if best and tuning.get("tuned") else
+                 "Tuned input file: none (no finalist finished)")
+    return "\n".join(lines) + "\n"
+
+
 class Output:
     """The report and the results record of one invocation, on world rank 0. The
     signal thread may call `finish` while the main thread writes: one lock."""
@@ -585,12 +604,20 @@ class Output:
                 self._emit(f"\nInterrupted: {interrupted}" +
                            (f" during test {test}; its result is lost, the finished tests' stand.\n"
                             if test else ".\n"))
+            if rec.tuning is not None:
+                self._emit(tuning_block(self.cfg, rec.tuning))
             self._emit(footer(rec.tests, rec.skipped, summary_lines(rec.tests, rec.repeats), bool(interrupted),
                               rec.fault_losses))
             self._save()     # the figures first: on a signal, the launcher may kill us any moment
             self._charts()
             self._save()
         print(f"hpcai500: results in {rec.run_dir}/ (report.txt, results.json)", file=sys.stderr, flush=True)
+
+    def tuned(self, state: dict) -> None:
+        """A tuning run's state (harness/tune.py) as it grows: results.json's `tuning`, rewritten."""
+        with self.lock:
+            self.record.tuning = {**(self.record.tuning or {}), **state}
+            self._save()
 
     def _emit(self, text: str) -> None:
         """Append to the report; the device of lines 3-4 gets it as it grows (stdout and
@@ -626,6 +653,9 @@ class Output:
             name = f"quality-test{t.index:03d}" + (f"-rep{t.repetition:02d}" if self.cfg.repetitions > 1 else "")
             if plots.quality_curve(t, os.path.join(rec.run_dir, name + ".png")):
                 rec.charts.append(name + ".png")
+        if rec.tuning and rec.tuning.get("trials") and plots.tuning(rec.tuning["trials"],
+                                                                    os.path.join(rec.run_dir, tune.CHART)):
+            rec.charts.append(tune.CHART)
         for prec, ceil in rec.roofline.items():
             tests = [t for t in rec.tests if frameworks.roofline_key(t.framework, t.precision) == prec]
             name = "roofline.png" if len(rec.roofline) == 1 else f"roofline-{prec.replace('/', '-')}.png"

@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.20"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.21"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -81,6 +81,9 @@ SCHEMA = "2.20"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  #   own switches, its convolution channels-last on a GPU (per_rank conv.layout "NHWC");
                  #   NVIDIA_TF32_OVERRIDE among library_settings; skipped[].cause may be "device" (a
                  #   framework's precision its rank's device cannot train natively: bf16 before Ampere)
+                 # 2.21: a tuning run (--tune, harness/tune.py): Record.tuning (its plan, the tuning table, the
+                 #   speed picks, the best finalist, the tuned file) and each trial's TestResult.trial; config
+                 #   .alternatives (the values a line of dat.SINGLE lists for the search)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -214,6 +217,8 @@ class TestResult:
     #                                 data_facts): marker (path of the harness's marker file: hpcai500 wrote the
     #                                 data; None: none), train_samples, val_samples (samples), and each fact its
     #                                 PUBLISHED states (ic: classes; ewa: images_per_file); None: a file of < 2.17
+    trial: dict | None = None         # a tuning run's trial (--tune, harness/tune.py): number, stage, epochs and the
+    #                                 choice of every knob (dat.KNOBS, tune.encode's values); None: a test of a sweep
 
 
 @dataclass
@@ -242,6 +247,10 @@ class Record:
     write_seconds: list = field(default_factory=list)  # s, rank 0: each finished test's writing (MLLOG files,
                                       #   report.txt, results.json), in finishing order (harness/driver.py)
     tv_legend: str = ""               # the report's T/V legend (dat.TV_LEGEND when it ran); "": a file of schema < 2.13
+    tuning: dict | None = None        # a tuning run (--tune): budget_seconds, eta, plan (its stages), trials (the
+    #                                 tuning table's rows), picks (the speed knobs' winners), best (the trial
+    #                                 number of the tuned file's finalist), spent_seconds, planned, tuned (the
+    #                                 tuned file's name in the run folder); None: a sweep (and a file of < 2.21)
 
     def json(self) -> dict:
         return asdict(self)

@@ -189,7 +189,7 @@ def configuration(res: results.Record):
     text, path = res.input.get("text", ""), res.input.get("path", "HPCAI500.dat")
     recorded = res.config
     try:
-        cfg = dat.parse_text(text, path)
+        cfg = dat.parse_text(text, path, tune=res.tuning is not None)
     except dat.DatError as e:
         try:
             cfg = dat.from_record(text, recorded)

@@ -1,0 +1,666 @@
+"""Tuning (--tune): the benchmark tunes HPCAI500.dat for the machine it runs on.
+
+The input file states the search space: the sweep lines' lists (layouts, batch sizes,
+precisions, frameworks, parallel modes) and, under --tune, several values on the lines of
+dat.SINGLE (PMAP, optimizer, learning rate, warm-up, communication precision, all-reduce,
+staging, compiler). Whether an option changes how fast the same training runs ("speed") or
+what it learns ("quality") is dat.KNOBS' fact, stated where the lines are read.
+
+The search, each step a trial, and each trial one test through the driver's own code
+(run.test: the report block, results record, MLLOG, --verify's checks, fault handling):
+
+1. Calibration: the first candidate for one epoch, to learn an epoch's seconds and what a
+   trial costs beyond its training (set-up, warm-up, evaluation, records).
+2. Speed probes (when a speed line lists several values): every combination of the speed
+   knobs on one reference setting of the quality knobs (the layout with the most ranks a
+   model, where the exchange weighs most), each trained at least PROBE_SECONDS, the span
+   bench/span.py found long enough for FLOPS to repeat within 2.4 %. The highest FLOPS
+   wins and stays fixed.
+3. Successive halving over the quality knobs (Hyperband's bracket, rate ETA): every
+   candidate that can run, in the seeded order Optuna's grid sampler proposes, for an
+   equal share of training time; the best 1/ETA by VFLOPS go on, each training ETA times
+   longer, until ETA or fewer are left: the finalists, each trained the full length of the
+   input file (line 15), whose VFLOPS are measured, not estimated. The best finalist is
+   the tuned file's.
+
+Equal training time, not equal epochs: a stage's trials share its part of the budget, and
+each candidate trains as many epochs as fit that time at its own epoch's seconds (measured
+by its earlier trial; before that predicted from the calibration by its ranks a model, as
+a rank's share of an epoch is 1/P of the resample). A short trial's quality, and so its
+VFLOPS, is an estimate of the full training's; the table says which figures are.
+
+Optuna (rank 0 only) proposes the candidates (GridSampler, seeded: the same input and seed
+propose the same trials), records each as its study's trial (its intermediate VFLOPS a
+stage, pruned or complete) and keeps the study in the run folder (tuning.journal), from
+which --resume continues. Its pruners are not used: they decide inside a trial as it
+reports, one training continued, where a stage here is a new training of its own length,
+and they cannot give the plan --check --tune prints before anything runs.
+
+Pure: the space, the plan, the fidelities, the promotions, the table and the tuned file
+are functions of the input and the trials' records; `Tuning.run` drives a study through an
+`execute(spec)` the driver gives it (harness/driver.py: MPI at the edges).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from harness import dat, topology
+from harness import plan as planning
+from harness.errors import RunError
+
+ETA = 3                    # successive halving's rate: a stage keeps the best 1/ETA of its candidates
+PROBE_SECONDS = 2.4        # s of training a speed probe needs: FLOPS repeat within 2.4 % from there (bench/span.py)
+MIN_TRIAL_SECONDS = 20.0   # s of machine time a planned trial needs at least: a test's fixed costs (set-up, the
+#                            warm-up step, evaluation, records) are 5-15 s of a digits test on 2 cores
+DEFAULT_MINUTES = 60.0     # --tune without MINUTES
+JOURNAL = "tuning.journal"   # Optuna's study, in the run folder
+TABLE = "tuning.txt"
+CHART = "tuning.png"
+TUNED = "HPCAI500-tuned.dat"
+
+
+class TuneError(ValueError):
+    """A space or budget a tuning run refuses; the message names the line."""
+
+
+# -- the space -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Axis:
+    """One knob of the space: a Config field and the values the input lists for it."""
+    field: str      # dat.Config's
+    line: int       # the line holding the values
+    kind: str       # speed | quality (dat.KNOBS)
+    values: tuple   # as the Config holds them; layouts: (M, P) pairs
+
+
+def axes(cfg: dat.Config) -> list[Axis]:
+    """Every knob of dat.KNOBS with the values the input gives it (one or several), by line."""
+    alts = dict(cfg.alternatives)
+    out = []
+    for name, (line, kind) in sorted(dat.KNOBS.items(), key=lambda kv: kv[1][0]):
+        values = alts.get(name) or (getattr(cfg, name) if name in _SWEEP else (getattr(cfg, name),))
+        out.append(Axis(name, line, kind, tuple(values)))
+    return out
+
+
+_SWEEP = ("layouts", "batch_sizes", "precisions", "frameworks", "modes")   # the Config's tuples of a sweep line
+
+
+def varied(cfg: dat.Config, kind: str | None = None) -> list[Axis]:
+    """The axes listing several values (of one kind, or both)."""
+    return [a for a in axes(cfg) if len(a.values) > 1 and kind in (None, a.kind)]
+
+
+def choices(cfg: dat.Config, kind: str) -> list[dict]:
+    """Every combination of the `kind` knobs' values, {field: value}, in the input's order."""
+    of_kind = [a for a in axes(cfg) if a.kind == kind]
+    return [dict(zip((a.field for a in of_kind), combo)) for combo in itertools.product(*(a.values for a in of_kind))]
+
+
+def space_problem(cfg: dat.Config) -> str | None:
+    """Why the input is not a space a tuning run can search, or None."""
+    if len(cfg.workloads) > 1:
+        return (f"{cfg.path}:6: found {len(cfg.workloads)} workloads, expected 1 under --tune: a tuning run tunes one"
+                " workload's settings (its data, target and n stay fixed)")
+    if cfg.repetitions < 1 or not varied(cfg):
+        lines = ", ".join(str(line) for line, _ in sorted(dat.KNOBS.values()))
+        return (f"{cfg.path}: found no line listing several values, expected a search space under --tune: several"
+                f" values on one of lines {lines}")
+    return None
+
+
+def fixed_lines(cfg: dat.Config) -> list[str]:
+    """What a tuning run never varies, said before anything runs."""
+    tgt = "the workload's" if cfg.target_quality < 0 else f"{cfg.target_quality:g}"
+    n = "the workload's" if cfg.penalty_n < 0 else f"{cfg.penalty_n:g}"
+    return [f"fixed: workload {cfg.workloads[0]} (line 7), data {cfg.dataset.text} (line 8), target {tgt} (line 25),"
+            f" n {n} (line 26), epochs {cfg.epochs}: the full length (line 15), sampler {cfg.sampler} (line 23),"
+            f" aggregation {cfg.aggregation} (line 24), seed {cfg.seed} (line 29)",
+            f"fixed: repetitions {cfg.repetitions} (line 27) are the tuned file's ranking run's; a trial runs once,"
+            " and is open: what the closed division fixes (the published data, the workload's target and n, 5"
+            " repetitions or more: harness/division.py) the input fixes, and the tuned file keeps"]
+
+
+def encode(name: str, value):
+    """A knob's value as Optuna's grid holds it (str, int or float): a layout as 'MxP'."""
+    return f"{value[0]}x{value[1]}" if name == "layouts" else value
+
+
+def decode(name: str, value):
+    """encode's inverse."""
+    if name == "layouts":
+        m, p = str(value).split("x")
+        return int(m), int(p)
+    return value
+
+
+def label(choice: dict, fields=None) -> str:
+    """A choice in words, its knobs in line order: 'M 2 x P 1, B 32, sgd, ...'."""
+    out = []
+    for name, (line, _) in sorted(dat.KNOBS.items(), key=lambda kv: kv[1][0]):
+        if name not in choice or (fields is not None and name not in fields):
+            continue
+        v = choice[name]
+        out.append(f"M {v[0]} x P {v[1]}" if name == "layouts" else f"B {v}" if name == "batch_sizes" else
+                   f"PMAP {v}" if name == "pmap" else f"LR {v:g}" if name == "base_lr" else
+                   f"warm-up {v:g}" if name == "warmup_epochs" else f"comm {v}" if name == "comm_precision" else
+                   f"staging {v}" if name == "staging" else f"compiler {v}" if name == "compiler" else str(v))
+    return ", ".join(out)
+
+
+def configure(cfg: dat.Config, choice: dict, epochs: int) -> dat.Config:
+    """A trial's configuration: the input with one value of each knob, `epochs` epochs (the
+    warm-up scaled with them: a short trial is the recipe compressed), one repetition."""
+    single = {name: choice[name] for name in dat.SINGLE if name in choice and name != "warmup_epochs"}
+    warm = choice.get("warmup_epochs", cfg.warmup_epochs)
+    return replace(cfg, **single, layouts=(choice["layouts"],), batch_sizes=(choice["batch_sizes"],),
+                   precisions=(choice["precisions"],), frameworks=(choice["frameworks"],), modes=(choice["modes"],),
+                   epochs=epochs, warmup_epochs=min(float(epochs), warm * epochs / cfg.epochs), repetitions=1,
+                   alternatives=())
+
+
+def test_of(cfg: dat.Config, choice: dict, index: int) -> dat.Test:
+    """The trial's test (its index the trial's number)."""
+    m, p = choice["layouts"]
+    return dat.Test(index, cfg.workloads[0], m, p, choice["batch_sizes"], choice["precisions"], choice["frameworks"],
+                    choice["modes"])
+
+
+def problem(cfg: dat.Config, choice: dict, world_size: int, n_train: int) -> str | None:
+    """Why a choice cannot run on this world and data, as the sweep would skip its test, or None."""
+    trial_cfg = configure(cfg, choice, cfg.epochs)
+    t = test_of(trial_cfg, choice, 1)
+    found = planning.combination_problem(trial_cfg, t)
+    if found:
+        return found[1]
+    try:
+        planning.check_allreduce(trial_cfg)
+    except RunError as e:
+        return str(e)
+    try:
+        topology.resolve(world_size, t.M, t.P)
+    except topology.TopologyError as e:
+        return f"{cfg.path}:10-11: found '{t.M} x {t.P}', expected M x P <= {world_size}: {e}"
+    if n_train < t.P * t.batch:
+        return f"{cfg.path}:14: found '{t.batch}' with P = {t.P}, expected at most {n_train // t.P}"
+    return None
+
+
+def survey(cfg: dat.Config, world_size: int, n_train: int) -> tuple[list, list, list]:
+    """(speed choices, the quality choices that can run with one of them, [(quality choice, why
+    not)] for the others: the first speed choice's reason)."""
+    speed, runs, cannot = choices(cfg, "speed"), [], []
+    for q in choices(cfg, "quality"):
+        why = [problem(cfg, {**q, **s}, world_size, n_train) for s in speed]
+        (runs.append(q) if None in why else cannot.append((q, why[0])))
+    return speed, runs, cannot
+
+
+def make_plan(cfg: dat.Config, world_size: int, n_train: int, budget: float) -> tuple[tuple, list]:
+    """(the plan's stages, the quality choices left out as they cannot run), or TuneError: not
+    a space, no choice can run, or the budget cannot hold the plan."""
+    why = space_problem(cfg)
+    if why:
+        raise TuneError(why)
+    speed, runs, cannot = survey(cfg, world_size, n_train)
+    if not runs:
+        raise TuneError("; ".join(dict.fromkeys(w for _, w in cannot)) + " (every candidate of the --tune space)")
+    plan = stages(len(speed), len(runs), budget, cfg.epochs)
+    why = budget_problem(plan, budget)
+    if why:
+        raise TuneError(why)
+    return plan, cannot
+
+
+# -- the plan --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the plan."""
+    name: str          # "probes", "stage 1", ..., "final"
+    trials: int        # trials planned
+    share: float       # s of machine time the stage may take (the budget's equal share)
+    fidelity: str      # how long each trial trains, in words
+
+
+def stages(n_speed: int, n_quality: int, budget: float, epochs: int, eta: int = ETA) -> tuple[Stage, ...]:
+    """The plan: speed probes (n_speed > 1), then successive halving of n_quality candidates
+    (keeping ceil(n / eta) a stage) until eta or fewer are left, the final stage; each stage
+    an equal share of `budget` (s)."""
+    sizes = [n_quality]
+    while sizes[-1] > eta:
+        sizes.append(math.ceil(sizes[-1] / eta))
+    k = len(sizes) + (n_speed > 1)
+    share = budget / k
+    out = [Stage("probes", n_speed, share, f">= {PROBE_SECONDS:g} s of training each (bench/span.py)")] \
+        if n_speed > 1 else []
+    for r, n in enumerate(sizes[:-1], 1):
+        out.append(Stage(f"stage {r}", n, share, "equal training time, as many epochs as fit its share"))
+    out.append(Stage("final", sizes[-1], share, f"the full length, {epochs} epochs (line 15): VFLOPS measured"))
+    return tuple(out)
+
+
+def budget_problem(plan: tuple[Stage, ...], budget: float) -> str | None:
+    """Why the budget cannot hold the plan, by how much, or None: every trial of a stage
+    needs MIN_TRIAL_SECONDS of its share."""
+    worst = max(plan, key=lambda s: s.trials)
+    need = len(plan) * worst.trials * MIN_TRIAL_SECONDS
+    if budget >= need:
+        return None
+    return (f"--tune {budget / 60:g}: found a budget of {budget / 60:.1f} min, expected at least {need / 60:.1f} min"
+            f" ({len(plan)} stages, each an equal share, the largest {worst.name}'s {worst.trials} trials at"
+            f" {MIN_TRIAL_SECONDS:g} s of machine time each): {(need - budget) / 60:.1f} min more, or fewer values on"
+            " the lines that list several")
+
+
+def plan_lines(cfg: dat.Config, plan: tuple[Stage, ...], budget: float, excluded: list[tuple[dict, str]]) -> list[str]:
+    """What --check --tune prints: the space, what stays fixed, the plan."""
+    ax = varied(cfg)
+    n = math.prod(len(a.values) for a in ax)
+    lines = [f"tuning space: {n} combination(s) of {len(ax)} line(s) listing several values"]
+    lines += [f"  line {a.line}: {a.field} ({a.kind}): {' '.join(str(encode(a.field, v)) for v in a.values)}"
+              for a in ax]
+    lines += fixed_lines(cfg)
+    if excluded:
+        lines.append(f"cannot run: {len(excluded)} quality candidate(s), left out of the search:")
+        lines += [f"  {label(c)}: {why}" for c, why in excluded[:10]]
+        lines += [f"  ... and {len(excluded) - 10} more"] if len(excluded) > 10 else []
+    lines.append(f"plan: budget {budget / 60:g} min of machine time, successive halving at rate {ETA}:")
+    lines.append("  calibration: 1 trial of 1 epoch (an epoch's seconds, a trial's fixed costs)")
+    lines += [f"  {s.name}: {s.trials} trial(s), {s.share / 60:.1f} min ({s.share / max(1, s.trials):.0f} s each);"
+              f" {s.fidelity}" for s in plan]
+    return lines
+
+
+# -- fidelities ------------------------------------------------------------------------
+def epochs_for(seconds: float, epoch_seconds: float, full: int) -> int:
+    """As many epochs as `seconds` of training hold at `epoch_seconds` an epoch: 1 to `full`."""
+    if epoch_seconds <= 0:
+        return full
+    return max(1, min(full, int(seconds // epoch_seconds)))
+
+
+def predicted_epoch(calibration: dict, choice: dict) -> float:
+    """An epoch's seconds of a choice not yet trained, from the calibration trial's: a rank's
+    share of an epoch is 1/P of its resample, so P_calibration / P_choice of its seconds."""
+    return calibration["epoch_seconds"] * calibration["choice"]["layouts"][1] / choice["layouts"][1]
+
+
+def promoted(rows: list[dict], keep: int) -> list[dict]:
+    """The `keep` best rows by VFLOPS (ties: the earlier trial); faulted rows are not compared."""
+    fine = [r for r in rows if not r.get("fault")]
+    return sorted(fine, key=lambda r: (-r["vflops"], r["number"]))[:keep]
+
+
+def reference(candidates: list[dict]) -> dict:
+    """The probes' setting of the quality knobs: the candidate with the most ranks a model
+    (the exchange weighs most there), of those the most ranks in all, the first of those."""
+    return max(candidates, key=lambda c: (c["layouts"][1], c["layouts"][0] * c["layouts"][1]))
+
+
+# -- the run ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    """A trial to run: what rank 0 sends every rank."""
+    number: int          # its test index, from 1
+    stage: str           # calibration | probes | stage r | final
+    choice: dict         # one value of every knob
+    epochs: int
+    seconds: float | None = None   # the training time it was given (None: one epoch, or the full length)
+
+    def trial(self) -> dict:
+        """TestResult.trial: what --verify rebuilds the trial's configuration from."""
+        return {"number": self.number, "stage": self.stage, "epochs": self.epochs,
+                "choice": {k: encode(k, v) for k, v in self.choice.items()}}
+
+
+def choice_of(trial: dict) -> dict:
+    """TestResult.trial's choice, decoded."""
+    return {k: decode(k, v) for k, v in trial["choice"].items()}
+
+
+@dataclass
+class Tuning:
+    """The tuning run's decisions (rank 0). `execute(spec)` runs a trial on every rank and
+    returns its row's figures ({flops, quality, vflops, train_seconds, epochs_trained,
+    wall_seconds, fault}); `done` {trial number: those figures} holds the trials of an earlier
+    invocation (--resume), reused in order; `study(name, space)` makes or loads an Optuna
+    study; `said(line)` prints progress; `saved(state)` records the table as it grows."""
+    cfg: dat.Config
+    budget: float                       # s of machine time
+    world_size: int
+    n_train: int
+    execute: object
+    study: object
+    said: object = print
+    saved: object = lambda state: None   # noqa: E731
+    done: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+    picks: dict = field(default_factory=dict)   # the speed knobs' winning values
+    best: dict | None = None
+    planned: int = 0
+
+    # the trials' figures -----------------------------------------------------------
+    def _run(self, spec: Spec) -> dict:
+        before = self.done.get(spec.number)
+        again = before is not None and all(before.get(k) == v for k, v in spec.trial().items() if k != "stage")
+        got = before if again else self.execute(spec)
+        row = {**spec.trial(), "seconds": spec.seconds, "estimate": spec.stage != "final",
+               "outcome": "", **{k: got.get(k) for k in ("flops", "quality", "vflops", "train_seconds",
+                                                         "epochs_trained", "wall_seconds", "fault")}}
+        self.rows.append(row)
+        self.said(self.progress(row))
+        self.saved(self.state())
+        return row
+
+    def spent(self) -> float:
+        return sum(r["wall_seconds"] or 0.0 for r in self.rows)
+
+    def progress(self, row: dict) -> str:
+        best = max((r for r in self.rows if not r["fault"] and r["vflops"] is not None), key=lambda r: r["vflops"],
+                   default=None)
+        fig = "fault: " + row["fault"] if row["fault"] else f"VFLOPS {row['vflops'] / 1e12:.3e} T"
+        return (f"tune: trial {row['number']} of {self.planned} ({row['stage']}, {row['epochs']} epoch(s)): {fig};"
+                f" best so far {'trial %d, %.3e T' % (best['number'], best['vflops'] / 1e12) if best else 'none'};"
+                f" budget left {(self.budget - self.spent()) / 60:.1f} min")
+
+    def state(self) -> dict:
+        """results.json's `tuning` (the plan and budget the driver adds)."""
+        return {"trials": self.rows, "picks": {k: encode(k, v) for k, v in self.picks.items()},
+                "best": self.best and self.best["number"], "spent_seconds": self.spent(), "planned": self.planned}
+
+    def _again(self, spec: Spec, row: dict) -> dict | None:
+        """A faulted trial run once more as a new trial; None when that faults too (left out)."""
+        spec = replace(spec, number=self._next())
+        row["outcome"] = f"fault: run again as trial {spec.number}"
+        self.planned += 1
+        again = self._run(spec)
+        if again["fault"]:
+            again["outcome"] = "fault again: left out"
+            return None
+        return again
+
+    def _next(self) -> int:
+        return len(self.rows) + 1
+
+    def _trial(self, stage: str, choice: dict, epochs: int, seconds: float | None = None) -> dict | None:
+        row = self._run(Spec(self._next(), stage, choice, epochs, seconds))
+        return self._again(Spec(0, stage, choice, epochs, seconds), row) if row["fault"] else row
+
+    # the search ---------------------------------------------------------------------
+    def run(self) -> dict | None:
+        """Calibration, probes, successive halving, the final: the best finalist's row (None
+        when no finalist finished)."""
+        cfg = self.cfg
+        speed, runnable_q, _ = survey(cfg, self.world_size, self.n_train)
+        plan = stages(len(speed), len(runnable_q), self.budget, cfg.epochs)
+        self.planned = 1 + sum(s.trials for s in plan)
+        ref = reference(runnable_q)
+        first_speed = next(s for s in speed if self._fits({**ref, **s}))
+        calib = self._trial("calibration", {**ref, **first_speed}, 1)
+        if calib is None:
+            return None
+        cal = {"choice": calib_choice(calib), "epoch_seconds": calib["train_seconds"] / max(1, calib["epochs_trained"]),
+               "overhead": max(0.0, calib["wall_seconds"] - calib["train_seconds"])}
+        calib["outcome"] = "calibration"
+        self.picks = first_speed
+        if len(speed) > 1:
+            self.picks = self._probes(plan[0], ref, speed, cal)
+        candidates = [{**q, **self.picks} for q in runnable_q if self._fits({**q, **self.picks})]
+        return self._halving([s for s in plan if s.name != "probes"], candidates, cal)
+
+    def _fits(self, choice: dict) -> bool:
+        return problem(self.cfg, choice, self.world_size, self.n_train) is None
+
+    def _probes(self, stage: Stage, ref: dict, speed: list[dict], cal: dict) -> dict:
+        epochs = max(1, min(self.cfg.epochs, math.ceil(PROBE_SECONDS / max(cal["epoch_seconds"], 1e-9))))
+        study = self.study("speed", {a.field: [encode(a.field, v) for v in a.values] for a in varied(self.cfg, "speed")})
+        rows = []
+        for s in speed:
+            choice = {**ref, **s}
+            trial = study.ask()
+            for a in varied(self.cfg, "speed"):
+                trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values])
+            if not self._fits(choice):
+                study.tell(trial, state=_failed())
+                continue
+            row = self._trial("probes", choice, epochs)
+            if row is None:
+                study.tell(trial, state=_failed())
+                continue
+            row["outcome"] = "probe"
+            study.tell(trial, row["flops"])
+            rows.append((row, s))
+        best_row, best = max(rows, key=lambda rs: (rs[0]["flops"], -rs[0]["number"]))
+        best_row["outcome"] = "speed pick (highest FLOPS)"
+        return best
+
+    def _halving(self, plan: list[Stage], candidates: list[dict], cal: dict) -> dict | None:
+        study = self.study("quality", {a.field: [encode(a.field, v) for v in a.values]
+                                       for a in varied(self.cfg, "quality")})
+        runnable = {label(c) for c in candidates}
+        # stage 1's candidates in the grid sampler's seeded order (the combinations that cannot run, told failed)
+        entrants, live = [], {}
+        grid = math.prod(len(a.values) for a in varied(self.cfg, "quality")) or 1
+        for _ in range(grid):
+            if len(entrants) == len(candidates):
+                break
+            trial = study.ask()
+            q = {a.field: decode(a.field, trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values]))
+                 for a in varied(self.cfg, "quality")}
+            choice = {**candidates[0], **q} if candidates else q
+            if label(choice) not in runnable or label(choice) in {label(c) for c in entrants}:
+                study.tell(trial, state=_failed())
+                continue
+            entrants.append(choice)
+            live[label(choice)] = trial
+        measured: dict[str, float] = {}    # label -> an epoch's seconds, measured
+        for r, stage in enumerate(plan):
+            final = stage.name == "final"
+            per = stage.share / max(1, len(entrants))
+            rows = []
+            for c in entrants:
+                if final:
+                    row = self._trial("final", c, self.cfg.epochs)
+                else:
+                    train = max(0.0, per - cal["overhead"])
+                    epoch_s = measured.get(label(c)) or predicted_epoch(cal, c)
+                    row = self._trial(stage.name, c, epochs_for(train, epoch_s, self.cfg.epochs), train)
+                if row is None:
+                    study.tell(live.pop(label(c)), state=_failed())
+                    continue
+                measured[label(c)] = row["train_seconds"] / max(1, row["epochs_trained"])
+                live[label(c)].report(row["vflops"], r)
+                rows.append((row, c))
+            if final:
+                for row, c in rows:
+                    study.tell(live.pop(label(c)), row["vflops"])
+                    row["outcome"] = "finalist"
+                if not rows:
+                    return None
+                self.best = max((row for row, _ in rows), key=lambda x: (x["vflops"], -x["number"]))
+                self.best["outcome"] = "best: the tuned file's"
+                self.saved(self.state())
+                return self.best
+            keep = promoted([row for row, _ in rows], plan[r + 1].trials)
+            kept = {row["number"] for row in keep}
+            entrants = []
+            for row, c in rows:
+                if row["number"] in kept:
+                    row["outcome"] = "promoted"
+                    entrants.append(c)
+                else:
+                    row["outcome"] = f"pruned after {stage.name}"
+                    study.tell(live.pop(label(c)), state=_pruned())
+            self.saved(self.state())
+        return None
+
+
+def calib_choice(row: dict) -> dict:
+    return {k: decode(k, v) for k, v in row["choice"].items()}
+
+
+def _failed():
+    import optuna
+    return optuna.trial.TrialState.FAIL
+
+
+def _pruned():
+    import optuna
+    return optuna.trial.TrialState.PRUNED
+
+
+# -- Optuna, rank 0 ----------------------------------------------------------------------
+class Study:
+    """An Optuna study as the search asks it: where the study was stored by an invocation
+    before (--resume), its trials are handed out again in their order, those finished as
+    they ended (their report and tell do nothing), a running one to go on; then new ones."""
+
+    def __init__(self, study):
+        self.study = study
+        self.stored = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+        self.at = 0
+
+    def ask(self):
+        import optuna
+        if self.at < len(self.stored):
+            frozen = self.stored[self.at]
+            self.at += 1
+            if frozen.state == optuna.trial.TrialState.RUNNING:
+                return optuna.trial.Trial(self.study, frozen._trial_id)
+            return _Ended(frozen)
+        return self.study.ask()
+
+    def tell(self, trial, value=None, state=None):
+        if not isinstance(trial, _Ended):
+            self.study.tell(trial, value, state=state)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A stored trial that had ended: its parameters as proposed then."""
+    frozen: object
+
+    def suggest_categorical(self, name, choices):
+        return self.frozen.params[name]
+
+    def report(self, value, step):
+        pass
+
+
+def studies(run_dir: str, seed: int):
+    """study(name, space) for Tuning: an Optuna study of the run folder's journal (made, or
+    loaded to go on), maximising, its grid sampler seeded with line 29's seed."""
+    import os
+
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    optuna.logging.set_verbosity(optuna.logging.ERROR)   # its INFO line a trial would bury the report
+    storage = JournalStorage(JournalFileBackend(os.path.join(run_dir, JOURNAL)))
+
+    class Grid(optuna.samplers.GridSampler):
+        """The grid sampler without its stop once every point was proposed: Study.stop ends an
+        optimize loop, and raises where trials are asked and told, as here."""
+
+        def after_trial(self, study, trial, state, values):
+            pass
+
+    def study(name: str, space: dict) -> Study:
+        return Study(optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                                         sampler=Grid(space, seed=seed)))
+    return study
+
+
+# -- what it writes ---------------------------------------------------------------------
+def table_lines(cfg: dat.Config, rows: list[dict]) -> list[str]:
+    """The tuning table: every trial, its stage, its training, its figures and what became of it."""
+    fields = [a.field for a in varied(cfg)]
+    head = (f"{'Trial':>5} {'Stage':<11} {'Epochs':>6} {'Train s':>8} {'Wall s':>7} {'Tflops':>11} {'Quality':>8}"
+            f" {'VTflops':>10} {'VFLOPS is':<9} {'Outcome':<27} Settings")
+    out = [head]
+    for r in rows:
+        fig = (lambda key, fmt: "-" if r.get(key) is None else format(r[key], fmt))  # noqa: E731
+        tf = "-" if r.get("flops") is None else f"{r['flops'] / 1e12:.4e}"
+        vt = "-" if r.get("vflops") is None else f"{r['vflops'] / 1e12:.3e}"
+        kind = "-" if r.get("fault") else "estimate" if r["estimate"] else "measured"
+        out.append(f"{r['number']:>5} {r['stage']:<11} {r['epochs']:>6} {fig('train_seconds', '.2f'):>8}"
+                   f" {fig('wall_seconds', '.1f'):>7} {tf:>11} {fig('quality', '.4f'):>8} {vt:>10} {kind:<9}"
+                   f" {r['outcome'] or '-':<27} {label(choice_of(r), fields)}")
+    return out
+
+
+TABLE_LEGEND = ("VFLOPS is: estimate, a trial shorter than the input's recipe (its quality that of a compressed"
+                " schedule: an estimate of the full training's); measured, a finalist trained the full length."
+                " Train s: the timed span; Wall s: the whole trial (set-up, warm-up, evaluations, records).")
+
+
+def tuned_text(cfg: dat.Config, best: dict, how: str) -> str:
+    """The input file with the best trial's values, one value a line, its two title lines
+    saying how it was found (`how`): an ordinary HPCAI500.dat, ready for a ranking run with
+    the input's repetitions (line 27)."""
+    choice = choice_of(best)
+    alts = dict(cfg.alternatives)
+    lines = cfg.text.split("\n")
+
+    def put(n: int, values: list[str], old: int) -> None:
+        toks = lines[n - 1].split()
+        lines[n - 1] = f"{' '.join(values):<13} {' '.join(toks[old:])}".rstrip()
+    m, p = choice["layouts"]
+    counts = {9: len(cfg.layouts), 13: len(cfg.batch_sizes), 16: len(cfg.precisions), 34: len(cfg.frameworks),
+              36: len(cfg.modes)}
+    for n, old in counts.items():
+        put(n, ["1"], 1)
+        put(n + 1, [str(m) if n == 9 else str({13: choice["batch_sizes"], 16: choice["precisions"],
+                                                   34: choice["frameworks"], 36: choice["modes"]}.get(n, ""))],
+            old)
+    put(11, [str(p)], len(cfg.layouts))
+    for name in dat.SINGLE:
+        n = dat.KNOBS[name][0]
+        old = len(alts.get(name, (None,)))
+        value = choice.get(name, getattr(cfg, name))
+        keep = name == "staging" and value != "none" and cfg.staging_keep
+        old += name == "staging" and cfg.staging_keep
+        put(n, [dat._token(value)] + (["keep"] if keep else []), old)
+    lines[0], lines[1] = how.split("\n", 1)
+    return "\n".join(lines)
+
+
+# -- the record ---------------------------------------------------------------------------
+def planned_trials(plan: tuple[Stage, ...]) -> int:
+    """The trials the plan makes: the calibration and every stage's (faulted ones run again add to it)."""
+    return 1 + sum(s.trials for s in plan)
+
+
+def start(budget: float, plan: tuple[Stage, ...]) -> dict:
+    """results.json's `tuning` as a tuning run begins."""
+    return {"budget_seconds": budget, "eta": ETA, "probe_seconds": PROBE_SECONDS,
+            "plan": [{"name": s.name, "trials": s.trials, "share_seconds": s.share, "fidelity": s.fidelity}
+                     for s in plan],
+            "trials": [], "picks": {}, "best": None, "spent_seconds": 0.0, "planned": planned_trials(plan),
+            "tuned": None}
+
+
+def param_lines(tuning: dict) -> list[str]:
+    """The report's parameter lines of a tuning run."""
+    stages = "; ".join(f"{s['name']} {s['trials']}" for s in tuning["plan"])
+    return [f"TUNE    : a tuning run (--tune {tuning['budget_seconds'] / 60:g}): its tests are trials, each a setting"
+            f" of the input's search space; successive halving at rate {tuning['eta']}; trials: calibration 1;"
+            f" {stages} (harness/tune.py)"]
+
+
+def done(previous) -> dict:
+    """{trial number: its row} of the run resumed (--resume): the trials it finished, each
+    as its table recorded it (a trial recorded as a test but not yet in the table: its
+    figures from the test, its wall time its training's)."""
+    if previous is None or previous.tuning is None:
+        return {}
+    rows = {r["number"]: r for r in previous.tuning.get("trials", [])}
+    for t in previous.tests:
+        if t.trial and t.trial["number"] not in rows:
+            rows[t.trial["number"]] = {**t.trial, "flops": t.flops, "quality": t.quality, "vflops": t.vflops,
+                                       "train_seconds": t.train_seconds, "epochs_trained": t.epochs_trained,
+                                       "wall_seconds": t.train_seconds, "fault": None}
+    return rows
