@@ -477,8 +477,10 @@ def _tune(ctx, plan, cell, watchdog, run_dir: str, budget: float) -> None:
         return world.step("tuning: the next trial's settings", lambda: world.bcast(spec, root=0))
 
     try:
-        if world.rank != 0:
+        if world.rank != 0:   # a trial's settings, until None (the end) or a string (rank 0's TuneError)
             while (spec := send(None)) is not None:
+                if isinstance(spec, str):
+                    raise RunError(spec)
                 _trial(state, plan, spec, watchdog, cell, data, run_dir)
             return
         tuner = tune.Tuning(cfg, budget, world.size, data.n_train, execute=None,
@@ -490,7 +492,11 @@ def _tune(ctx, plan, cell, watchdog, run_dir: str, budget: float) -> None:
             tuner.world_size = world.size   # a loss shrinks what later trials may lay out
             return got
         tuner.execute = execute
-        best = tuner.run()
+        try:
+            best = tuner.run()
+        except tune.TuneError as e:   # the calibration showed the budget short: every rank says so
+            send(str(e))
+            raise RunError(str(e)) from None
         send(None)
     except elastic.Aborted as e:
         _aborted(state["ctx"], cell, cfg, run_dir, e)

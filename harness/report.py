@@ -503,7 +503,8 @@ def tuning_block(cfg, tuning: dict) -> str:
              f" of {tuning['budget_seconds'] / 60:g} min of machine time):", *tune.table_lines(cfg, tuning["trials"]),
              *textwrap.wrap(tune.TABLE_LEGEND, 98)]
     if tuning.get("picks"):
-        lines.append("Speed picks (highest FLOPS of the probes): " + tune.label(tune.choice_of({"choice": tuning["picks"]})))
+        lines.append("Speed picks (highest FLOPS of the probes): " + tune.label(
+            tune.choice_of({"choice": tuning["picks"]}), [a.field for a in tune.varied(cfg, "speed")]))
     lines.append(f"Tuned input file: {tuning['tuned']} (trial {best['number']}: VFLOPS {best['vflops'] / 1e12:.3e} T,"
                  f" measured at the full length)" if best and tuning.get("tuned") else
                  "Tuned input file: none (no finalist finished)")

@@ -53,8 +53,10 @@ from harness.errors import RunError
 
 ETA = 3                    # successive halving's rate: a stage keeps the best 1/ETA of its candidates
 PROBE_SECONDS = 2.4        # s of training a speed probe needs: FLOPS repeat within 2.4 % from there (bench/span.py)
-MIN_TRIAL_SECONDS = 20.0   # s of machine time a planned trial needs at least: a test's fixed costs (set-up, the
-#                            warm-up step, evaluation, records) are 5-15 s of a digits test on 2 cores
+MIN_TRIAL_SECONDS = 5.0    # s of machine time a planned trial needs at least, before anything has run: a span that
+#                            repeats (PROBE_SECONDS) and a test's fixed costs (set-up, the warm-up step, evaluations,
+#                            records: 1-3 s of a digits test on 2 cores); the calibration's measure checks it again
+#                            (short_budget)
 DEFAULT_MINUTES = 60.0     # --tune without MINUTES
 JOURNAL = "tuning.journal"   # Optuna's study, in the run folder
 TABLE = "tuning.txt"
@@ -269,8 +271,10 @@ def plan_lines(cfg: dat.Config, plan: tuple[Stage, ...], budget: float, excluded
         lines += [f"  ... and {len(excluded) - 10} more"] if len(excluded) > 10 else []
     lines.append(f"plan: budget {budget / 60:g} min of machine time, successive halving at rate {ETA}:")
     lines.append("  calibration: 1 trial of 1 epoch (an epoch's seconds, a trial's fixed costs)")
-    lines += [f"  {s.name}: {s.trials} trial(s), {s.share / 60:.1f} min ({s.share / max(1, s.trials):.0f} s each);"
-              f" {s.fidelity}" for s in plan]
+    lines += [f"  {s.name}: {s.trials} trial(s); {s.fidelity}" for s in plan]
+    lines.append("  budget: the final's full-length trainings first (their cost from the calibration's epoch),"
+                 " the rest in equal parts to the probes and each stage, a stage's part shared by its trials;"
+                 f" each trial's fixed costs (set-up, evaluations, records) come out of its part")
     return lines
 
 
@@ -327,7 +331,7 @@ class Tuning:
     returns its row's figures ({flops, quality, vflops, train_seconds, epochs_trained,
     wall_seconds, fault}); `done` {trial number: those figures} holds the trials of an earlier
     invocation (--resume), reused in order; `study(name, space)` makes or loads an Optuna
-    study; `said(line)` prints progress; `saved(state)` records the table as it grows."""
+    study (studies); `said(line)` prints progress; `saved(state)` records the table as it grows."""
     cfg: dat.Config
     budget: float                       # s of machine time
     world_size: int
@@ -342,12 +346,12 @@ class Tuning:
     best: dict | None = None
     planned: int = 0
 
-    # the trials' figures -----------------------------------------------------------
+    # the trials --------------------------------------------------------------------
     def _run(self, spec: Spec) -> dict:
         before = self.done.get(spec.number)
         again = before is not None and all(before.get(k) == v for k, v in spec.trial().items() if k != "stage")
         got = before if again else self.execute(spec)
-        row = {**spec.trial(), "seconds": spec.seconds, "estimate": spec.stage != "final",
+        row = {**spec.trial(), "seconds": spec.seconds, "estimate": spec.epochs < self.cfg.epochs,
                "outcome": "", **{k: got.get(k) for k in ("flops", "quality", "vflops", "train_seconds",
                                                          "epochs_trained", "wall_seconds", "fault")}}
         self.rows.append(row)
@@ -355,151 +359,203 @@ class Tuning:
         self.saved(self.state())
         return row
 
-    def spent(self) -> float:
-        return sum(r["wall_seconds"] or 0.0 for r in self.rows)
-
-    def progress(self, row: dict) -> str:
-        best = max((r for r in self.rows if not r["fault"] and r["vflops"] is not None), key=lambda r: r["vflops"],
-                   default=None)
-        fig = "fault: " + row["fault"] if row["fault"] else f"VFLOPS {row['vflops'] / 1e12:.3e} T"
-        return (f"tune: trial {row['number']} of {self.planned} ({row['stage']}, {row['epochs']} epoch(s)): {fig};"
-                f" best so far {'trial %d, %.3e T' % (best['number'], best['vflops'] / 1e12) if best else 'none'};"
-                f" budget left {(self.budget - self.spent()) / 60:.1f} min")
-
-    def state(self) -> dict:
-        """results.json's `tuning` (the plan and budget the driver adds)."""
-        return {"trials": self.rows, "picks": {k: encode(k, v) for k, v in self.picks.items()},
-                "best": self.best and self.best["number"], "spent_seconds": self.spent(), "planned": self.planned}
-
-    def _again(self, spec: Spec, row: dict) -> dict | None:
-        """A faulted trial run once more as a new trial; None when that faults too (left out)."""
-        spec = replace(spec, number=self._next())
-        row["outcome"] = f"fault: run again as trial {spec.number}"
+    def _trial(self, stage: str, choice: dict, epochs: int, seconds: float | None = None) -> dict | None:
+        """A trial's row; a faulted one is run once more as a new trial (None: that faulted too,
+        left out). A faulted row is never compared (promoted)."""
+        row = self._run(Spec(len(self.rows) + 1, stage, choice, epochs, seconds))
+        if not row["fault"]:
+            return row
         self.planned += 1
-        again = self._run(spec)
+        again = self._run(Spec(len(self.rows) + 1, stage, choice, epochs, seconds))
+        row["outcome"] = f"fault: run again as trial {again['number']}"
         if again["fault"]:
             again["outcome"] = "fault again: left out"
             return None
         return again
 
-    def _next(self) -> int:
-        return len(self.rows) + 1
+    def spent(self) -> float:
+        return sum(r["wall_seconds"] or 0.0 for r in self.rows)
 
-    def _trial(self, stage: str, choice: dict, epochs: int, seconds: float | None = None) -> dict | None:
-        row = self._run(Spec(self._next(), stage, choice, epochs, seconds))
-        return self._again(Spec(0, stage, choice, epochs, seconds), row) if row["fault"] else row
+    def progress(self, row: dict) -> str:
+        """The progress line of a trial: k of n, its stage and length, the best so far, the budget left."""
+        best = max((r for r in self.rows if not r["fault"] and r["vflops"] is not None), key=lambda r: r["vflops"],
+                   default=None)
+        fig = "fault: " + row["fault"] if row["fault"] else f"VFLOPS {row['vflops'] / 1e12:.3e} T"
+        return (f"tune: trial {row['number']} of {self.planned} ({row['stage']}, {row['epochs']} of"
+                f" {self.cfg.epochs} epochs): {fig}; best so far"
+                f" {'trial %d, %.3e T' % (best['number'], best['vflops'] / 1e12) if best else 'none'};"
+                f" budget left {(self.budget - self.spent()) / 60:.1f} min")
 
-    # the search ---------------------------------------------------------------------
-    def run(self) -> dict | None:
-        """Calibration, probes, successive halving, the final: the best finalist's row (None
-        when no finalist finished)."""
-        cfg = self.cfg
-        speed, runnable_q, _ = survey(cfg, self.world_size, self.n_train)
-        plan = stages(len(speed), len(runnable_q), self.budget, cfg.epochs)
-        self.planned = 1 + sum(s.trials for s in plan)
-        ref = reference(runnable_q)
-        first_speed = next(s for s in speed if self._fits({**ref, **s}))
-        calib = self._trial("calibration", {**ref, **first_speed}, 1)
-        if calib is None:
-            return None
-        cal = {"choice": calib_choice(calib), "epoch_seconds": calib["train_seconds"] / max(1, calib["epochs_trained"]),
-               "overhead": max(0.0, calib["wall_seconds"] - calib["train_seconds"])}
-        calib["outcome"] = "calibration"
-        self.picks = first_speed
-        if len(speed) > 1:
-            self.picks = self._probes(plan[0], ref, speed, cal)
-        candidates = [{**q, **self.picks} for q in runnable_q if self._fits({**q, **self.picks})]
-        return self._halving([s for s in plan if s.name != "probes"], candidates, cal)
+    def state(self) -> dict:
+        """results.json's `tuning` as it stands (the plan and budget tune.start recorded)."""
+        return {"trials": self.rows, "picks": {k: encode(k, v) for k, v in self.picks.items()},
+                "best": self.best and self.best["number"], "spent_seconds": self.spent(), "planned": self.planned}
 
     def _fits(self, choice: dict) -> bool:
         return problem(self.cfg, choice, self.world_size, self.n_train) is None
 
-    def _probes(self, stage: Stage, ref: dict, speed: list[dict], cal: dict) -> dict:
+    # the search ---------------------------------------------------------------------
+    def run(self) -> dict | None:
+        """Calibration, probes, successive halving, the final: the best finalist's row (None
+        when no finalist finished). TuneError when the calibration shows that the budget
+        cannot hold the plan."""
+        cfg = self.cfg
+        speed, runnable_q, _ = survey(cfg, self.world_size, self.n_train)
+        plan = stages(len(speed), len(runnable_q), self.budget, cfg.epochs)
+        self.planned = planned_trials(plan)
+        ref = reference(runnable_q)
+        calib = self._trial("calibration", {**ref, **next(s for s in speed if self._fits({**ref, **s}))}, 1)
+        if calib is None:
+            return None
+        calib["outcome"] = "calibration"
+        cal = {"choice": choice_of(calib), "epoch_seconds": calib["train_seconds"] / max(1, calib["epochs_trained"]),
+               "overhead": max(0.0, calib["wall_seconds"] - calib["train_seconds"])}
+        search = [s for s in plan if s.name not in ("probes", "final")]
+        why = short_budget(self.budget - self.spent(), plan, cal, [{**q, **speed[0]} for q in runnable_q], cfg.epochs)
+        if why:
+            raise TuneError(why)
+        self.picks = self._probes(ref, speed, cal) if len(speed) > 1 else speed[0]
+        candidates = [{**q, **self.picks} for q in runnable_q if self._fits({**q, **self.picks})]
+        return self._halving(search, plan[-1], candidates, cal)
+
+    def _probes(self, ref: dict, speed: list[dict], cal: dict) -> dict:
+        """Every speed combination on the reference setting, each trained PROBE_SECONDS at
+        least (as many epochs as the calibration says they take): the highest FLOPS."""
         epochs = max(1, min(self.cfg.epochs, math.ceil(PROBE_SECONDS / max(cal["epoch_seconds"], 1e-9))))
-        study = self.study("speed", {a.field: [encode(a.field, v) for v in a.values] for a in varied(self.cfg, "speed")})
+        axes_ = varied(self.cfg, "speed")
+        study = self.study("speed", {a.field: [encode(a.field, v) for v in a.values] for a in axes_})
         rows = []
-        for s in speed:
-            choice = {**ref, **s}
+        for _ in speed:   # in the order the study proposes them
             trial = study.ask()
-            for a in varied(self.cfg, "speed"):
-                trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values])
-            if not self._fits(choice):
-                study.tell(trial, state=_failed())
-                continue
-            row = self._trial("probes", choice, epochs)
+            s = {a.field: decode(a.field, trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values]))
+                 for a in axes_}
+            s = next(x for x in speed if all(x[k] == v for k, v in s.items()))
+            row = self._trial("probes", {**ref, **s}, epochs) if self._fits({**ref, **s}) else None
             if row is None:
                 study.tell(trial, state=_failed())
                 continue
             row["outcome"] = "probe"
             study.tell(trial, row["flops"])
             rows.append((row, s))
+        if not rows:
+            raise TuneError("--tune: no speed probe finished (see the tuning table): nothing to pick from")
         best_row, best = max(rows, key=lambda rs: (rs[0]["flops"], -rs[0]["number"]))
         best_row["outcome"] = "speed pick (highest FLOPS)"
         return best
 
-    def _halving(self, plan: list[Stage], candidates: list[dict], cal: dict) -> dict | None:
-        study = self.study("quality", {a.field: [encode(a.field, v) for v in a.values]
-                                       for a in varied(self.cfg, "quality")})
-        runnable = {label(c) for c in candidates}
-        # stage 1's candidates in the grid sampler's seeded order (the combinations that cannot run, told failed)
+    def _entrants(self, study, candidates: list[dict]) -> tuple[list[dict], dict]:
+        """Stage 1's candidates in the order the study's seeded grid proposes them, and their
+        study trials; the grid's combinations that cannot run (or repeat one) told failed."""
+        axes_ = varied(self.cfg, "quality")
+        runnable = {label(c): c for c in candidates}
         entrants, live = [], {}
-        grid = math.prod(len(a.values) for a in varied(self.cfg, "quality")) or 1
-        for _ in range(grid):
+        for _ in range(math.prod(len(a.values) for a in axes_)):
             if len(entrants) == len(candidates):
                 break
             trial = study.ask()
             q = {a.field: decode(a.field, trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values]))
-                 for a in varied(self.cfg, "quality")}
-            choice = {**candidates[0], **q} if candidates else q
-            if label(choice) not in runnable or label(choice) in {label(c) for c in entrants}:
+                 for a in axes_}
+            key = label({**candidates[0], **q})
+            if key not in runnable or key in live:
                 study.tell(trial, state=_failed())
                 continue
-            entrants.append(choice)
-            live[label(choice)] = trial
-        measured: dict[str, float] = {}    # label -> an epoch's seconds, measured
-        for r, stage in enumerate(plan):
-            final = stage.name == "final"
-            per = stage.share / max(1, len(entrants))
+            entrants.append(runnable[key])
+            live[key] = trial
+        return entrants, live
+
+    def _halving(self, search: list[Stage], final: Stage, candidates: list[dict], cal: dict) -> dict | None:
+        """Successive halving over `candidates`, then the final (the best finalist's row)."""
+        study = self.study("quality", {a.field: [encode(a.field, v) for v in a.values]
+                                       for a in varied(self.cfg, "quality")})
+        entrants, live = self._entrants(study, candidates)
+        last: dict[str, dict] = {}    # label -> the candidate's latest row
+        full = self.cfg.epochs
+        for r, stage in enumerate(search):
+            seconds = self._per_trial(search[r:], len(entrants), final.trials, entrants, last, cal)
             rows = []
             for c in entrants:
-                if final:
-                    row = self._trial("final", c, self.cfg.epochs)
-                else:
-                    train = max(0.0, per - cal["overhead"])
-                    epoch_s = measured.get(label(c)) or predicted_epoch(cal, c)
-                    row = self._trial(stage.name, c, epochs_for(train, epoch_s, self.cfg.epochs), train)
+                epoch_s = _epoch(last.get(label(c))) or predicted_epoch(cal, c)
+                row = self._trial(stage.name, c, epochs_for(seconds, epoch_s, full), seconds)
                 if row is None:
                     study.tell(live.pop(label(c)), state=_failed())
                     continue
-                measured[label(c)] = row["train_seconds"] / max(1, row["epochs_trained"])
+                last[label(c)] = row
                 live[label(c)].report(row["vflops"], r)
                 rows.append((row, c))
-            if final:
-                for row, c in rows:
-                    study.tell(live.pop(label(c)), row["vflops"])
-                    row["outcome"] = "finalist"
-                if not rows:
-                    return None
-                self.best = max((row for row, _ in rows), key=lambda x: (x["vflops"], -x["number"]))
-                self.best["outcome"] = "best: the tuned file's"
-                self.saved(self.state())
-                return self.best
-            keep = promoted([row for row, _ in rows], plan[r + 1].trials)
-            kept = {row["number"] for row in keep}
+            keep = {row["number"] for row in promoted([row for row, _ in rows],
+                                                      search[r + 1].trials if r + 1 < len(search) else final.trials)}
             entrants = []
             for row, c in rows:
-                if row["number"] in kept:
+                if row["number"] in keep:
                     row["outcome"] = "promoted"
                     entrants.append(c)
                 else:
                     row["outcome"] = f"pruned after {stage.name}"
                     study.tell(live.pop(label(c)), state=_pruned())
             self.saved(self.state())
+        return self._final(study, entrants, live, last)
+
+    def _final(self, study, entrants: list[dict], live: dict, last: dict) -> dict | None:
+        """The finalists the full length (a finalist whose last trial trained it already is not
+        trained again: that trial's VFLOPS is measured); the best by measured VFLOPS."""
+        rows = []
+        for c in entrants:
+            before = last.get(label(c))
+            row = before if before and before["epochs"] == self.cfg.epochs else self._trial("final", c, self.cfg.epochs)
+            if row is None:
+                study.tell(live.pop(label(c)), state=_failed())
+                continue
+            study.tell(live.pop(label(c)), row["vflops"])
+            row["outcome"] = "finalist" if row["stage"] == "final" else f"finalist (full length in {row['stage']})"
+            rows.append(row)
+        if not rows:
+            return None
+        self.best = max(rows, key=lambda x: (x["vflops"], -x["number"]))
+        self.best["outcome"] = "best: the tuned file's"
+        self.saved(self.state())
+        return self.best
+
+    def _per_trial(self, stages_left: list[Stage], n: int, n_final: int, entrants: list[dict], last: dict,
+                   cal: dict) -> float:
+        """s of training each trial of this stage gets: the budget left, less the final's
+        full-length trainings (the n_final slowest of the entrants), split equally among the
+        search stages left, this stage's part among its n trials, less a trial's fixed costs."""
+        final = final_cost(entrants, last, cal, self.cfg.epochs, n_final)
+        share = (self.budget - self.spent() - final) / len(stages_left)
+        return max(0.0, share / max(1, n) - cal["overhead"])
+
+
+def _epoch(row: dict | None) -> float | None:
+    """An epoch's seconds measured by a row (None: none)."""
+    return row["train_seconds"] / max(1, row["epochs_trained"]) if row and row.get("train_seconds") else None
+
+
+def final_cost(entrants: list[dict], last: dict, cal: dict, epochs: int, n_final: int) -> float:
+    """s the final may take: the n_final costliest full-length trainings among the entrants
+    (an epoch's seconds measured where a candidate has trained, else predicted), each with a
+    trial's fixed costs."""
+    cost = sorted(epochs * (_epoch(last.get(label(c))) or predicted_epoch(cal, c)) + cal["overhead"]
+                  for c in entrants)
+    return sum(cost[-n_final:]) if n_final else 0.0
+
+
+def short_budget(left: float, plan: tuple[Stage, ...], cal: dict, candidates: list[dict], epochs: int) -> str | None:
+    """Why the budget left after the calibration cannot hold the plan, by how much, or None:
+    the final's full-length trainings and every other planned trial of one epoch (a probe:
+    PROBE_SECONDS), each with a trial's fixed costs, as the calibration measured them."""
+    final = final_cost(candidates, {}, cal, epochs, plan[-1].trials)
+    one = sorted(predicted_epoch(cal, c) for c in candidates)
+    probes = sum(s.trials for s in plan if s.name == "probes") * (max(PROBE_SECONDS, cal["epoch_seconds"])
+                                                                   + cal["overhead"])
+    search = sum(s.trials for s in plan if s.name.startswith("stage")) * (one[len(one) // 2] + cal["overhead"])
+    need = final + probes + search
+    if left >= need:
         return None
-
-
-def calib_choice(row: dict) -> dict:
-    return {k: decode(k, v) for k, v in row["choice"].items()}
+    return (f"--tune: found {left / 60:.1f} min of the budget left after the calibration, expected at least"
+            f" {need / 60:.1f} min: the final's {plan[-1].trials} full-length training(s) {final / 60:.1f} min, the"
+            f" probes {probes / 60:.1f} min, the search stages' trials of one epoch {search / 60:.1f} min (the"
+            f" calibration's {cal['epoch_seconds']:.2f} s an epoch, {cal['overhead']:.1f} s a trial's fixed costs):"
+            f" {(need - left) / 60:.1f} min more, or fewer values on the lines that list several")
 
 
 def _failed():
@@ -579,7 +635,7 @@ def table_lines(cfg: dat.Config, rows: list[dict]) -> list[str]:
     """The tuning table: every trial, its stage, its training, its figures and what became of it."""
     fields = [a.field for a in varied(cfg)]
     head = (f"{'Trial':>5} {'Stage':<11} {'Epochs':>6} {'Train s':>8} {'Wall s':>7} {'Tflops':>11} {'Quality':>8}"
-            f" {'VTflops':>10} {'VFLOPS is':<9} {'Outcome':<27} Settings")
+            f" {'VTflops':>10} {'VFLOPS is':<9} {'Outcome':<34} Settings")
     out = [head]
     for r in rows:
         fig = (lambda key, fmt: "-" if r.get(key) is None else format(r[key], fmt))  # noqa: E731
@@ -588,7 +644,7 @@ def table_lines(cfg: dat.Config, rows: list[dict]) -> list[str]:
         kind = "-" if r.get("fault") else "estimate" if r["estimate"] else "measured"
         out.append(f"{r['number']:>5} {r['stage']:<11} {r['epochs']:>6} {fig('train_seconds', '.2f'):>8}"
                    f" {fig('wall_seconds', '.1f'):>7} {tf:>11} {fig('quality', '.4f'):>8} {vt:>10} {kind:<9}"
-                   f" {r['outcome'] or '-':<27} {label(choice_of(r), fields)}")
+                   f" {r['outcome'] or '-':<34} {label(choice_of(r), fields)}")
     return out
 
 
