@@ -505,7 +505,9 @@ def _tune(ctx, plan, cell, watchdog, run_dir: str, budget: float) -> None:
             cell[0].finish(interrupted=f"{results.ERROR_PREFIX}{e}")
         raise
     if best is None:
-        raise RunError(f"--tune: no finalist finished (see {run_dir}/report.txt's tuning table): no tuned file")
+        why = f"--tune: no finalist finished (see {run_dir}/report.txt's tuning table): no tuned file"
+        cell[0].finish(interrupted=f"{results.ERROR_PREFIX}{why}")
+        raise RunError(why)
     how = (f"HPC AI500 V3.0 input file tuned by hpcai500 --tune (run {os.path.basename(os.path.normpath(run_dir))},"
            f" {time.strftime('%Y-%m-%d')})\nbest of {len(tuner.rows)} trials: trial {best['number']}, VFLOPS"
            f" {best['vflops'] / 1e12:.3e} T measured at the full length; the search: {tune.TABLE} beside this file")

@@ -33,11 +33,11 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
-from harness import dat, files, results, settings
+from harness import dat, files, results, settings, tune
 from harness.errors import say
 from harness.topology import boot_id
 
@@ -56,6 +56,7 @@ class State:
     detail: str               # why: the reason, the heartbeat's age
     finished: int             # test runs (test x repetition) finished
     planned: int | None       # test runs planned (None: the record does not say)
+    tuning: str = ""          # a tuning run's progress (tune.status_words); "" for a sweep
 
     @property
     def code(self) -> int:
@@ -63,7 +64,7 @@ class State:
 
     def line(self) -> str:
         of = f"{self.finished} of {self.planned}" if self.planned is not None else f"{self.finished}"
-        return f"{self.name}: {self.detail}; {of} test run(s) finished"
+        return f"{self.name}: {self.detail}; {of} test run(s) finished" + (f"; {self.tuning}" if self.tuning else "")
 
 
 # -- the writer (world rank 0) ----------------------------------------------------------------
@@ -134,7 +135,8 @@ def process_alive(beat: dict) -> bool | None:
 def status(run_dir: str, rec: results.Record, now: float | None = None) -> State:
     """The run's state as `judge` gives it, from its folder and this machine's processes."""
     beat = read(run_dir)
-    return judge(rec, beat, time.time() if now is None else now, process_alive(beat) if beat else None)
+    state = judge(rec, beat, time.time() if now is None else now, process_alive(beat) if beat else None)
+    return replace(state, tuning=tune.status_words(rec.tuning)) if rec.tuning else state
 
 
 def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None) -> State:
@@ -222,7 +224,10 @@ def losses(t: Tally) -> str:
 
 def planned_runs(rec: results.Record) -> int | None:
     """Test runs the invocation planned: the tests that fit the world x the repetitions
-    (None where the record's configuration cannot be read back)."""
+    (None where the record's configuration cannot be read back); a tuning run's, its trials
+    (those planned while it runs, those made once it ended: tune.Tuning)."""
+    if rec.tuning is not None:
+        return rec.tuning.get("planned")
     try:
         cfg = dat.from_record(rec.input.get("text", ""), rec.config)
         # a test skipped at the start misses every repetition; one left out after a loss of

@@ -356,6 +356,11 @@ def summarize(paths: list[str]) -> str:
                          f" {t.flops / 1e12:>11.4e} {t.vflops / 1e12:>10.3e} "
                          f"{t.quality:>8.4f} {check}")
         lines.append(f"{name:<24} {heartbeat.status(d, res).line()}")   # a dead run is not taken for a live one
+        if res.tuning and res.tuning.get("tuned"):   # a tuning run: its pick, and where the search is
+            best = next(r for r in res.tuning["trials"] if r["number"] == res.tuning["best"])
+            lines.append(f"{'':<24} tuned: {tune.label(tune.choice_of(best))}; trial {best['number']} of"
+                         f" {len(res.tuning['trials'])}, {best['vflops'] / 1e12:.3e} VTflops measured at the full"
+                         f" length; {d}/{res.tuning['tuned']}, the search in {d}/{tune.TABLE}")
     return "\n".join(lines + [RULE]) + "\n"
 
 

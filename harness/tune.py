@@ -48,7 +48,6 @@ import time
 from dataclasses import dataclass, field, replace
 
 from harness import dat, topology
-from harness import plan as planning
 from harness.errors import RunError
 
 ETA = 3                    # successive halving's rate: a stage keeps the best 1/ETA of its candidates
@@ -173,6 +172,7 @@ def test_of(cfg: dat.Config, choice: dict, index: int) -> dat.Test:
 
 def problem(cfg: dat.Config, choice: dict, world_size: int, n_train: int) -> str | None:
     """Why a choice cannot run on this world and data, as the sweep would skip its test, or None."""
+    from harness import plan as planning   # here: plan reads heartbeat, which reads this module
     trial_cfg = configure(cfg, choice, cfg.epochs)
     t = test_of(trial_cfg, choice, 1)
     found = planning.combination_problem(trial_cfg, t)
@@ -251,9 +251,9 @@ def budget_problem(plan: tuple[Stage, ...], budget: float) -> str | None:
     need = len(plan) * worst.trials * MIN_TRIAL_SECONDS
     if budget >= need:
         return None
-    return (f"--tune {budget / 60:g}: found a budget of {budget / 60:.1f} min, expected at least {need / 60:.1f} min"
+    return (f"--tune {budget / 60:g}: found a budget of {span(budget)}, expected at least {span(need)}"
             f" ({len(plan)} stages, each an equal share, the largest {worst.name}'s {worst.trials} trials at"
-            f" {MIN_TRIAL_SECONDS:g} s of machine time each): {(need - budget) / 60:.1f} min more, or fewer values on"
+            f" {MIN_TRIAL_SECONDS:g} s of machine time each): {span(need - budget)} more, or fewer values on"
             " the lines that list several")
 
 
@@ -512,6 +512,7 @@ class Tuning:
             return None
         self.best = max(rows, key=lambda x: (x["vflops"], -x["number"]))
         self.best["outcome"] = "best: the tuned file's"
+        self.planned = len(self.rows)   # the trials it made: a finalist not trained again, a fault run again
         self.saved(self.state())
         return self.best
 
@@ -551,11 +552,16 @@ def short_budget(left: float, plan: tuple[Stage, ...], cal: dict, candidates: li
     need = final + probes + search
     if left >= need:
         return None
-    return (f"--tune: found {left / 60:.1f} min of the budget left after the calibration, expected at least"
-            f" {need / 60:.1f} min: the final's {plan[-1].trials} full-length training(s) {final / 60:.1f} min, the"
-            f" probes {probes / 60:.1f} min, the search stages' trials of one epoch {search / 60:.1f} min (the"
-            f" calibration's {cal['epoch_seconds']:.2f} s an epoch, {cal['overhead']:.1f} s a trial's fixed costs):"
-            f" {(need - left) / 60:.1f} min more, or fewer values on the lines that list several")
+    return (f"--tune: found {span(left)} of the budget left after the calibration, expected at least"
+            f" {span(need)}: the final's {plan[-1].trials} full-length training(s) {span(final)}, the probes"
+            f" {span(probes)}, the search stages' trials of one epoch {span(search)} (the calibration's"
+            f" {cal['epoch_seconds']:.2f} s an epoch, {cal['overhead']:.1f} s a trial's fixed costs): {span(need - left)}"
+            " more, or fewer values on the lines that list several")
+
+
+def span(seconds: float) -> str:
+    """Machine time in words: minutes from one on, else seconds."""
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _failed():
@@ -685,6 +691,26 @@ def tuned_text(cfg: dat.Config, best: dict, how: str) -> str:
 
 
 # -- the record ---------------------------------------------------------------------------
+def outside(cfg: dat.Config, choice: dict) -> list[str]:
+    """The knobs of a choice whose value the input does not list (--verify): [] for one of its space."""
+    listed = {a.field: a.values for a in axes(cfg)}
+    return [f"{k} {encode(k, v)}" for k, v in choice.items() if v not in listed.get(k, ())]
+
+
+def status_words(tuning: dict) -> str:
+    """--status's words on a tuning run: its last trial of those planned, its stage and
+    length, the best so far, the budget left, and the tuned file once written."""
+    rows = tuning.get("trials", [])
+    ran = [r for r in rows if not r.get("fault") and r.get("vflops") is not None]
+    best = max(ran, key=lambda r: (r["vflops"], -r["number"]), default=None)
+    left = (tuning["budget_seconds"] - tuning.get("spent_seconds", 0.0)) / 60
+    last = rows[-1] if rows else None
+    out = (f"tuning: trial {last['number']} of {tuning['planned']} ({last['stage']}, {last['epochs']} epochs)"
+           if last else f"tuning: no trial yet of {tuning['planned']}")
+    out += f", best so far trial {best['number']} ({best['vflops'] / 1e12:.3e} VTflops)" if best else ""
+    out += f", budget left {left:.1f} min"
+    return out + (f"; tuned file {tuning['tuned']} (trial {tuning['best']})" if tuning.get("tuned") else "")
+
 def planned_trials(plan: tuple[Stage, ...]) -> int:
     """The trials the plan makes: the calibration and every stage's (faulted ones run again add to it)."""
     return 1 + sum(s.trials for s in plan)

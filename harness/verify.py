@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from harness import (communication, dat, division, elastic, flops, frameworks, heartbeat, metrics, mllog, parallelism, report,
-                     results, settings, telemetry, topology, train, workloads)
+                     results, settings, telemetry, topology, train, tune, workloads)
 from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
@@ -80,6 +80,7 @@ class Run:
     report: str | None              # report.txt (None: missing)
     input_file: dict                # path, found (bool), text or error
     mllogs: dict                    # file name -> {"messages": [...], "lines": [...]} or None if missing
+    tuned: dict | None = None       # a tuning run's written files (tune.TUNED, tune.TABLE): name -> text (None: missing)
 
 
 # -- reading (the I/O edge) --------------------------------------------------------------
@@ -109,7 +110,18 @@ def load(run_dir: str, checker=None) -> Run:
         except Exception as e:  # noqa: BLE001 - an unreadable log or a checker crash fails the check
             lines, messages = [], [f"{type(e).__name__}: {e}"]
         mllogs[name] = {"messages": messages, "lines": lines}
-    return Run(run_dir, res, text, _read_input(res.input.get("path")), mllogs)
+    tuned = None
+    if res.tuning is not None:
+        tuned = {name: _text(os.path.join(run_dir, name)) for name in (res.tuning.get("tuned"), tune.TABLE) if name}
+    return Run(run_dir, res, text, _read_input(res.input.get("path")), mllogs, tuned)
+
+
+def _text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _read_input(path) -> dict:
@@ -148,6 +160,8 @@ def verify(run: Run) -> list[Check]:
         checks += c
         derived.append(d)
     checks.append(count_check(res))
+    if res.tuning is not None:
+        checks += _guarded("tuning", lambda: (tuning_checks(res, cfg, run.tuned or {}), None))[0]
     checks += _guarded("repetition summaries", lambda: (repeats_checks(res, cfg), None))[0]
     checks += _guarded("scaling", lambda: (scaling_checks(res.tests, derived, run.report, res.schema), None))[0]
     checks += _guarded("report.txt", lambda: (report_checks(res, cfg, run.report), None))[0]
@@ -248,6 +262,8 @@ def test_checks(t: results.TestResult, cfg, res: results.Record) -> tuple[list[C
     """Every figure of one test (one repetition) re-derived: (checks, derived figures).
     Each group is guarded apart, so that a missing key fails its group only."""
     name = _name(t)
+    if t.trial:   # a tuning run's trial: the input with its setting and length (tune.configure)
+        cfg = tune.configure(cfg, tune.choice_of(t.trial), t.trial["epochs"])
     out = _guarded(f"{name}: sweep", lambda: ([_sweep_check(t, cfg)], None))[0]
     more, training = _guarded(f"{name}: FLOPs per sample", lambda: flops_checks(t))
     out += more
@@ -458,8 +474,9 @@ def _device_checks(t: results.TestResult, name: str, fl: float, vfl: float, res:
 
 
 def _sweep_check(t: results.TestResult, cfg) -> Check:
-    """The test is the sweep's test of its index, run with the input's parameters."""
-    tests = dat.expand(cfg)
+    """The test is the sweep's test of its index, run with the input's parameters (a trial
+    of a tuning run: its own test, `cfg` its configuration)."""
+    tests = [tune.test_of(cfg, tune.choice_of(t.trial), t.index)] * t.index if t.trial else dat.expand(cfg)
     if not 1 <= t.index <= len(tests):
         return Check(f"{_name(t)}: a test of the input's sweep", False, t.index, len(tests),
                      note="no such test in the sweep")
@@ -540,6 +557,54 @@ def count_check(res: results.Record) -> Check:
                       + ("" if complete else f", the run `{res.status}`"))
 
 
+def tuning_checks(res: results.Record, cfg, written: dict) -> list[Check]:
+    """A tuning run's table re-derived from its trials' records (harness/tune.py): each row's
+    figures its test's, each setting one of the input's space, each stage's promotions its best
+    by VFLOPS, the best finalist, and the files it wrote as tune renders them."""
+    tg, tests, out = res.tuning, {t.index: t for t in res.tests if t.trial}, []
+    for r in tg["trials"]:
+        t, what = tests.get(r["number"]), f"tuning trial {r['number']}"
+        if t is None:   # a trial whose ranks were all lost records no test, only its fault
+            out.append(Check(f"{what}: a test of the run", bool(r.get("fault")), note=r.get("fault") or "no test"))
+            continue
+        mine = {"flops": t.flops, "quality": t.quality, "vflops": t.vflops, "train_seconds": t.train_seconds,
+                "epochs_trained": t.epochs_trained, **t.trial}
+        diff = sorted(k for k in mine if r.get(k) != mine[k])
+        out.append(Check(f"{what}: the table's row = its test's record", not diff,
+                         {k: r.get(k) for k in diff} or None, {k: mine[k] for k in diff} or None))
+        away = tune.outside(cfg, tune.choice_of(r))
+        out.append(Check(f"{what}: its setting is one of the input's space", not away, note="; ".join(away)))
+    names = [s["name"] for s in tg["plan"]]
+    for i, name in enumerate(names):
+        if not name.startswith("stage") or i + 1 >= len(names):
+            continue
+        rows = [r for r in tg["trials"] if r["stage"] == name and not r.get("fault")]
+        recorded = sorted(r["number"] for r in rows if r["outcome"] != f"pruned after {name}")   # or a finalist since
+        derived = sorted(r["number"] for r in tune.promoted(rows, tg["plan"][i + 1]["trials"]))
+        out.append(Check(f"tuning {name}: promoted = the best {tg['plan'][i + 1]['trials']} by VFLOPS", recorded == derived,
+                         recorded, derived))
+    finalists = [r for r in tg["trials"] if r["outcome"].startswith(("finalist", "best"))]
+    best = max(finalists, key=lambda r: (r["vflops"], -r["number"]), default=None)
+    out.append(Check("tuning: the best finalist by VFLOPS measured at the full length", tg.get("best") ==
+                     (best and best["number"]) and (best is None or best["epochs"] == cfg.epochs),
+                     tg.get("best"), best and best["number"]))
+    if tg.get("tuned") and best:
+        text = written.get(tg["tuned"])
+        again = text and tune.tuned_text(cfg, best, "\n".join(text.split("\n")[:2]))
+        out.append(Check(f"tuning: {tg['tuned']} = the input with the best finalist's setting", bool(text) and
+                         text == again, note="missing" if not text else ""))
+        try:
+            dat.parse_text(text or "", tg["tuned"])
+            out.append(Check(f"tuning: {tg['tuned']} is an ordinary input file", bool(text)))
+        except dat.DatError as e:
+            out.append(Check(f"tuning: {tg['tuned']} is an ordinary input file", False, note=str(e)))
+    table = "\n".join(tune.table_lines(cfg, tg["trials"]) + [tune.TABLE_LEGEND]) + "\n"
+    if tg.get("tuned"):
+        out.append(Check(f"tuning: {tune.TABLE} = the table rendered from results.json", written.get(tune.TABLE) == table,
+                         note="missing" if written.get(tune.TABLE) is None else ""))
+    return out
+
+
 def repeats_checks(res: results.Record, cfg) -> list[Check]:
     """Each repetition summary recomputed (metrics.repeats); every test whose repetitions
     all finished has exactly one."""
@@ -596,7 +661,8 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     tests = res.tests
     params = (dat.describe(cfg, results.minor(res.schema)) + settings.describe(res.settings)
               + settings.describe_library(res.environment)
-              + (elastic.lines(res.fault_tolerance, results.minor(res.schema)) if res.fault_tolerance else []))
+              + (elastic.lines(res.fault_tolerance, results.minor(res.schema)) if res.fault_tolerance else [])
+              + (tune.param_lines(res.tuning) if res.tuning else []))
     segs = [("header", report.header(res.hpcai500, res.tv_legend or dat.TV_LEGEND_BEFORE_2_13, params,
                                      res.conventions), False)]
     # a test skipped at the start, after the header; one left out after a loss of ranks, after
@@ -622,6 +688,8 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
         segs.append(("interruption", f"\nInterrupted: {stop.get('reason')}" +
                      (f" during test {test}; its result is lost, the finished tests' stand.\n" if test else ".\n"),
                      False))
+    if status in ("complete", "interrupted") and res.tuning is not None:
+        segs.append(("tuning", report.tuning_block(cfg, res.tuning), False))
     if status in ("complete", "interrupted"):
         segs.append(("footer", report.footer(tests, res.skipped,
                                              report.summary_lines(tests, res.repeats, res.schema),
