@@ -547,6 +547,12 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
         fault.point(world.origin, "start", t.index)
         world.step(f"the start of test {t.index}", lambda: watchdog.wait(
             world.Ibarrier(), f"test {t.index}: waiting for every rank to start it"))
+        if len(world.losses) > state["seen"]:   # laid out on ranks since lost: the tuner runs it again
+            if cell[0]:
+                cell[0].skip(t.index, 0, f"ranks lost at its start ({elastic.describe(world.losses[state['seen']:])})",
+                             "lost")
+            return {"fault": f"ranks lost at its start: {elastic.describe(world.losses[state['seen']:])}",
+                    "wall_seconds": time.perf_counter() - t0}
         done = run.test(replace(ctx, cfg=cfg), planned, data, watchdog, 0)
     except elastic.AllLost as e:
         if cell[0]:

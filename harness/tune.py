@@ -591,13 +591,30 @@ class Study:
             frozen = self.stored[self.at]
             self.at += 1
             if frozen.state == optuna.trial.TrialState.RUNNING:
-                return optuna.trial.Trial(self.study, frozen._trial_id)
+                return _Going(optuna.trial.Trial(self.study, frozen._trial_id), set(frozen.intermediate_values))
             return _Ended(frozen)
         return self.study.ask()
 
     def tell(self, trial, value=None, state=None):
+        if isinstance(trial, _Going):
+            trial = trial.trial
         if not isinstance(trial, _Ended):
             self.study.tell(trial, value, state=state)
+
+
+@dataclass(frozen=True)
+class _Going:
+    """A stored trial still running when its invocation stopped: it goes on; the stages it
+    reported then are not reported again (Optuna would warn)."""
+    trial: object
+    reported: set
+
+    def suggest_categorical(self, name, choices):
+        return self.trial.suggest_categorical(name, choices)
+
+    def report(self, value, step):
+        if step not in self.reported:
+            self.trial.report(value, step)
 
 
 @dataclass(frozen=True)
