@@ -373,6 +373,10 @@ class Tuning:
             return None
         return again
 
+    def _stage(self, what: str) -> None:
+        """A stage's progress line, as it begins."""
+        self.said(f"tune: {what}; budget left {span(self.budget - self.spent())}")
+
     def spent(self) -> float:
         return sum(r["wall_seconds"] or 0.0 for r in self.rows)
 
@@ -422,6 +426,8 @@ class Tuning:
         """Every speed combination on the reference setting, each trained PROBE_SECONDS at
         least (as many epochs as the calibration says they take): the highest FLOPS."""
         epochs = max(1, min(self.cfg.epochs, math.ceil(PROBE_SECONDS / max(cal["epoch_seconds"], 1e-9))))
+        self._stage(f"probes: {len(speed)} speed settings on {label(ref, [a.field for a in varied(self.cfg, 'quality')])},"
+                    f" {epochs} epoch(s) each (>= {PROBE_SECONDS:g} s of training at the calibration's epoch)")
         axes_ = varied(self.cfg, "speed")
         study = self.study("speed", {a.field: [encode(a.field, v) for v in a.values] for a in axes_})
         rows = []
@@ -472,6 +478,9 @@ class Tuning:
         full = self.cfg.epochs
         for r, stage in enumerate(search):
             seconds = self._per_trial(search[r:], len(entrants), final.trials, entrants, last, cal)
+            self._stage(f"{stage.name} of {len(search)}: {len(entrants)} candidate(s), {seconds:.1f} s of training"
+                        f" each (equal training time), the best {search[r + 1].trials if r + 1 < len(search) else final.trials}"
+                        " go on")
             rows = []
             for c in entrants:
                 epoch_s = _epoch(last.get(label(c))) or predicted_epoch(cal, c)
@@ -498,6 +507,7 @@ class Tuning:
     def _final(self, study, entrants: list[dict], live: dict, last: dict) -> dict | None:
         """The finalists the full length (a finalist whose last trial trained it already is not
         trained again: that trial's VFLOPS is measured); the best by measured VFLOPS."""
+        self._stage(f"final: {len(entrants)} finalist(s) at the full length, {self.cfg.epochs} epochs (line 15)")
         rows = []
         for c in entrants:
             before = last.get(label(c))

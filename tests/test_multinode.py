@@ -505,3 +505,31 @@ def test_the_torus_averages_as_the_ring_does(torus_checks, grid):
     fp16 = torus_checks[grid + "_fp16"]
     assert fp16["mean"] <= 4 * 2.0 ** -11 * 4, fp16       # |values| < 4: fp16 steps of 2^-11 x 4 at most
     assert fp16["mean"] > 0, fp16                         # the buffer did travel as fp16
+
+
+def test_a_tuning_run_across_two_nodes_lays_each_trial_on_the_node_map(cluster, tmp_path):
+    """--tune on 2 nodes x 2 ranks (issue 69): layouts 4x1, 2x2, 1x4 (quality), PMAP 0 and 1
+    and the ring or hierarchical all-reduce (speed): 4 probes on the layout with the most
+    ranks a model (1x4), each trial's jobs laid out by its PMAP on the nodes' map, the 3
+    layouts the finalists at the full length; the tuned file verifies."""
+    path = tmp_path / "t.dat"
+    path.write_text(dat_text(l5=tmp_path / "runs", l9=3, l10="4 2 1", l11="1 2 4", l12="0 1", l15=2,
+                             l22="ring hierarchical", l30=0))
+    p = cluster_mpirun(cluster, TWO_BY_TWO, ["--watchdog", 120, "--tune", 20, path], tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    res = json.loads((run / "results.json").read_text())
+    assert res["environment"]["hosts"] == ["n1", "n2"]
+    tests = {t["index"]: t for t in res["tests"]}
+    rows = res["tuning"]["trials"]
+    probes = [r for r in rows if r["stage"] == "probes"]
+    assert len(probes) == 4 and all(r["choice"]["layouts"] == "1x4" for r in probes)
+    for r in rows:   # PMAP 0 packs a job's ranks on a node, 1 deals them over the nodes
+        if r["choice"]["layouts"] == "2x2":
+            assert tests[r["number"]]["jobs"] == ([[0, 1], [2, 3]] if r["choice"]["pmap"] == 0 else [[0, 2], [1, 3]])
+    finals = [r for r in rows if r["stage"] == "final"]
+    assert sorted(r["choice"]["layouts"] for r in finals) == ["1x4", "2x2", "4x1"]   # 3 candidates: all finalists
+    assert {r["choice"]["pmap"] for r in finals} == {res["tuning"]["picks"]["pmap"]}   # the probes' pick, fixed
+    v = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run)], capture_output=True,
+                       text=True, timeout=120)
+    assert v.returncode == 0, v.stdout[-3000:]

@@ -91,15 +91,15 @@ def _slurm_up() -> str | None:
     return None
 
 
-def _sbatch(tmp_path, dat, resources: list[str], env: dict | None = None, timeout: int = 300):
+def _sbatch(tmp_path, dat, resources: list[str], env: dict | None = None, timeout: int = 300, export: str = ""):
     """Submit scripts/slurm/hpcai500.sbatch with `resources` and wait for it; returns
     (the report, the job's stderr) once the job completed with exit 0. A job not done
     within `timeout` is cancelled and the test fails with its stderr. The state is polled
     here every 0.5 s: `sbatch --wait` doubles its own polling interval, which added
-    ~30 s to an 8-second job."""
+    ~30 s to an 8-second job. `export`: more of the script's variables (",TUNE=20")."""
     out, err = tmp_path / "job.out", tmp_path / "job.err"
     cmd = ["sbatch", "--parsable", *resources, "--cpus-per-task=1", "--gpus-per-node=0", "--time=10",
-           f"--output={out}", f"--error={err}", f"--export=ALL,VENV={sys.prefix}", "scripts/slurm/hpcai500.sbatch",
+           f"--output={out}", f"--error={err}", f"--export=ALL,VENV={sys.prefix}{export}", "scripts/slurm/hpcai500.sbatch",
            str(dat)]
     env = dict(os.environ, **(env or {}))
     sb = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -205,3 +205,31 @@ def test_sbatch_across_two_simulated_nodes(tmp_path):
     assert res["tests"][0]["jobs"] == [[0, 1]] and res["environment"]["widened_ranks"] == [0, 1]
     assert stderr.count("evaluation after epoch 1") == 1
     assert len(daemons) == 2 and not [q for q in daemons if os.path.exists(f"/proc/{q}")]   # munged, slurmctld
+
+
+def test_sbatch_tunes_across_two_simulated_nodes(tmp_path):
+    """The sbatch script with TUNE=MINUTES (issue 69): a tuning run under srun on two
+    simulated nodes, a task a node: layouts 2x1 and 1x2, the ring or hierarchical all-reduce;
+    --check --tune prints the plan first, the run writes the tuned file, --status exits 0."""
+    sl = _slurm_module()
+    why = sl.available()
+    if why:
+        pytest.skip(why)
+    c = simulated_cluster("slurmtune", 2, 244)
+    try:
+        s = sl.Slurm(c).up(tie=True)
+        dat = tmp_path / "my.dat"
+        dat.write_text(dat_text(l5=tmp_path / "runs", l9=2, l10="2 1", l11="1 2", l15=2, l22="ring hierarchical",
+                                l30=0, l31=0))
+        report, stderr = _sbatch(tmp_path, dat, ["--nodes=2", "--ntasks-per-node=1"], env=s.env, export=",TUNE=10")
+    finally:
+        c.down()
+    assert report.startswith(f"{dat}: valid. a --tune search space on 2 rank(s), 2 node(s):"), report[:2000]
+    assert "  probes: 2 trial(s); " in report and "  final: 2 trial(s); " in report
+    res = results(tmp_path / "runs")
+    assert res["status"] == "complete" and res["environment"]["hosts"] == ["n1", "n2"]
+    assert [r["stage"] for r in res["tuning"]["trials"]] == ["calibration", "probes", "probes", "final", "final"]
+    run = next(d for d in (tmp_path / "runs").iterdir() if not d.name.startswith("."))
+    assert (run / "HPCAI500-tuned.dat").is_file()
+    assert f"{run}: complete: every test PASSED; 5 of 5 test run(s) finished; tuning: trial 5 of 5" in report   # --status
+    assert "tune: final: 2 finalist(s) at the full length" in stderr
