@@ -284,7 +284,7 @@ def _run(args, world, watchdog) -> int:
 
     watchdog.beat("input")
     tuning = args.tune is not None
-    given = planning.read(world, args.dat, args.resume, tuning)
+    given = planning.read(world, args.dat, args.resume, args.tune)
     if tuning and (why := tune.space_problem(given.cfg)):   # before the data: the same input on every rank
         raise RunError(why)
     tolerance = _agreed_tolerance(world)
@@ -483,6 +483,9 @@ def _tune(ctx, plan, cell, watchdog, run_dir: str, budget: float) -> None:
                     raise RunError(spec)
                 _trial(state, plan, spec, watchdog, cell, data, run_dir)
             return
+        stages, cannot = tune.make_plan(cfg, world.size, data.n_train, budget)
+        for line in tune.plan_lines(cfg, stages, budget, cannot):   # the space, what stays fixed, the plan
+            say(f"tune: {line}")
         tuner = tune.Tuning(cfg, budget, world.size, data.n_train, execute=None,
                             study=tune.studies(run_dir, cfg.seed), said=lambda line: say(line),
                             saved=cell[0].tuned, done=tune.done(plan.previous))

@@ -81,7 +81,7 @@ class Input:
     previous: dict | None      # rank 0: results.json of the run resumed
 
 
-def read(world, path: str, resume: str | None, tune: bool = False) -> Input:
+def read(world, path: str, resume: str | None, tune: float | None = None) -> Input:
     """Rank 0 parses the file, reads the environment settings (and the run to resume);
     every rank gets the result or the same error, and installs rank 0's settings. No
     TensorFlow, no data: a bad file or setting is refused at once."""
@@ -89,13 +89,13 @@ def read(world, path: str, resume: str | None, tune: bool = False) -> Input:
     if world.rank == 0:
         try:
             values = settings.read()
-            cfg = dat.parse(path, tune)
+            cfg = dat.parse(path, tune is not None)
             tests = dat.expand(cfg)
             if resume:
                 previous = resumed(resume, cfg, len(tests), values, tune)
         except (dat.DatError, settings.SettingError, RunError) as e:
             err = str(e)
-    done = {(t.index, t.repetition) for t in previous.tests} if previous and not tune else set()
+    done = {(t.index, t.repetition) for t in previous.tests} if previous and tune is None else set()
     cfg, tests, values, err, done = world.bcast((cfg, tests, values, err, done), root=0)
     if err:
         raise RunError(err)
@@ -450,7 +450,7 @@ def device_skipped(plan: Plan, problems: dict) -> Plan:
                    skipped=tuple(sorted([*plan.skipped, *more], key=lambda s: s.test.index)))
 
 
-def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict, tune: bool = False) -> results.Record:
+def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict, tune: float | None = None) -> results.Record:
     """The results of the invocation to resume, checked against the input file and the
     settings in force now (`values`, as settings.read gives them). A results directory (line
     5) is refused, naming its newest run: --resume writes into the folder it is given, so the
@@ -478,14 +478,17 @@ def resumed(run_dir: str, cfg: dat.Config, n_tests: int, values: dict, tune: boo
     if differ:
         raise RunError(f"--resume {run_dir}: found {'; '.join(differ)}, expected the settings that run's finished"
                        " tests had: resume with them, or start a new run")
-    if tune != (previous.tuning is not None):   # a tuning run resumes as one, a sweep as a sweep
+    if (tune is not None) != (previous.tuning is not None):   # a tuning run resumes as one, a sweep as a sweep
         raise RunError(f"--resume {run_dir}: found a {'tuning run' if previous.tuning is not None else 'sweep'},"
-                       f" expected {'a tuning run (--tune)' if tune else 'a sweep'}: resume it as it ran"
+                       f" expected {'a tuning run (--tune)' if tune is not None else 'a sweep'}: resume it as it ran"
                        f"{' (with --tune)' if previous.tuning is not None else ' (without --tune)'}")
-    if tune and previous.tuning.get("best") is not None:
+    if tune is not None and tune * 60 != previous.tuning["budget_seconds"]:   # the budget sets every trial's length
+        raise RunError(f"--resume {run_dir}: found --tune {tune:g}, expected --tune {previous.tuning['budget_seconds'] / 60:g},"
+                       " the budget that run was planned with (each trial's length follows from it)")
+    if tune is not None and previous.tuning.get("best") is not None:
         raise RunError(f"--resume {run_dir}: nothing to resume, its tuning finished (trial"
                        f" {previous.tuning['best']} the best)")
-    if not tune and len(previous.tests) >= n_tests * cfg.repetitions:
+    if tune is None and len(previous.tests) >= n_tests * cfg.repetitions:
         raise RunError(f"--resume {run_dir}: nothing to resume, all {n_tests} tests finished")
     state = heartbeat.status(run_dir, previous)
     if state.alive:   # two invocations writing one folder would lose results

@@ -349,8 +349,11 @@ class Tuning:
     # the trials --------------------------------------------------------------------
     def _run(self, spec: Spec) -> dict:
         before = self.done.get(spec.number)
-        again = before is not None and all(before.get(k) == v for k, v in spec.trial().items() if k != "stage")
-        got = before if again else self.execute(spec)
+        if before is not None and any(before.get(k) != v for k, v in spec.trial().items() if k != "stage"):
+            raise TuneError(f"--resume: trial {spec.number} was recorded as {label(choice_of(before))},"
+                            f" {before.get('epochs')} epochs, the search now makes it {label(spec.choice)},"
+                            f" {spec.epochs} epochs: the run's record is not this search's")
+        got = before if before is not None else self.execute(spec)
         row = {**spec.trial(), "seconds": spec.seconds, "estimate": spec.epochs < self.cfg.epochs,
                "outcome": "", **{k: got.get(k) for k in ("flops", "quality", "vflops", "train_seconds",
                                                          "epochs_trained", "wall_seconds", "fault")}}
@@ -682,7 +685,8 @@ def table_lines(cfg: dat.Config, rows: list[dict]) -> list[str]:
 
 
 TABLE_LEGEND = ("VFLOPS is: estimate, a trial shorter than the input's recipe (its quality that of a compressed"
-                " schedule: an estimate of the full training's); measured, a finalist trained the full length."
+                " schedule: an estimate of the full training's); measured, a trial of the full length. Pruned"
+                f" after a stage: not among its best 1/{ETA} by VFLOPS; a fault: not compared, run again once."
                 " Train s: the timed span; Wall s: the whole trial (set-up, warm-up, evaluations, records).")
 
 

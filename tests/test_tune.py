@@ -283,6 +283,10 @@ def test_an_interrupted_tuning_resumes_to_the_same_table(tmp_path):
     run = run_dir(tmp_path / "runs")
     before = json.loads((run / "results.json").read_text())
     assert before["status"] == "interrupted" and len(before["tuning"]["trials"]) >= 4
+    r = mpirun(2, [path, "--tune", "11", "--resume", run], tmp_path)   # another budget: other trial lengths
+    assert r.returncode == 1 and f"--resume {run}: found --tune 11, expected --tune 10, the budget" in r.stderr, r.stderr
+    r = mpirun(2, [path, "--resume", run], tmp_path)   # without --tune the input's lists are refused first
+    assert r.returncode == 1 and "t.dat:22: found 'hierarchical', expected an all-reduce alone" in r.stderr
     r = mpirun(2, [path, "--tune", "10", "--resume", run], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     after = json.loads((run / "results.json").read_text())
