@@ -173,6 +173,26 @@ def test_slurm_conf_names_every_node_and_keeps_every_file_in_the_state_folder():
 
 @pytest.mark.slow
 @pytest.mark.mpi
+def _two_node_job(tmp_path, name: str, net: int, lines: dict, export: str = "") -> tuple:
+    """The sbatch script on Slurm brought up on two simulated nodes (`name`, subnet `net`), a
+    task a node, for an input of dat_text's `lines`: (the input, the report, the job's stderr,
+    the daemons the cluster ran); skipped with the reason where Slurm is not installed."""
+    sl = _slurm_module()
+    why = sl.available()
+    if why:
+        pytest.skip(why)
+    c = simulated_cluster(name, 2, net)
+    try:
+        s = sl.Slurm(c).up(tie=True)
+        dat = tmp_path / "my.dat"
+        dat.write_text(dat_text(l5=tmp_path / "runs", **lines))
+        report, stderr = _sbatch(tmp_path, dat, ["--nodes=2", "--ntasks-per-node=1"], env=s.env, export=export)
+    finally:
+        daemons = list(c.daemons)
+        c.down()
+    return dat, report, stderr, daemons
+
+
 def test_sbatch_across_two_simulated_nodes(tmp_path):
     """Slurm on two simulated nodes (a slurmd in each, the controller and MUNGE on this
     machine): the sbatch script with --nodes=2, a task a node, launched by
@@ -181,19 +201,7 @@ def test_sbatch_across_two_simulated_nodes(tmp_path):
     task to core 0, as Open MPI's daemons do: the harness widens both. The report and
     results.json name both nodes and say they share a machine, stderr holds the
     harness's lines only, and the cluster's `down` takes Slurm's daemons with it."""
-    sl = _slurm_module()
-    why = sl.available()
-    if why:
-        pytest.skip(why)
-    c = simulated_cluster("slurm", 2, 245)
-    try:
-        s = sl.Slurm(c).up(tie=True)
-        dat = tmp_path / "my.dat"
-        dat.write_text(dat_text(l5=tmp_path / "runs", l9=1, l10=1, l11=2, l15=1, l30=0, l31=0))
-        report, stderr = _sbatch(tmp_path, dat, ["--nodes=2", "--ntasks-per-node=1"], env=s.env)
-    finally:
-        daemons = list(c.daemons)
-        c.down()
+    dat, report, stderr, daemons = _two_node_job(tmp_path, "slurm", 245, dict(l9=1, l10=1, l11=2, l15=1, l30=0, l31=0))
     assert report.startswith(f"{dat}: valid. 1 test(s) on 2 rank(s), 2 node(s):"), report[:2000]   # --check
     assert "job    0 : ranks 0-1 on 2 node(s) n1,n2" in report, report[:2000]
     assert report.count("...... PASSED") == 1 and "1 tests completed and passed consistency checks" in report
@@ -211,19 +219,9 @@ def test_sbatch_tunes_across_two_simulated_nodes(tmp_path):
     """The sbatch script with TUNE=MINUTES (issue 69): a tuning run under srun on two
     simulated nodes, a task a node: layouts 2x1 and 1x2, the ring or hierarchical all-reduce;
     --check --tune prints the plan first, the run writes the tuned file, --status exits 0."""
-    sl = _slurm_module()
-    why = sl.available()
-    if why:
-        pytest.skip(why)
-    c = simulated_cluster("slurmtune", 2, 244)
-    try:
-        s = sl.Slurm(c).up(tie=True)
-        dat = tmp_path / "my.dat"
-        dat.write_text(dat_text(l5=tmp_path / "runs", l9=2, l10="2 1", l11="1 2", l15=2, l22="ring hierarchical",
-                                l30=0, l31=0))
-        report, stderr = _sbatch(tmp_path, dat, ["--nodes=2", "--ntasks-per-node=1"], env=s.env, export=",TUNE=10")
-    finally:
-        c.down()
+    dat, report, stderr, _ = _two_node_job(tmp_path, "slurmtune", 244, dict(l9=2, l10="2 1", l11="1 2", l15=2,
+                                                                          l22="ring hierarchical", l30=0, l31=0),
+                                           ",TUNE=10")
     assert report.startswith(f"{dat}: valid. a --tune search space on 2 rank(s), 2 node(s):"), report[:2000]
     assert "  probes: 2 trial(s); " in report and "  final: 2 trial(s); " in report
     res = results(tmp_path / "runs")
