@@ -539,7 +539,7 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
     try:
         M, warnings = topology.resolve(world.size, t.M, t.P)
     except topology.TopologyError as e:   # the same on every rank: the world as it stands
-        return {"fault": f"cannot run on the {world.size} rank(s) left: {e}", "wall_seconds": 0.0}
+        return {"fault": planning.too_large(cfg, t, world.size, e), "wall_seconds": 0.0}
     planned = planning.judged(cfg, planning.Planned(t, topology.map_jobs(ctx.nodes.node_of_rank, M, t.P, cfg.pmap),
                                                     tuple(warnings)),
                               data, plan.settings, plan.facts[t.workload])

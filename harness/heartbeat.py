@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from harness import dat, files, results, settings, tune
+from harness import dat, files, results, settings
 from harness.errors import say
 from harness.topology import boot_id
 
@@ -56,7 +56,7 @@ class State:
     detail: str               # why: the reason, the heartbeat's age
     finished: int             # test runs (test x repetition) finished
     planned: int | None       # test runs planned (None: the record does not say)
-    tuning: str = ""          # a tuning run's progress (tune.status_words); "" for a sweep
+    tuning: str = ""          # a tuning run's progress (tuning_words); "" for a sweep
 
     @property
     def code(self) -> int:
@@ -136,7 +136,22 @@ def status(run_dir: str, rec: results.Record, now: float | None = None) -> State
     """The run's state as `judge` gives it, from its folder and this machine's processes."""
     beat = read(run_dir)
     state = judge(rec, beat, time.time() if now is None else now, process_alive(beat) if beat else None)
-    return replace(state, tuning=tune.status_words(rec.tuning)) if rec.tuning else state
+    return replace(state, tuning=tuning_words(rec.tuning)) if rec.tuning else state
+
+
+def tuning_words(tuning: dict) -> str:
+    """--status's words on a tuning run: its last trial of those planned, its stage and
+    length, the best so far, the budget left, and the tuned file once written."""
+    rows = tuning.get("trials", [])
+    ran = [r for r in rows if not r.get("fault") and r.get("vflops") is not None]
+    best = max(ran, key=lambda r: (r["vflops"], -r["number"]), default=None)
+    left = (tuning["budget_seconds"] - tuning.get("spent_seconds", 0.0)) / 60
+    last = rows[-1] if rows else None
+    out = (f"tuning: trial {last['number']} of {tuning['planned']} ({last['stage']}, {last['epochs']} epochs)"
+           if last else f"tuning: no trial yet of {tuning['planned']}")
+    out += f", best so far trial {best['number']} ({best['vflops'] / 1e12:.3e} VTflops)" if best else ""
+    out += f", budget left {left:.1f} min"
+    return out + (f"; tuned file {tuning['tuned']} (trial {tuning['best']})" if tuning.get("tuned") else "")
 
 
 def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None) -> State:

@@ -139,12 +139,24 @@ def layouts(cfg: dat.Config, tests: list[dat.Test], world_size: int, node_of_ran
         try:
             M, warnings = topology.resolve(world_size, t.M, t.P)
         except topology.TopologyError as e:
-            skipped.append(Skipped(t, f"{cfg.path}:10-11: found '{t.M} x {t.P}', expected M x P <= {world_size}: {e}",
-                                   "ranks"))
+            skipped.append(Skipped(t, too_large(cfg, t, world_size, e), "ranks"))
             continue
         planned.append(Planned(t, topology.map_jobs(node_of_rank, M, t.P, cfg.pmap), tuple(warnings)))
     runnable(planned, skipped)
     return tuple(planned), tuple(skipped)
+
+
+def too_large(cfg: dat.Config, t: dat.Test, world_size: int, e: topology.TopologyError) -> str:
+    """A test's layout larger than the world of `world_size` ranks, as its skip says it."""
+    return f"{cfg.path}:10-11: found '{t.M} x {t.P}', expected M x P <= {world_size}: {e}"
+
+
+def batch_problem(cfg: dat.Config, t: dat.Test, n: int) -> str | None:
+    """Why a job's step (P x B samples) of test t exceeds its training set of n samples, or None."""
+    if n >= t.P * t.batch:
+        return None
+    return (f"{cfg.path}:14: found '{t.batch}' with P = {t.P} (line 11), expected at most {n // t.P}: {t.workload} has"
+            f" {n} training samples and a job's step takes P x B")
 
 
 def relaid(cfg: dat.Config, runs, world_size: int, node_of_rank, why: str) -> tuple[list, list]:
@@ -416,13 +428,8 @@ def batches(cfg: dat.Config, planned, skipped, datas: dict) -> tuple[tuple, tupl
     workload's training set moved to skipped ("batch"); RunError when none is left (runnable)."""
     fits, more = [], []
     for p in planned:
-        t, n = p.test, datas[p.test.workload].n_train
-        if n < t.P * t.batch:
-            more.append(Skipped(t, f"{cfg.path}:14: found '{t.batch}' with P = {t.P} (line 11), expected at most"
-                                   f" {n // t.P}: {t.workload} has {n} training samples and a job's step takes P x B",
-                                "batch"))
-        else:
-            fits.append(p)
+        why = batch_problem(cfg, p.test, datas[p.test.workload].n_train)
+        (more.append(Skipped(p.test, why, "batch")) if why else fits.append(p))
     runnable(fits, [*skipped, *more])
     return tuple(fits), tuple(sorted([*skipped, *more], key=lambda s: s.test.index))
 

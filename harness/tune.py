@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from harness import dat, topology
+from harness import plan as planning
 from harness.errors import RunError
 
 ETA = 3                    # successive halving's rate: a stage keeps the best 1/ETA of its candidates
@@ -106,7 +107,7 @@ def space_problem(cfg: dat.Config) -> str | None:
     if len(cfg.workloads) > 1:
         return (f"{cfg.path}:6: found {len(cfg.workloads)} workloads, expected 1 under --tune: a tuning run tunes one"
                 " workload's settings (its data, target and n stay fixed)")
-    if cfg.repetitions < 1 or not varied(cfg):
+    if not varied(cfg):
         lines = ", ".join(str(line) for line, _ in sorted(dat.KNOBS.values()))
         return (f"{cfg.path}: found no line listing several values, expected a search space under --tune: several"
                 f" values on one of lines {lines}")
@@ -172,7 +173,6 @@ def test_of(cfg: dat.Config, choice: dict, index: int) -> dat.Test:
 
 def problem(cfg: dat.Config, choice: dict, world_size: int, n_train: int) -> str | None:
     """Why a choice cannot run on this world and data, as the sweep would skip its test, or None."""
-    from harness import plan as planning   # here: plan reads heartbeat, which reads this module
     trial_cfg = configure(cfg, choice, cfg.epochs)
     t = test_of(trial_cfg, choice, 1)
     found = planning.combination_problem(trial_cfg, t)
@@ -185,10 +185,8 @@ def problem(cfg: dat.Config, choice: dict, world_size: int, n_train: int) -> str
     try:
         topology.resolve(world_size, t.M, t.P)
     except topology.TopologyError as e:
-        return f"{cfg.path}:10-11: found '{t.M} x {t.P}', expected M x P <= {world_size}: {e}"
-    if n_train < t.P * t.batch:
-        return f"{cfg.path}:14: found '{t.batch}' with P = {t.P}, expected at most {n_train // t.P}"
-    return None
+        return planning.too_large(cfg, t, world_size, e)
+    return planning.batch_problem(cfg, t, n_train)
 
 
 def survey(cfg: dat.Config, world_size: int, n_train: int) -> tuple[list, list, list]:
@@ -210,7 +208,7 @@ def make_plan(cfg: dat.Config, world_size: int, n_train: int, budget: float) -> 
     speed, runs, cannot = survey(cfg, world_size, n_train)
     if not runs:
         raise TuneError("; ".join(dict.fromkeys(w for _, w in cannot)) + " (every candidate of the --tune space)")
-    plan = stages(len(speed), len(runs), budget, cfg.epochs)
+    plan = stages(len(speed), len(runs), cfg.epochs)
     why = budget_problem(plan, budget)
     if why:
         raise TuneError(why)
@@ -223,30 +221,26 @@ class Stage:
     """One stage of the plan."""
     name: str          # "probes", "stage 1", ..., "final"
     trials: int        # trials planned
-    share: float       # s of machine time the stage may take (the budget's equal share)
     fidelity: str      # how long each trial trains, in words
 
 
-def stages(n_speed: int, n_quality: int, budget: float, epochs: int, eta: int = ETA) -> tuple[Stage, ...]:
+def stages(n_speed: int, n_quality: int, epochs: int, eta: int = ETA) -> tuple[Stage, ...]:
     """The plan: speed probes (n_speed > 1), then successive halving of n_quality candidates
-    (keeping ceil(n / eta) a stage) until eta or fewer are left, the final stage; each stage
-    an equal share of `budget` (s)."""
+    (keeping ceil(n / eta) a stage) until eta or fewer are left, the final stage."""
     sizes = [n_quality]
     while sizes[-1] > eta:
         sizes.append(math.ceil(sizes[-1] / eta))
-    k = len(sizes) + (n_speed > 1)
-    share = budget / k
-    out = [Stage("probes", n_speed, share, f">= {PROBE_SECONDS:g} s of training each (bench/span.py)")] \
+    out = [Stage("probes", n_speed, f">= {PROBE_SECONDS:g} s of training each (bench/span.py)")] \
         if n_speed > 1 else []
     for r, n in enumerate(sizes[:-1], 1):
-        out.append(Stage(f"stage {r}", n, share, "equal training time, as many epochs as fit its share"))
-    out.append(Stage("final", sizes[-1], share, f"the full length, {epochs} epochs (line 15): VFLOPS measured"))
+        out.append(Stage(f"stage {r}", n, "equal training time, as many epochs as fit its part of the budget"))
+    out.append(Stage("final", sizes[-1], f"the full length, {epochs} epochs (line 15): VFLOPS measured"))
     return tuple(out)
 
 
 def budget_problem(plan: tuple[Stage, ...], budget: float) -> str | None:
-    """Why the budget cannot hold the plan, by how much, or None: every trial of a stage
-    needs MIN_TRIAL_SECONDS of its share."""
+    """Why the budget cannot hold the plan, by how much, or None, before anything has run:
+    each stage an equal part, every trial of the largest MIN_TRIAL_SECONDS of its stage's."""
     worst = max(plan, key=lambda s: s.trials)
     need = len(plan) * worst.trials * MIN_TRIAL_SECONDS
     if budget >= need:
@@ -272,9 +266,10 @@ def plan_lines(cfg: dat.Config, plan: tuple[Stage, ...], budget: float, excluded
     lines.append(f"plan: budget {budget / 60:g} min of machine time, successive halving at rate {ETA}:")
     lines.append("  calibration: 1 trial of 1 epoch (an epoch's seconds, a trial's fixed costs)")
     lines += [f"  {s.name}: {s.trials} trial(s); {s.fidelity}" for s in plan]
-    lines.append("  budget: the final's full-length trainings first (their cost from the calibration's epoch),"
-                 " the rest in equal parts to the probes and each stage, a stage's part shared by its trials;"
-                 f" each trial's fixed costs (set-up, evaluations, records) come out of its part")
+    lines.append("  budget: the final's full-length trainings set aside first (their cost from the calibration's"
+                 " epoch), the probes what their short spans take, the rest in equal parts to the search stages, a"
+                 " stage's part shared by its trials; each trial's fixed costs (set-up, evaluations, records) come out"
+                 " of its part")
     return lines
 
 
@@ -408,7 +403,7 @@ class Tuning:
         cannot hold the plan."""
         cfg = self.cfg
         speed, runnable_q, _ = survey(cfg, self.world_size, self.n_train)
-        plan = stages(len(speed), len(runnable_q), self.budget, cfg.epochs)
+        plan = stages(len(speed), len(runnable_q), cfg.epochs)
         self.planned = planned_trials(plan)
         ref = reference(runnable_q)
         calib = self._trial("calibration", {**ref, **next(s for s in speed if self._fits({**ref, **s}))}, 1)
@@ -722,35 +717,21 @@ def tuned_text(cfg: dat.Config, best: dict, how: str) -> str:
 
 
 # -- the record ---------------------------------------------------------------------------
+def planned_trials(plan: tuple[Stage, ...]) -> int:
+    """The trials the plan makes: the calibration and every stage's (faulted ones run again add to it)."""
+    return 1 + sum(s.trials for s in plan)
+
+
 def outside(cfg: dat.Config, choice: dict) -> list[str]:
     """The knobs of a choice whose value the input does not list (--verify): [] for one of its space."""
     listed = {a.field: a.values for a in axes(cfg)}
     return [f"{k} {encode(k, v)}" for k, v in choice.items() if v not in listed.get(k, ())]
 
 
-def status_words(tuning: dict) -> str:
-    """--status's words on a tuning run: its last trial of those planned, its stage and
-    length, the best so far, the budget left, and the tuned file once written."""
-    rows = tuning.get("trials", [])
-    ran = [r for r in rows if not r.get("fault") and r.get("vflops") is not None]
-    best = max(ran, key=lambda r: (r["vflops"], -r["number"]), default=None)
-    left = (tuning["budget_seconds"] - tuning.get("spent_seconds", 0.0)) / 60
-    last = rows[-1] if rows else None
-    out = (f"tuning: trial {last['number']} of {tuning['planned']} ({last['stage']}, {last['epochs']} epochs)"
-           if last else f"tuning: no trial yet of {tuning['planned']}")
-    out += f", best so far trial {best['number']} ({best['vflops'] / 1e12:.3e} VTflops)" if best else ""
-    out += f", budget left {left:.1f} min"
-    return out + (f"; tuned file {tuning['tuned']} (trial {tuning['best']})" if tuning.get("tuned") else "")
-
-def planned_trials(plan: tuple[Stage, ...]) -> int:
-    """The trials the plan makes: the calibration and every stage's (faulted ones run again add to it)."""
-    return 1 + sum(s.trials for s in plan)
-
-
 def start(budget: float, plan: tuple[Stage, ...]) -> dict:
     """results.json's `tuning` as a tuning run begins."""
     return {"budget_seconds": budget, "eta": ETA, "probe_seconds": PROBE_SECONDS,
-            "plan": [{"name": s.name, "trials": s.trials, "share_seconds": s.share, "fidelity": s.fidelity}
+            "plan": [{"name": s.name, "trials": s.trials, "fidelity": s.fidelity}
                      for s in plan],
             "trials": [], "picks": {}, "best": None, "spent_seconds": 0.0, "planned": planned_trials(plan),
             "tuned": None}

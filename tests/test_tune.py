@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness import dat, tune
+from harness import dat, heartbeat, tune
 from tests.conftest import dat_text, mpi_env, mpirun, mpirun_cmd, run_dir
 
 # A space of 2 speed x 4 quality candidates: layouts M 1 and 2 of P 1, B 16 and 32, the
@@ -74,12 +74,11 @@ def test_a_trial_is_the_input_with_one_value_a_knob_its_warm_up_compressed():
 
 # -- the plan --------------------------------------------------------------------------------
 def test_the_plan_halves_by_three_and_refuses_a_budget_too_small():
-    plan = tune.stages(4, 16, 1200.0, 10)
-    # 16 -> ceil(16/3) = 6 -> ceil(6/3) = 2 finalists; probes, 2 search stages, the final: 4 parts of 300 s
-    assert [(s.name, s.trials, s.share) for s in plan] == [("probes", 4, 300.0), ("stage 1", 16, 300.0),
-                                                           ("stage 2", 6, 300.0), ("final", 2, 300.0)]
+    plan = tune.stages(4, 16, 10)
+    # 16 -> ceil(16/3) = 6 -> ceil(6/3) = 2 finalists; probes, 2 search stages, the final
+    assert [(s.name, s.trials) for s in plan] == [("probes", 4), ("stage 1", 16), ("stage 2", 6), ("final", 2)]
     assert tune.planned_trials(plan) == 1 + 4 + 16 + 6 + 2
-    assert [s.trials for s in tune.stages(1, 3, 60.0, 4)] == [3]   # 3 candidates: all finalists, no search
+    assert [s.trials for s in tune.stages(1, 3, 4)] == [3]   # 3 candidates: all finalists, no search
     assert tune.budget_problem(plan, 4 * 16 * tune.MIN_TRIAL_SECONDS) is None
     why = tune.budget_problem(plan, 300.0)   # 4 stages x 16 trials x 5 s = 320 s needed
     assert why == ("--tune 5: found a budget of 5.0 min, expected at least 5.3 min (4 stages, each an equal share,"
@@ -199,7 +198,7 @@ def test_status_words_of_a_tuning_run():
                          {"number": 2, "stage": "stage 1", "epochs": 3, "vflops": 5e12, "fault": None},
                          {"number": 3, "stage": "stage 1", "epochs": 3, "vflops": None, "fault": "lost"}],
               "planned": 9, "budget_seconds": 600.0, "spent_seconds": 90.0, "tuned": None, "best": None}
-    assert tune.status_words(tuning) == ("tuning: trial 3 of 9 (stage 1, 3 epochs), best so far trial 2"
+    assert heartbeat.tuning_words(tuning) == ("tuning: trial 3 of 9 (stage 1, 3 epochs), best so far trial 2"
                                          " (5.000e+00 VTflops), budget left 8.5 min")
 
 
@@ -238,6 +237,9 @@ def test_a_tuning_run_runs_its_stages_and_its_tuned_file_runs_and_verifies(tmp_p
         " PASSED" in v.stdout, v.stdout[-3000:]
     s = subprocess.run(mpirun_cmd(None, ["--status", run]), capture_output=True, text=True, env=mpi_env())
     assert s.returncode == 0 and "; tuning: trial" in s.stdout and "tuned file HPCAI500-tuned.dat" in s.stdout
+    s = subprocess.run(mpirun_cmd(None, ["--summarize", run]), capture_output=True, text=True, env=mpi_env())
+    assert s.returncode == 0 and f"measured at the full length; {run}/HPCAI500-tuned.dat" in s.stdout, s.stdout
+    _forged_tuning_fails(run, tmp_path / "forged")
     # the tuned file as a vendor takes it: an ordinary run, into a results directory of its own
     tuned = (run / "HPCAI500-tuned.dat").read_text().replace(str(tmp_path / "runs"), str(tmp_path / "ranked"))
     (tmp_path / "tuned.dat").write_text(tuned)
@@ -247,6 +249,26 @@ def test_a_tuning_run_runs_its_stages_and_its_tuned_file_runs_and_verifies(tmp_p
     v = subprocess.run(mpirun_cmd(None, ["--verify", ranked]), capture_output=True, text=True, env=mpi_env())
     assert v.returncode == 0, v.stdout[-3000:]
     assert len(json.loads((ranked / "results.json").read_text())["tests"]) == 1
+
+
+def _forged_tuning_fails(run, copy):
+    """--verify of a copy of the tuning run with its table or tuned file edited fails, naming the check."""
+    import shutil
+
+    from harness import verify
+    shutil.copytree(run, copy)
+    res = json.loads((copy / "results.json").read_text())
+    best = next(r for r in res["tuning"]["trials"] if r["number"] == res["tuning"]["best"])
+    pruned = next(r for r in res["tuning"]["trials"] if r["outcome"] == "pruned after stage 1")
+    pruned["vflops"] = 10 * best["vflops"]       # a pruned trial's figure raised above the best's
+    (copy / "results.json").write_text(json.dumps(res))
+    tuned = (copy / "HPCAI500-tuned.dat").read_text().split("\n")
+    tuned[13] = "64" + tuned[13][2:]              # line 14, B
+    (copy / "HPCAI500-tuned.dat").write_text("\n".join(tuned))
+    lines = [c.line() for c in verify.verify(verify.load(str(copy)))]
+    failed = [ln.split(":")[0] for ln in lines if ln.endswith("FAILED")]
+    assert f"tuning trial {pruned['number']}" in failed and "tuning stage 1" in failed, failed
+    assert "tuning" in failed and any("HPCAI500-tuned.dat = the input" in ln and ln.endswith("FAILED") for ln in lines)
 
 
 @pytest.mark.mpi
