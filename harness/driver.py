@@ -539,6 +539,8 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
     try:
         M, warnings = topology.resolve(world.size, t.M, t.P)
     except topology.TopologyError as e:   # the same on every rank: the world as it stands
+        if cell[0]:
+            cell[0].skip(t.index, 0, planning.too_large(cfg, t, world.size, e), "lost")
         return {"fault": planning.too_large(cfg, t, world.size, e), "wall_seconds": 0.0}
     planned = planning.judged(cfg, planning.Planned(t, topology.map_jobs(ctx.nodes.node_of_rank, M, t.P, cfg.pmap),
                                                     tuple(warnings)),

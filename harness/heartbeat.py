@@ -241,8 +241,8 @@ def planned_runs(rec: results.Record) -> int | None:
     """Test runs the invocation planned: the tests that fit the world x the repetitions
     (None where the record's configuration cannot be read back); a tuning run's, its trials
     (those planned while it runs, those made once it ended: tune.Tuning)."""
-    if rec.tuning is not None:
-        return rec.tuning.get("planned")
+    if rec.tuning is not None:   # less the trials left out (their ranks lost), which record no test
+        return rec.tuning.get("planned") - len(rec.skipped)
     try:
         cfg = dat.from_record(rec.input.get("text", ""), rec.config)
         # a test skipped at the start misses every repetition; one left out after a loss of

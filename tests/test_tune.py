@@ -338,3 +338,9 @@ def test_a_rank_lost_during_tuning_costs_only_its_trial(tmp_path):
     assert rows[4]["choice"] == rows[3]["choice"] and not rows[4]["fault"]
     assert res["tuning"]["best"] is not None and (run_dir(tmp_path / "runs") / "HPCAI500-tuned.dat").is_file()
     assert len(res["fault_tolerance"]["losses"]) == 1
+    assert [s["index"] for s in res["skipped"]] == [3]   # laid out on the rank lost: no test recorded
+    run = run_dir(tmp_path / "runs")
+    v = subprocess.run(mpirun_cmd(None, ["--verify", run]), capture_output=True, text=True, env=mpi_env())
+    assert "...... FAILED" not in v.stdout and "tuning trial 3: a test of the run" in v.stdout, v.stdout[-3000:]
+    s = subprocess.run(mpirun_cmd(None, ["--status", run]), capture_output=True, text=True, env=mpi_env())
+    assert f"{len(res['tests'])} of {len(res['tests'])} test run(s) finished" in s.stdout, s.stdout
