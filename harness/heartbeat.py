@@ -149,9 +149,10 @@ def tuning_words(tuning: dict) -> str:
     last = rows[-1] if rows else None
     out = (f"tuning: trial {last['number']} of {tuning['planned']} ({last['stage']}, {last['epochs']} epochs)"
            if last else f"tuning: no trial yet of {tuning['planned']}")
+    if tuning.get("tuned"):   # ended: its pick, the best finalist (an estimate may have been higher)
+        return out + f", {left:.1f} min of the budget left; tuned file {tuning['tuned']} (trial {tuning['best']})"
     out += f", best so far trial {best['number']} ({best['vflops'] / 1e12:.3e} VTflops)" if best else ""
-    out += f", budget left {left:.1f} min"
-    return out + (f"; tuned file {tuning['tuned']} (trial {tuning['best']})" if tuning.get("tuned") else "")
+    return out + f", budget left {left:.1f} min"
 
 
 def judge(rec: results.Record, beat: dict | None, now: float, alive: bool | None) -> State:

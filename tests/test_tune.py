@@ -200,6 +200,9 @@ def test_status_words_of_a_tuning_run():
               "planned": 9, "budget_seconds": 600.0, "spent_seconds": 90.0, "tuned": None, "best": None}
     assert heartbeat.tuning_words(tuning) == ("tuning: trial 3 of 9 (stage 1, 3 epochs), best so far trial 2"
                                          " (5.000e+00 VTflops), budget left 8.5 min")
+    ended = {**tuning, "tuned": "HPCAI500-tuned.dat", "best": 1}   # its pick, whatever estimate was higher
+    assert heartbeat.tuning_words(ended) == ("tuning: trial 3 of 9 (stage 1, 3 epochs), 8.5 min of the budget left;"
+                                             " tuned file HPCAI500-tuned.dat (trial 1)")
 
 
 # -- real tuning runs ----------------------------------------------------------------------
