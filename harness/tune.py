@@ -53,6 +53,8 @@ from harness.errors import RunError
 
 ETA = 3                    # successive halving's rate: a stage keeps the best 1/ETA of its candidates
 PROBE_SECONDS = 2.4        # s of training a speed probe needs: FLOPS repeat within 2.4 % from there (bench/span.py)
+PROBE_MARGIN = 1.25        # the probes' epochs are for PROBE_SECONDS x this at the calibration's epoch: its one
+#                            epoch runs slower than a warm one (probes of 1.8-2.0 s came of none, bench/tune.py)
 MIN_TRIAL_SECONDS = 5.0    # s of machine time a planned trial needs at least, before anything has run: a span that
 #                            repeats (PROBE_SECONDS) and a test's fixed costs (set-up, the warm-up step, evaluations,
 #                            records: 1-3 s of a digits test on 2 cores); the calibration's measure checks it again
@@ -190,18 +192,27 @@ def problem(cfg: dat.Config, choice: dict, world_size: int, n_train: int) -> str
 
 
 def survey(cfg: dat.Config, world_size: int, n_train: int) -> tuple[list, list, list]:
-    """(speed choices, the quality choices that can run with one of them, [(quality choice, why
-    not)] for the others: the first speed choice's reason)."""
+    """(the speed choices the probes try: those that can run on the reference setting, the
+    quality choices that can run with one of the speed choices, [(choice, why not)] for the
+    others: a quality choice with the first speed choice's reason, a speed choice on the
+    reference)."""
     speed, runs, cannot = choices(cfg, "speed"), [], []
     for q in choices(cfg, "quality"):
         why = [problem(cfg, {**q, **s}, world_size, n_train) for s in speed]
         (runs.append(q) if None in why else cannot.append((q, why[0])))
-    return speed, runs, cannot
+    if not runs:
+        return [], [], cannot
+    ref = reference(runs)
+    probes = []
+    for s in speed:
+        why = problem(cfg, {**ref, **s}, world_size, n_train)
+        (cannot.append((s, why)) if why else probes.append(s))
+    return probes, runs, cannot
 
 
 def make_plan(cfg: dat.Config, world_size: int, n_train: int, budget: float) -> tuple[tuple, list]:
-    """(the plan's stages, the quality choices left out as they cannot run), or TuneError: not
-    a space, no choice can run, or the budget cannot hold the plan."""
+    """(the plan's stages, the choices left out as they cannot run), or TuneError: not a
+    space, no choice can run, or the budget cannot hold the plan."""
     why = space_problem(cfg)
     if why:
         raise TuneError(why)
@@ -240,15 +251,13 @@ def stages(n_speed: int, n_quality: int, epochs: int, eta: int = ETA) -> tuple[S
 
 def budget_problem(plan: tuple[Stage, ...], budget: float) -> str | None:
     """Why the budget cannot hold the plan, by how much, or None, before anything has run:
-    each stage an equal part, every trial of the largest MIN_TRIAL_SECONDS of its stage's."""
-    worst = max(plan, key=lambda s: s.trials)
-    need = len(plan) * worst.trials * MIN_TRIAL_SECONDS
+    every planned trial needs MIN_TRIAL_SECONDS at least."""
+    need = planned_trials(plan) * MIN_TRIAL_SECONDS
     if budget >= need:
         return None
     return (f"--tune {budget / 60:g}: found a budget of {span(budget)}, expected at least {span(need)}"
-            f" ({len(plan)} stages, each an equal share, the largest {worst.name}'s {worst.trials} trials at"
-            f" {MIN_TRIAL_SECONDS:g} s of machine time each): {span(need - budget)} more, or fewer values on"
-            " the lines that list several")
+            f" ({planned_trials(plan)} trials planned, {MIN_TRIAL_SECONDS:g} s of machine time each at least):"
+            f" {span(need - budget)} more, or fewer values on the lines that list several")
 
 
 def plan_lines(cfg: dat.Config, plan: tuple[Stage, ...], budget: float, excluded: list[tuple[dict, str]]) -> list[str]:
@@ -260,7 +269,8 @@ def plan_lines(cfg: dat.Config, plan: tuple[Stage, ...], budget: float, excluded
               for a in ax]
     lines += fixed_lines(cfg)
     if excluded:
-        lines.append(f"cannot run: {len(excluded)} quality candidate(s), left out of the search:")
+        lines.append(f"cannot run: {len(excluded)} candidate(s) (quality settings, or speed settings on the probes'"
+                     " reference), left out of the search:")
         lines += [f"  {label(c)}: {why}" for c, why in excluded[:10]]
         lines += [f"  ... and {len(excluded) - 10} more"] if len(excluded) > 10 else []
     lines.append(f"plan: budget {budget / 60:g} min of machine time, successive halving at rate {ETA}:")
@@ -281,9 +291,16 @@ def epochs_for(seconds: float, epoch_seconds: float, full: int) -> int:
     return max(1, min(full, int(seconds // epoch_seconds)))
 
 
-def predicted_epoch(calibration: dict, choice: dict) -> float:
-    """An epoch's seconds of a choice not yet trained, from the calibration trial's: a rank's
-    share of an epoch is 1/P of its resample, so P_calibration / P_choice of its seconds."""
+def predicted_epoch(calibration: dict, choice: dict, rows: list[dict] = ()) -> float:
+    """An epoch's seconds of a choice not yet trained: from the latest trial of `rows` that
+    differs from it in the layout alone where there is one (B, precision, framework, the
+    optimizer and the rest as its own), else from the calibration's; a rank's share of an
+    epoch is 1/P of its resample, so P_that / P_choice of that trial's seconds."""
+    others = {k: encode(k, v) for k, v in choice.items() if k != "layouts"}
+    for r in reversed(rows):
+        if not r.get("fault") and r.get("train_seconds") and \
+                all(r["choice"].get(k) == v for k, v in others.items()):
+            return _epoch(r) * decode("layouts", r["choice"]["layouts"])[1] / choice["layouts"][1]
     return calibration["epoch_seconds"] * calibration["choice"]["layouts"][1] / choice["layouts"][1]
 
 
@@ -406,7 +423,7 @@ class Tuning:
         plan = stages(len(speed), len(runnable_q), cfg.epochs)
         self.planned = planned_trials(plan)
         ref = reference(runnable_q)
-        calib = self._trial("calibration", {**ref, **next(s for s in speed if self._fits({**ref, **s}))}, 1)
+        calib = self._trial("calibration", {**ref, **speed[0]}, 1)   # survey: every probe's setting can run
         if calib is None:
             return None
         calib["outcome"] = "calibration"
@@ -423,18 +440,18 @@ class Tuning:
     def _probes(self, ref: dict, speed: list[dict], cal: dict) -> dict:
         """Every speed combination on the reference setting, each trained PROBE_SECONDS at
         least (as many epochs as the calibration says they take): the highest FLOPS."""
-        epochs = max(1, min(self.cfg.epochs, math.ceil(PROBE_SECONDS / max(cal["epoch_seconds"], 1e-9))))
+        epochs = max(1, min(self.cfg.epochs, math.ceil(PROBE_MARGIN * PROBE_SECONDS / max(cal["epoch_seconds"], 1e-9))))
         self._stage(f"probes: {len(speed)} speed settings on {label(ref, [a.field for a in varied(self.cfg, 'quality')])},"
                     f" {epochs} epoch(s) each (>= {PROBE_SECONDS:g} s of training at the calibration's epoch)")
         axes_ = varied(self.cfg, "speed")
         study = self.study("speed", {a.field: [encode(a.field, v) for v in a.values] for a in axes_})
         rows = []
-        for _ in speed:   # in the order the study proposes them
+        for _ in range(math.prod(len(a.values) for a in axes_)):   # in the order the study proposes them
             trial = study.ask()
             s = {a.field: decode(a.field, trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values]))
                  for a in axes_}
-            s = next(x for x in speed if all(x[k] == v for k, v in s.items()))
-            row = self._trial("probes", {**ref, **s}, epochs) if self._fits({**ref, **s}) else None
+            s = next((x for x in speed if all(x[k] == v for k, v in s.items())), None)   # None: cannot run
+            row = self._trial("probes", {**ref, **s}, epochs) if s and self._fits({**ref, **s}) else None
             if row is None:
                 study.tell(trial, state=_failed())
                 continue
@@ -481,7 +498,7 @@ class Tuning:
                         " go on")
             rows = []
             for c in entrants:
-                epoch_s = _epoch(last.get(label(c))) or predicted_epoch(cal, c)
+                epoch_s = _epoch(last.get(label(c))) or predicted_epoch(cal, c, self.rows)
                 row = self._trial(stage.name, c, epochs_for(seconds, epoch_s, full), seconds)
                 if row is None:
                     study.tell(live.pop(label(c)), state=_failed())
@@ -529,7 +546,7 @@ class Tuning:
         """s of training each trial of this stage gets: the budget left, less the final's
         full-length trainings (the n_final slowest of the entrants), split equally among the
         search stages left, this stage's part among its n trials, less a trial's fixed costs."""
-        final = final_cost(entrants, last, cal, self.cfg.epochs, n_final)
+        final = final_cost(entrants, last, cal, self.cfg.epochs, n_final, self.rows)
         share = (self.budget - self.spent() - final) / len(stages_left)
         return max(0.0, share / max(1, n) - cal["overhead"])
 
@@ -539,11 +556,11 @@ def _epoch(row: dict | None) -> float | None:
     return row["train_seconds"] / max(1, row["epochs_trained"]) if row and row.get("train_seconds") else None
 
 
-def final_cost(entrants: list[dict], last: dict, cal: dict, epochs: int, n_final: int) -> float:
+def final_cost(entrants: list[dict], last: dict, cal: dict, epochs: int, n_final: int, rows: list[dict] = ()) -> float:
     """s the final may take: the n_final costliest full-length trainings among the entrants
-    (an epoch's seconds measured where a candidate has trained, else predicted), each with a
-    trial's fixed costs."""
-    cost = sorted(epochs * (_epoch(last.get(label(c))) or predicted_epoch(cal, c)) + cal["overhead"]
+    (an epoch's seconds measured where a candidate has trained, else predicted from `rows`),
+    each with a trial's fixed costs."""
+    cost = sorted(epochs * (_epoch(last.get(label(c))) or predicted_epoch(cal, c, rows)) + cal["overhead"]
                   for c in entrants)
     return sum(cost[-n_final:]) if n_final else 0.0
 
@@ -568,8 +585,8 @@ def short_budget(left: float, plan: tuple[Stage, ...], cal: dict, candidates: li
 
 
 def span(seconds: float) -> str:
-    """Machine time in words: minutes from one on, else seconds."""
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+    """Machine time in words: seconds, and minutes from one on (two close figures must read apart)."""
+    return f"{seconds / 60:.1f} min ({seconds:.0f} s)" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _failed():

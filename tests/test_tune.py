@@ -58,6 +58,11 @@ def test_the_space_its_kinds_and_what_it_refuses():
     speed, runs, cannot = tune.survey(_cfg(l10="1 4"), 2, 1438)
     assert len(runs) == 2 and [c["layouts"] for c, _ in cannot] == [(4, 1), (4, 1)]
     assert cannot[0][1].startswith("t.dat:10-11: found '4 x 1', expected M x P <= 2")
+    # a speed setting that cannot run on the probes' reference is no probe: PyTorch has no hierarchical all-reduce
+    speed, runs, cannot = tune.survey(_cfg(l34=2, l35="tensorflow pytorch"), 2, 1438)
+    assert [(s["allreduce"], s["frameworks"]) for s in speed] == [("ring", "tensorflow"), ("ring", "pytorch"),
+                                                                 ("hierarchical", "tensorflow")]
+    assert [c.get("frameworks") for c, _ in cannot] == ["pytorch"] and "pytorch" in cannot[0][1]
 
 
 def test_a_trial_is_the_input_with_one_value_a_knob_its_warm_up_compressed():
@@ -79,11 +84,10 @@ def test_the_plan_halves_by_three_and_refuses_a_budget_too_small():
     assert [(s.name, s.trials) for s in plan] == [("probes", 4), ("stage 1", 16), ("stage 2", 6), ("final", 2)]
     assert tune.planned_trials(plan) == 1 + 4 + 16 + 6 + 2
     assert [s.trials for s in tune.stages(1, 3, 4)] == [3]   # 3 candidates: all finalists, no search
-    assert tune.budget_problem(plan, 4 * 16 * tune.MIN_TRIAL_SECONDS) is None
-    why = tune.budget_problem(plan, 300.0)   # 4 stages x 16 trials x 5 s = 320 s needed
-    assert why == ("--tune 5: found a budget of 5.0 min, expected at least 5.3 min (4 stages, each an equal share,"
-                   " the largest stage 1's 16 trials at 5 s of machine time each): 20 s more, or fewer values on the"
-                   " lines that list several")
+    assert tune.budget_problem(plan, 29 * tune.MIN_TRIAL_SECONDS) is None
+    why = tune.budget_problem(plan, 120.0)   # 29 trials x 5 s = 145 s needed
+    assert why == ("--tune 2: found a budget of 2.0 min (120 s), expected at least 2.4 min (145 s) (29 trials planned,"
+                   " 5 s of machine time each at least): 25 s more, or fewer values on the lines that list several")
 
 
 def test_fidelities_promotions_and_the_final_budget():
@@ -91,6 +95,11 @@ def test_fidelities_promotions_and_the_final_budget():
     assert tune.epochs_for(100.0, 3.0, 20) == 20
     cal = {"choice": {"layouts": (1, 2)}, "epoch_seconds": 4.0, "overhead": 1.5}
     assert tune.predicted_epoch(cal, {"layouts": (2, 4)}) == 2.0   # 4 s x P 2 / P 4
+    # a trial that differs in the layout alone predicts better than the calibration: 3 s at P 1, so 0.75 s at P 4
+    rows = [{"choice": {"layouts": "1x1", "batch_sizes": 64}, "train_seconds": 6.0, "epochs_trained": 2, "fault": None},
+            {"choice": {"layouts": "2x1", "batch_sizes": 32}, "train_seconds": 9.0, "epochs_trained": 1, "fault": None}]
+    assert tune.predicted_epoch(cal, {"layouts": (1, 4), "batch_sizes": 64}, rows) == 0.75
+    assert tune.predicted_epoch(cal, {"layouts": (1, 4), "batch_sizes": 16}, rows) == 2.0   # none alike
     rows = [{"number": 1, "vflops": 5.0, "fault": None}, {"number": 2, "vflops": 7.0, "fault": None},
             {"number": 3, "vflops": 9.0, "fault": "lost"}, {"number": 4, "vflops": 7.0, "fault": None}]
     assert [r["number"] for r in tune.promoted(rows, 2)] == [2, 4]   # the faulted 9 never compared; ties: earlier
@@ -282,9 +291,9 @@ def test_a_bad_space_is_refused_on_every_rank_with_one_message(tmp_path):
     assert f"error: {path}:6: found 2 workloads, expected 1 under --tune" in p.stderr
     p = mpirun(2, [_tune_dat(tmp_path), "--tune", "0.5"], tmp_path)
     assert p.returncode == 1 and p.stderr.count("hpcai500: error:") == 1, p.stderr[-3000:]
-    # 3 stages (probes, stage 1, final) x stage 1's 4 trials x 5 s = 60 s
-    assert ("error: --tune 0.5: found a budget of 30 s, expected at least 1.0 min (3 stages, each an equal share, the"
-            " largest stage 1's 4 trials at 5 s of machine time each): 30 s more") in p.stderr
+    # the calibration, 2 probes, stage 1's 4 trials and 2 finalists: 9 trials x 5 s = 45 s
+    assert ("error: --tune 0.5: found a budget of 30 s, expected at least 45 s (9 trials planned, 5 s of machine time"
+            " each at least): 15 s more") in p.stderr
     p = mpirun(2, [_tune_dat(tmp_path, l18="sgd adam")], tmp_path)   # a list outside --tune
     assert p.returncode == 1 and "t.dat:18: found 'adam', expected an optimizer alone after 'sgd'" in p.stderr
 
