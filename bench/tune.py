@@ -8,10 +8,7 @@ layouts 4x1 2x2 1x4 2x1 and B 64 32 (quality knobs: successive halving), PMAP 0 
 12), all-reduce ring hierarchical (line 22) and frameworks tensorflow pytorch (line 35)
 (speed knobs: FLOPS probes). On one node PMAP and the all-reduce change next to nothing:
 they are the kind of speed knob the probes exist to settle cheaply, and they make the grid
-large enough that a third of it clears the tuner's own minimum budget (with all-reduce and
-frameworks alone, 24 candidates at 40 epochs, it refused a third: bench/README.md, tune.py).
-B is listed 64 first for the same reason: the tuner calibrates on the first B and predicts
-the other candidates' epochs by P alone (harness/tune.py, predicted_epoch).
+large enough to show what the probes save.
 
 1. The grid: every candidate trained the full length once, as ordinary runs (no --tune):
    one input per combination of the single-valued lines' values (PMAP x all-reduce, 4
