@@ -215,6 +215,7 @@ def test_sbatch_across_two_simulated_nodes(tmp_path):
     assert len(daemons) == 2 and not [q for q in daemons if os.path.exists(f"/proc/{q}")]   # munged, slurmctld
 
 
+@pytest.mark.mpi   # srun starts the job's ranks as mpirun would: with the tests that start ranks, not make unit's
 def test_sbatch_tunes_across_two_simulated_nodes(tmp_path):
     """The sbatch script with TUNE=MINUTES (issue 69): a tuning run under srun on two
     simulated nodes, a task a node: layouts 2x1 and 1x2, the ring or hierarchical all-reduce;
