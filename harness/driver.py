@@ -461,6 +461,9 @@ def _tuning_plan(world, plan, budget: float, check: bool, tolerance: dict) -> tu
     if check and world.rank == 0:
         print("\n".join(planning.describe_input(plan, f"a --tune search space on {world.size} rank(s)")
                         + tune.plan_lines(cfg, stages, budget, cannot) + elastic.lines(tolerance)), flush=True)
+    elif world.rank == 0:
+        for line in tune.plan_lines(cfg, stages, budget, cannot):   # the space, what stays fixed, the plan
+            say(f"tune: {line}")
     return stages
 
 
@@ -483,9 +486,6 @@ def _tune(ctx, plan, cell, watchdog, run_dir: str, budget: float) -> None:
                     raise RunError(spec)
                 _trial(state, plan, spec, watchdog, cell, data, run_dir)
             return
-        stages, cannot = tune.make_plan(cfg, world.size, data.n_train, budget)
-        for line in tune.plan_lines(cfg, stages, budget, cannot):   # the space, what stays fixed, the plan
-            say(f"tune: {line}")
         tuner = tune.Tuning(cfg, budget, world.size, data.n_train, execute=None,
                             study=tune.studies(run_dir, cfg.seed), said=lambda line: say(line),
                             saved=cell[0].tuned, done=tune.done(plan.previous))
@@ -517,8 +517,7 @@ def _tune(ctx, plan, cell, watchdog, run_dir: str, budget: float) -> None:
     text = tune.tuned_text(cfg, best, how)
     dat.parse_text(text, tune.TUNED)   # an ordinary input file, or a bug here: DatError
     files.atomic_write(os.path.join(run_dir, tune.TUNED), text)
-    files.atomic_write(os.path.join(run_dir, tune.TABLE),
-                       "\n".join(tune.table_lines(cfg, tuner.rows) + [tune.TABLE_LEGEND]) + "\n")
+    files.atomic_write(os.path.join(run_dir, tune.TABLE), tune.table_text(cfg, tuner.rows))
     cell[0].tuned({"tuned": tune.TUNED})
 
 
@@ -539,9 +538,7 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
     try:
         M, warnings = topology.resolve(world.size, t.M, t.P)
     except topology.TopologyError as e:   # the same on every rank: the world as it stands
-        if cell[0]:
-            cell[0].skip(t.index, 0, planning.too_large(cfg, t, world.size, e), "lost")
-        return {"fault": planning.too_large(cfg, t, world.size, e), "wall_seconds": 0.0}
+        return _left_out(cell, t.index, planning.too_large(cfg, t, world.size, e), t0)
     planned = planning.judged(cfg, planning.Planned(t, topology.map_jobs(ctx.nodes.node_of_rank, M, t.P, cfg.pmap),
                                                     tuple(warnings)),
                               data, plan.settings, plan.facts[t.workload])
@@ -553,16 +550,11 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
         world.step(f"the start of test {t.index}", lambda: watchdog.wait(
             world.Ibarrier(), f"test {t.index}: waiting for every rank to start it"))
         if len(world.losses) > state["seen"]:   # laid out on ranks since lost: the tuner runs it again
-            if cell[0]:
-                cell[0].skip(t.index, 0, f"ranks lost at its start ({elastic.describe(world.losses[state['seen']:])})",
-                             "lost")
-            return {"fault": f"ranks lost at its start: {elastic.describe(world.losses[state['seen']:])}",
-                    "wall_seconds": time.perf_counter() - t0}
+            return _left_out(cell, t.index, f"ranks lost at its start ({elastic.describe(world.losses[state['seen']:])})",
+                             t0)
         done = run.test(replace(ctx, cfg=cfg), planned, data, watchdog, 0)
     except elastic.AllLost as e:
-        if cell[0]:
-            cell[0].skip(t.index, 0, str(e), "lost")
-        return {"fault": str(e), "wall_seconds": time.perf_counter() - t0}
+        return _left_out(cell, t.index, str(e), t0)
     except elastic.CoordinatorLost as e:
         raise RunError(f"{e}; the tuning's study was world rank 0's: --resume {run_dir} with --tune continues it"
                        " from its journal") from None
@@ -575,6 +567,14 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
     return {"flops": result.flops, "quality": result.quality, "vflops": result.vflops,
             "train_seconds": result.train_seconds, "epochs_trained": result.epochs_trained,
             "wall_seconds": time.perf_counter() - t0, "fault": lost}
+
+
+def _left_out(cell, index: int, why: str, t0: float) -> dict:
+    """A trial that recorded no test (its ranks lost, or its layout too large for those left):
+    skipped as lost in the output, and its fault for the tuner (rank 0's row; the same on all)."""
+    if cell[0]:
+        cell[0].skip(index, 0, why, "lost")
+    return {"fault": why, "wall_seconds": time.perf_counter() - t0}
 
 
 def _aborted(ctx, cell, cfg, run_dir: str, e: elastic.Aborted) -> None:

@@ -143,14 +143,13 @@ def tuning_words(tuning: dict) -> str:
     """--status's words on a tuning run: its last trial of those planned, its stage and
     length, the best so far, the budget left, and the tuned file once written."""
     rows = tuning.get("trials", [])
-    ran = [r for r in rows if not r.get("fault") and r.get("vflops") is not None]
-    best = max(ran, key=lambda r: (r["vflops"], -r["number"]), default=None)
     left = (tuning["budget_seconds"] - tuning.get("spent_seconds", 0.0)) / 60
     last = rows[-1] if rows else None
     out = (f"tuning: trial {last['number']} of {tuning['planned']} ({last['stage']}, {last['epochs']} epochs)"
            if last else f"tuning: no trial yet of {tuning['planned']}")
     if tuning.get("tuned"):   # ended: its pick, the best finalist (an estimate may have been higher)
         return out + f", {left:.1f} min of the budget left; tuned file {tuning['tuned']} (trial {tuning['best']})"
+    best = results.best_trial(rows)
     out += f", best so far trial {best['number']} ({best['vflops'] / 1e12:.3e} VTflops)" if best else ""
     return out + f", budget left {left:.1f} min"
 

@@ -357,7 +357,7 @@ def summarize(paths: list[str]) -> str:
                          f"{t.quality:>8.4f} {check}")
         lines.append(f"{name:<24} {heartbeat.status(d, res).line()}")   # a dead run is not taken for a live one
         if res.tuning and res.tuning.get("tuned"):   # a tuning run: its pick, and where the search is
-            best = next(r for r in res.tuning["trials"] if r["number"] == res.tuning["best"])
+            best = tune.pick(res.tuning)
             lines.append(f"{'':<24} tuned: {tune.label(tune.choice_of(best))}; trial {best['number']} of"
                          f" {len(res.tuning['trials'])}, {best['vflops'] / 1e12:.3e} VTflops measured at the full"
                          f" length; {d}/{res.tuning['tuned']}, the search in {d}/{tune.TABLE}")
@@ -503,7 +503,7 @@ def roofline_lines(c: dict) -> list[str]:
 # -- rank 0's writer -----------------------------------------------------------------
 def tuning_block(cfg, tuning: dict) -> str:
     """The report's block of a tuning run (--tune): its table, and the tuned file or why there is none."""
-    best = next((r for r in tuning["trials"] if r["number"] == tuning.get("best")), None)
+    best = tune.pick(tuning)
     lines = ["", f"Tuning ({len(tuning['trials'])} trials of {tuning['planned']} planned, {tuning['spent_seconds'] / 60:.1f}"
              f" of {tuning['budget_seconds'] / 60:g} min of machine time):", *tune.table_lines(cfg, tuning["trials"]),
              *textwrap.wrap(tune.TABLE_LEGEND, 98)]

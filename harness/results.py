@@ -261,6 +261,13 @@ class Record:
         return (self.fault_tolerance or {}).get("losses", [])
 
 
+def best_trial(rows: list[dict]) -> dict | None:
+    """The trial of a tuning table's rows (Record.tuning's `trials`) with the highest VFLOPS, the
+    earlier on a tie; a faulted trial, or one with no figures, is never it (None: no such trial)."""
+    return max((r for r in rows if not r.get("fault") and r.get("vflops") is not None),
+               key=lambda r: (r["vflops"], -r["number"]), default=None)
+
+
 def load_run(run_dir: str) -> Record:
     """The results of a run folder (runs/<id>), refused (ValueError, naming the folder)
     where it is not one: not a folder, no results.json, an unreadable or foreign file."""

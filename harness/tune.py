@@ -47,7 +47,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from harness import dat, topology
+from harness import dat, results, topology
 from harness import plan as planning
 from harness.errors import RunError
 
@@ -332,6 +332,16 @@ class Spec:
                 "choice": {k: encode(k, v) for k, v in self.choice.items()}}
 
 
+def grid(axes_: list[Axis]) -> dict:
+    """The axes as an Optuna grid sampler's search space: {field: [encoded values]}."""
+    return {a.field: [encode(a.field, v) for v in a.values] for a in axes_}
+
+
+def proposed(trial, axes_: list[Axis]) -> dict:
+    """The values a study's trial proposes for the axes, decoded: {field: value}."""
+    return {a.field: decode(a.field, trial.suggest_categorical(a.field, grid([a])[a.field])) for a in axes_}
+
+
 def choice_of(trial: dict) -> dict:
     """TestResult.trial's choice, decoded."""
     return {k: decode(k, v) for k, v in trial["choice"].items()}
@@ -397,8 +407,7 @@ class Tuning:
 
     def progress(self, row: dict) -> str:
         """The progress line of a trial: k of n, its stage and length, the best so far, the budget left."""
-        best = max((r for r in self.rows if not r["fault"] and r["vflops"] is not None), key=lambda r: r["vflops"],
-                   default=None)
+        best = results.best_trial(self.rows)
         fig = "fault: " + row["fault"] if row["fault"] else f"VFLOPS {row['vflops'] / 1e12:.3e} T"
         return (f"tune: trial {row['number']} of {self.planned} ({row['stage']}, {row['epochs']} of"
                 f" {self.cfg.epochs} epochs): {fig}; best so far"
@@ -427,7 +436,7 @@ class Tuning:
         if calib is None:
             return None
         calib["outcome"] = "calibration"
-        cal = {"choice": choice_of(calib), "epoch_seconds": calib["train_seconds"] / max(1, calib["epochs_trained"]),
+        cal = {"choice": choice_of(calib), "epoch_seconds": _epoch(calib) or 0.0,
                "overhead": max(0.0, calib["wall_seconds"] - calib["train_seconds"])}
         search = [s for s in plan if s.name not in ("probes", "final")]
         why = short_budget(self.budget - self.spent(), plan, cal, [{**q, **speed[0]} for q in runnable_q], cfg.epochs)
@@ -444,12 +453,11 @@ class Tuning:
         self._stage(f"probes: {len(speed)} speed settings on {label(ref, [a.field for a in varied(self.cfg, 'quality')])},"
                     f" {epochs} epoch(s) each (>= {PROBE_SECONDS:g} s of training at the calibration's epoch)")
         axes_ = varied(self.cfg, "speed")
-        study = self.study("speed", {a.field: [encode(a.field, v) for v in a.values] for a in axes_})
+        study = self.study("speed", grid(axes_))
         rows = []
         for _ in range(math.prod(len(a.values) for a in axes_)):   # in the order the study proposes them
             trial = study.ask()
-            s = {a.field: decode(a.field, trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values]))
-                 for a in axes_}
+            s = proposed(trial, axes_)
             s = next((x for x in speed if all(x[k] == v for k, v in s.items())), None)   # None: cannot run
             row = self._trial("probes", {**ref, **s}, epochs) if s and self._fits({**ref, **s}) else None
             if row is None:
@@ -474,9 +482,7 @@ class Tuning:
             if len(entrants) == len(candidates):
                 break
             trial = study.ask()
-            q = {a.field: decode(a.field, trial.suggest_categorical(a.field, [encode(a.field, v) for v in a.values]))
-                 for a in axes_}
-            key = label({**candidates[0], **q})
+            key = label({**candidates[0], **proposed(trial, axes_)})
             if key not in runnable or key in live:
                 study.tell(trial, state=_failed())
                 continue
@@ -486,16 +492,15 @@ class Tuning:
 
     def _halving(self, search: list[Stage], final: Stage, candidates: list[dict], cal: dict) -> dict | None:
         """Successive halving over `candidates`, then the final (the best finalist's row)."""
-        study = self.study("quality", {a.field: [encode(a.field, v) for v in a.values]
-                                       for a in varied(self.cfg, "quality")})
+        study = self.study("quality", grid(varied(self.cfg, "quality")))
         entrants, live = self._entrants(study, candidates)
         last: dict[str, dict] = {}    # label -> the candidate's latest row
         full = self.cfg.epochs
         for r, stage in enumerate(search):
             seconds = self._per_trial(search[r:], len(entrants), final.trials, entrants, last, cal)
+            going_on = search[r + 1].trials if r + 1 < len(search) else final.trials
             self._stage(f"{stage.name} of {len(search)}: {len(entrants)} candidate(s), {seconds:.1f} s of training"
-                        f" each (equal training time), the best {search[r + 1].trials if r + 1 < len(search) else final.trials}"
-                        " go on")
+                        f" each (equal training time), the best {going_on} go on")
             rows = []
             for c in entrants:
                 epoch_s = _epoch(last.get(label(c))) or predicted_epoch(cal, c, self.rows)
@@ -506,8 +511,7 @@ class Tuning:
                 last[label(c)] = row
                 live[label(c)].report(row["vflops"], r)
                 rows.append((row, c))
-            keep = {row["number"] for row in promoted([row for row, _ in rows],
-                                                      search[r + 1].trials if r + 1 < len(search) else final.trials)}
+            keep = {row["number"] for row in promoted([row for row, _ in rows], going_on)}
             entrants = []
             for row, c in rows:
                 if row["number"] in keep:
@@ -535,7 +539,7 @@ class Tuning:
             rows.append(row)
         if not rows:
             return None
-        self.best = max(rows, key=lambda x: (x["vflops"], -x["number"]))
+        self.best = results.best_trial(rows)
         self.best["outcome"] = "best: the tuned file's"
         self.planned = len(self.rows)   # the trials it made: a finalist not trained again, a fault run again
         self.saved(self.state())
@@ -694,6 +698,16 @@ def table_lines(cfg: dat.Config, rows: list[dict]) -> list[str]:
                    f" {fig('wall_seconds', '.1f'):>7} {tf:>11} {fig('quality', '.4f'):>8} {vt:>10} {kind:<9}"
                    f" {r['outcome'] or '-':<34} {label(choice_of(r), fields)}")
     return out
+
+
+def table_text(cfg: dat.Config, rows: list[dict]) -> str:
+    """tuning.txt: the table and its legend (the driver writes it, --verify renders it again)."""
+    return "\n".join(table_lines(cfg, rows) + [TABLE_LEGEND]) + "\n"
+
+
+def pick(tuning: dict) -> dict | None:
+    """A tuning record's best finalist's row, the tuned file's (None: none yet)."""
+    return next((r for r in tuning["trials"] if r["number"] == tuning.get("best")), None)
 
 
 TABLE_LEGEND = ("VFLOPS is: estimate, a trial shorter than the input's recipe (its quality that of a compressed"

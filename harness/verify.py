@@ -583,8 +583,7 @@ def tuning_checks(res: results.Record, cfg, written: dict) -> list[Check]:
         derived = sorted(r["number"] for r in tune.promoted(rows, tg["plan"][i + 1]["trials"]))
         out.append(Check(f"tuning {name}: promoted = the best {tg['plan'][i + 1]['trials']} by VFLOPS", recorded == derived,
                          recorded, derived))
-    finalists = [r for r in tg["trials"] if r["outcome"].startswith(("finalist", "best"))]
-    best = max(finalists, key=lambda r: (r["vflops"], -r["number"]), default=None)
+    best = results.best_trial([r for r in tg["trials"] if r["outcome"].startswith(("finalist", "best"))])
     out.append(Check("tuning: the best finalist by VFLOPS measured at the full length", tg.get("best") ==
                      (best and best["number"]) and (best is None or best["epochs"] == cfg.epochs),
                      tg.get("best"), best and best["number"]))
@@ -598,9 +597,9 @@ def tuning_checks(res: results.Record, cfg, written: dict) -> list[Check]:
             out.append(Check(f"tuning: {tg['tuned']} is an ordinary input file", bool(text)))
         except dat.DatError as e:
             out.append(Check(f"tuning: {tg['tuned']} is an ordinary input file", False, note=str(e)))
-    table = "\n".join(tune.table_lines(cfg, tg["trials"]) + [tune.TABLE_LEGEND]) + "\n"
     if tg.get("tuned"):
-        out.append(Check(f"tuning: {tune.TABLE} = the table rendered from results.json", written.get(tune.TABLE) == table,
+        out.append(Check(f"tuning: {tune.TABLE} = the table rendered from results.json",
+                         written.get(tune.TABLE) == tune.table_text(cfg, tg["trials"]),
                          note="missing" if written.get(tune.TABLE) is None else ""))
     return out
 
