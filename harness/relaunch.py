@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from harness import files, heartbeat, results
+from harness import files, heartbeat, results, signals
 from harness.errors import say
 
 DEFAULT_TIMES = 3          # relaunches after the first launch
@@ -155,13 +155,17 @@ def lines(relaunches: dict | None) -> list[str]:
 def _launch(cmd: list[str], seen: dict, stop: threading.Event) -> int:
     """Run mpirun, copying its stderr line by line to ours while noting the run folder and
     the nodes PRRTE says it lost (`seen`: run_dir, lost, fault); a signal to the launcher
-    goes on to mpirun, which ends its ranks as on a Ctrl-C."""
+    goes on to mpirun (SIGINT, SIGTERM: it ends its ranks; SIGUSR1: it passes it on, the
+    run's clean stop) and no relaunch follows. hpcai500.py blocked those signals in every
+    thread for the ranks' sake (harness/signals.py): the main thread takes them again here,
+    and mpirun, started from it, inherits that mask."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.SIGNALS)
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
 
     def forward(signum, _frame):
         stop.set()
         p.send_signal(signum)
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, forward) for s in signals.SIGNALS}
     try:
         for line in p.stderr:
             sys.stderr.write(line)
@@ -197,7 +201,11 @@ def main(args, program: list[str]) -> int:
             return status or 1
         record(run_dir, Launch(done + 1, [f"{h.name}:{h.slots}" for h in hosts], sum(h.slots for h in hosts),
                                started, time.time(), status, seen["lost"], seen["fault"]))
-        state = heartbeat.status(run_dir, results.load_run(run_dir)).name
+        try:
+            state = heartbeat.status(run_dir, results.load_run(run_dir)).name
+        except ValueError as e:   # it died before its first results.json
+            say(f"--relaunch: launch {done + 1} ended (mpirun exit {status}): {e}: no relaunch")
+            return status or 1
         again, why = decide(state, seen["lost"], hosts, done, args.relaunch, stop.is_set())
         left = [h for h in hosts if h.name not in set(seen["lost"])]
         more = (f"; the run stands in {run_dir}: continue it with --resume {run_dir} on the hosts left"
@@ -212,7 +220,10 @@ def main(args, program: list[str]) -> int:
 def _hosts(given: str | None) -> list[Host]:
     """--hosts (a hostfile's path, or `n1:2,n2:2`), else the Slurm allocation this runs in."""
     if given:
-        return parse_hosts(open(given).read() if os.path.isfile(given) else given)
+        if not os.path.isfile(given):
+            return parse_hosts(given)
+        with open(given) as f:
+            return parse_hosts(f.read())
     if "SLURM_JOB_NODELIST" not in os.environ:
         raise ValueError("found none, expected a hostfile or n1:2,n2:2 (outside a Slurm allocation)")
     names = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,

@@ -3,6 +3,7 @@ left, not the run. Pure logic in-process (the hosts, mpirun's command, when to r
 launches.json and what --status makes of it); a real run on a simulated cluster of its own
 (tests/test_multinode.py's machinery), a node killed whole mid-test under the launcher."""
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -196,3 +197,27 @@ def test_a_node_killed_during_the_relaunch_is_left_out_too_and_the_launcher_give
     assert "gave up after 1 relaunch(es), the limit (--relaunch 1)" in err and code != 0, err[-3000:]
     res = read_results(folder / "runs")
     assert [t["index"] for t in res["tests"]] == [1] and res["status"] != "complete"
+
+
+@pytest.mark.mpi
+def test_a_signal_to_the_launcher_stops_the_run_cleanly_and_nothing_is_relaunched(tmp_path):
+    """SIGUSR1 to the launcher (one host, 2 ranks): it goes on to mpirun, which passes it to
+    the ranks (the run's clean stop: rank 0 records it interrupted); the launcher records
+    the launch, relaunches nothing and exits non-zero. hpcai500.py blocks these signals for
+    its ranks: the launcher takes them again, and mpirun is not left unkillable."""
+    (tmp_path / "x.dat").write_text(dat_text(l5=tmp_path / "runs", **RELAUNCH_DAT))
+    err = tmp_path / "err.txt"
+    with open(tmp_path / "out.txt", "w") as o, open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, str(ROOT / "hpcai500.py"), str(tmp_path / "x.dat"), "--relaunch",
+                              "--hosts", "localhost:2", "--mpirun", " ".join([*MPIRUN_STDIN, "--oversubscribe"])],
+                             cwd=tmp_path, env=mpi_env(True, {}), stdout=o, stderr=e, text=True)
+    _when(p, err, "epoch 1/")
+    p.send_signal(signal.SIGUSR1)
+    p.wait(timeout=PROGRESS_DEADLINE)
+    said = err.read_text(errors="replace")
+    assert "the launcher was stopped (a signal): no relaunch" in said and p.returncode != 0, said[-3000:]
+    (run,) = [x for x in (tmp_path / "runs").iterdir() if not x.name.startswith(".")]
+    (launch,) = results.launches(str(run))
+    assert launch["hosts"] == ["localhost:2"] and launch["lost"] == []
+    res = read_results(tmp_path / "runs")
+    assert res["status"] == "interrupted" and res["interrupted"]["reason"].startswith("SIGUSR1 received"), res
