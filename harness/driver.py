@@ -36,6 +36,7 @@ from harness import (dat, division, elastic, fault, files, frameworks, gpus, hea
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
+_ARMED: dict = {}   # the detector's parameters this rank armed (main), {} none
 
 
 def launcher_rank() -> int:
@@ -72,16 +73,15 @@ def end(status: int) -> None:
     against import, then os._exit), at every rank's end, where ranks share cores (8 PyTorch
     ranks on 2 cores: 3.5 s from the last rank's MPI_Finalize to mpirun's exit, 0.2 s
     without it). Nothing of the run's is left to it: every file is written and closed
-    before main() returns. A run that lost ranks ends in elastic.leave instead; a rank of
-    mpirun with ULFM (elastic.mpirun_ulfm) skips MPI_Finalize, which ULFM's heartbeat
-    detector hangs (elastic.DETECTOR_SETTING's comment; also where the site armed it, so
-    whether or not the harness did): mpirun then ends the job with the ranks' status."""
+    before main() returns. A run that lost ranks ends in elastic.leave instead; a rank that
+    armed ULFM's heartbeat detector (main: under mpirun with ULFM) skips MPI_Finalize, which
+    the detector hangs (elastic.DETECTOR_SETTING's comment): mpirun then ends the job with
+    the ranks' status."""
     import atexit
     import ctypes
     atexit._run_exitfuncs()
     mpi = sys.modules.get("mpi4py.MPI")
-    if (mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
-            and not elastic.mpirun_ulfm(os.environ, elastic.mpi_etc(os.environ))):
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and not _ARMED:
         mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -218,6 +218,7 @@ def main(argv=None) -> int:
         os.environ[elastic.SETTING] = args.on_fault
     armed = elastic.detector_params(os.environ, elastic.mpi_etc(os.environ), _detector_seconds())
     os.environ.update(armed)
+    _ARMED.update(armed)   # end() skips MPI_Finalize
     from mpi4py import MPI
     if armed:   # the heartbeats go out as MPI progresses
         elastic.Pulse(float(armed["OMPI_MCA_mpi_ft_detector_period"]) / 2)
@@ -709,9 +710,11 @@ def _fault_tolerance(policy: str) -> dict:
     survives, how = elastic.launch_survives(os.environ, etc)
     prefix = os.path.dirname(etc)
     try:
+        # the rank's environment less its PMIx identity: the tool must not pass for this rank
         asked = subprocess.run([os.path.join(prefix, "bin", "ompi_info"), "--param", "mpi", "ft", "--level", "9",
                                 "--parsable"], capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "OPAL_PREFIX": prefix})
+                               env={**{k: v for k, v in os.environ.items() if not k.startswith("PMIX_")},
+                                    "OPAL_PREFIX": prefix})
         found = elastic.detector(asked.stdout)
     except (OSError, subprocess.SubprocessError):
         found = None   # not Open MPI (make venv MPI=site), or no ompi_info there
