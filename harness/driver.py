@@ -22,19 +22,21 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
 from harness.errors import RunError, crash, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import (dat, division, elastic, fault, files, frameworks, gpus, heartbeat, report, results, run, settings,
-                     signals, telemetry, topology, tune, verify, workloads)
+from harness import (dat, division, elastic, fault, files, frameworks, gpus, heartbeat, relaunch, report, results, run,
+                     settings, signals, telemetry, topology, tune, verify, workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
+_ARMED: dict = {}   # the detector's parameters this rank armed (main), {} none
 
 
 def launcher_rank() -> int:
@@ -71,12 +73,15 @@ def end(status: int) -> None:
     against import, then os._exit), at every rank's end, where ranks share cores (8 PyTorch
     ranks on 2 cores: 3.5 s from the last rank's MPI_Finalize to mpirun's exit, 0.2 s
     without it). Nothing of the run's is left to it: every file is written and closed
-    before main() returns. A run that lost ranks ends in elastic.leave instead."""
+    before main() returns. A run that lost ranks ends in elastic.leave instead; a rank that
+    armed ULFM's heartbeat detector (main: under mpirun with ULFM) skips MPI_Finalize, which
+    the detector hangs (elastic.DETECTOR_SETTING's comment): mpirun then ends the job with
+    the ranks' status."""
     import atexit
     import ctypes
     atexit._run_exitfuncs()
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and not _ARMED:
         mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -104,7 +109,7 @@ def _seconds(text: str) -> float:
 # The modes that read earlier runs' folders (no MPI, no input file, no training): one at a time,
 # and never with what plans or starts a run (RUN_OPTIONS, the input file), which they would ignore.
 READERS = ("--verify", "--status", "--summarize")
-RUN_OPTIONS = ("--check", "--resume", "--on-fault", "--tune")
+RUN_OPTIONS = ("--check", "--resume", "--on-fault", "--tune", "--relaunch")
 
 
 def mode_conflict(args, dat_given: bool) -> str | None:
@@ -158,6 +163,16 @@ def parse_args(argv):
                         f" {tune.DEFAULT_MINUTES:g}): its lines listing several values are the search space; writes"
                         f" the tuning table, a chart and the tuned input file ({tune.TUNED}) in the run's folder"
                         " (docs/tuning.md, 'Tuning with --tune')")
+    p.add_argument("--relaunch", nargs="?", type=int, const=relaunch.DEFAULT_TIMES, metavar="TIMES",
+                   help="run mpirun on --hosts (not under mpirun: this process is the launcher) and, when the run"
+                        " ends with a node lost (PRRTE names it), --resume it on the hosts left, up to TIMES times"
+                        f" (default {relaunch.DEFAULT_TIMES}); each launch is recorded in the run folder"
+                        " (docs/running.md, 'A lost node, a cut link')")
+    p.add_argument("--hosts", metavar="HOSTS",
+                   help="with --relaunch: a hostfile, or n1:2,n2:2 (host:ranks); default: the Slurm allocation")
+    p.add_argument("--mpirun", metavar="OPTIONS",
+                   help="with --relaunch: options for every mpirun it runs, one quoted string (e.g."
+                        " \"-x HPCAI500_ON_FAULT -x HPCAI500_HEARTBEAT\")")
     p.add_argument("--summarize", nargs="+", metavar="RUN",
                    help="reprint the result tables of earlier runs (runs/<id> folders; a results directory: every"
                         " run in it) side by side")
@@ -172,6 +187,11 @@ def parse_args(argv):
                         " complete with every test PASSED, "
                         + ", ".join(f"{c} {n}" for n, c in heartbeat.EXIT.items() if c) + ", 1 not a run")
     args = p.parse_args(argv)
+    if (args.hosts or args.mpirun) and args.relaunch is None:
+        p.error(f"argument {'--hosts' if args.hosts else '--mpirun'}: only with --relaunch (the launcher's own)")
+    if args.relaunch is not None and (args.relaunch < 0 or args.check):
+        p.error(f"argument --relaunch: found {'--check' if args.check else args.relaunch}, expected a count of"
+                " relaunches >= 0 for a run (--check starts no run)")
     conflict = mode_conflict(args, args.dat is not None)
     if conflict:
         p.error(conflict)
@@ -192,15 +212,44 @@ def main(argv=None) -> int:
             say(f"error: --summarize: {e}")
             return 1
         return 0
+    if args.relaunch is not None:   # the launcher: no MPI here, each launch's ranks run the rest
+        return relaunch.main(args, _program(args))
     if args.on_fault:   # a setting like the others: read once, recorded, echoed
         os.environ[elastic.SETTING] = args.on_fault
+    armed = elastic.detector_params(os.environ, elastic.mpi_etc(os.environ), _detector_seconds())
+    os.environ.update(armed)
+    _ARMED.update(armed)   # end() skips MPI_Finalize
     from mpi4py import MPI
+    if armed:   # the heartbeats go out as MPI progresses
+        elastic.Pulse(float(armed["OMPI_MCA_mpi_ft_detector_period"]) / 2)
     world = elastic.World(MPI.COMM_WORLD, "abort")   # its policy once the settings are agreed (_run)
     watchdog = Watchdog(args.watchdog, world.rank, lambda: _give_up(world), lambda: _giving_up(world)).start()
     status = _guarded(args, world, watchdog)
     if world.losses:
+        if world.rank == 0 and (far := elastic.unreached(world)):
+            say(f"the run has ended; lost rank(s) {', '.join(map(str, far))} had no rank left on their node to end"
+                " them: should one live on silent (stopped, frozen), mpirun waits for it; its results are whole"
+                " (--status says so): end mpirun (Ctrl-C, scancel)")
         elastic.leave(status)
     return status
+
+
+def _detector_seconds() -> float:
+    """HPCAI500_FT_DETECTOR before MPI starts; a bad value arms nothing here and is refused,
+    named, once MPI runs (settings.read, on every rank alike)."""
+    try:
+        return settings.value(elastic.DETECTOR_SETTING)
+    except settings.SettingError:
+        return 0.0
+
+
+def _program(args) -> list[str]:
+    """The ranks' command line under the relauncher: this program, the input, and the run
+    options given (--resume is the relauncher's to add)."""
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hpcai500.py")
+    return [sys.executable, here, args.dat, "--watchdog", f"{args.watchdog:g}",
+            *(["--on-fault", args.on_fault] if args.on_fault else []),
+            *(["--tune", f"{args.tune:g}"] if args.tune is not None else [])]
 
 
 def _guarded(args, world, watchdog) -> int:
@@ -289,7 +338,7 @@ def _run(args, world, watchdog) -> int:
         raise RunError(why)
     tolerance = _agreed_tolerance(world)
     nodes = topology.discover(world)
-    world.hosts = [nodes.hosts[n] for n in nodes.node_of_rank]   # by launch rank: a loss names its hosts
+    world.place([nodes.hosts[n] for n in nodes.node_of_rank])
     # Validate and load before TensorFlow is imported (~3 s a rank): a refused input stops
     # at once, and the loaders run no TensorFlow op, so the pinning below still works.
     plan = planning.make(world, given, nodes, watchdog)
@@ -654,11 +703,22 @@ def _agreed_tolerance(world) -> dict:
 
 
 def _fault_tolerance(policy: str) -> dict:
-    """results.json's fault_tolerance: the policy, and whether this launch keeps a job
-    whose rank died (the MPI's MCA parameter files: its prefix's etc/, OPAL_PREFIX or the venv's)."""
-    survives, how = elastic.launch_survives(os.environ, os.path.join(os.environ.get("OPAL_PREFIX", sys.prefix),
-                                                                      "etc"))
-    return {"policy": policy, "ulfm": survives, "how": how}
+    """results.json's fault_tolerance: the policy, whether this launch keeps a job whose
+    rank died (the MPI's MCA parameter files: its prefix's etc/, OPAL_PREFIX or the venv's),
+    and ULFM's heartbeat detector as that MPI reads it here (its ompi_info; None: not known)."""
+    etc = elastic.mpi_etc(os.environ)
+    survives, how = elastic.launch_survives(os.environ, etc)
+    prefix = os.path.dirname(etc)
+    try:
+        # the rank's environment less its PMIx identity: the tool must not pass for this rank
+        asked = subprocess.run([os.path.join(prefix, "bin", "ompi_info"), "--param", "mpi", "ft", "--level", "9",
+                                "--parsable"], capture_output=True, text=True, timeout=60,
+                               env={**{k: v for k, v in os.environ.items() if not k.startswith("PMIX_")},
+                                    "OPAL_PREFIX": prefix})
+        found = elastic.detector(asked.stdout)
+    except (OSError, subprocess.SubprocessError):
+        found = None   # not Open MPI (make venv MPI=site), or no ompi_info there
+    return {"policy": policy, "ulfm": survives, "how": how, "detector": found and asdict(found)}
 
 
 def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance, tuning=None):
@@ -676,9 +736,12 @@ def _output(cfg, plan, run_dir, environment, devices, nodes, ceilings, tolerance
                                         for line in frameworks.facts(name).conventions(
                                             cfg, environment, results.minor(results.SCHEMA))]),
         skipped=[{"index": s.test.index, "reason": s.reason, "cause": s.cause} for s in plan.skipped],
-        fault_tolerance=tolerance, tv_legend=dat.TV_LEGEND, tuning=tuning)
+        fault_tolerance=tolerance, tv_legend=dat.TV_LEGEND, tuning=tuning,
+        relaunches=({"launches": launches, "started": time.time()}
+                    if plan.previous and (launches := results.launches(run_dir)) else None))
     params = (dat.describe(cfg) + settings.describe(plan.settings) + settings.describe_library(environment)
-              + elastic.lines(tolerance) + (tune.param_lines(tuning) if tuning else []))
+              + elastic.lines(tolerance) + relaunch.lines(record.relaunches)
+              + (tune.param_lines(tuning) if tuning else []))
     return report.Output(cfg, record, params, plan.previous)
 
 

@@ -31,13 +31,28 @@ Per the policy (`--on-fault`, HPCAI500_ON_FAULT):
   (harness/run._waves); a test's division stays what it was, its Time carries the cost.
 
 ULFM must be on at launch: `launch_survives` says whether it is, from what Open MPI reads
-(the environment, its MCA parameter files). Pure functions but for `World` and
-`job_failed`, which are MPI at the edges.
+(the environment, its MCA parameter files).
+
+A silent rank (SIGSTOPped, a frozen node, a process stuck in the kernel: alive, its sockets
+open, its own watchdog stopped with it) raises no error in anyone: the survivors would wait
+for it at the next world step for ever. ULFM's heartbeat detector takes a rank for dead
+after `timeout` s without a heartbeat; from then on it is lost as a dead one is, at the next
+world step. Each rank of the harness arms it for itself before MPI starts
+(`detector_params`, HPCAI500_FT_DETECTOR), under mpirun with ULFM (`mpirun_ulfm`), and
+then ends without MPI_Finalize, which the detector hangs. `detector` reads the detector's
+settings as Open MPI reads them (ompi_info's answer in the ranks' environment: a misspelt
+value or a variable `-x` never forwarded shows there as off, where a look at the
+environment would take it for on). A lost rank that lives on (silent, or cut off) is then SIGKILLed by a survivor on its
+node (`end_strays`): it holds its node's memory and devices, and mpirun waits for it.
+
+Pure functions but for `World`, `job_failed` and `end_strays`, which are MPI (and the
+process table) at the edges.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -53,6 +68,20 @@ DETECT_SECONDS = 10.0   # s a job survivor waits for ULFM to name the failed mem
 # ranks) and PRTE's (in mpirun and its daemons: keep the job, and tell the survivors).
 OMPI_PARAMS = {"mpi_ft_enable": "1"}
 PRTE_PARAMS = {"state_base_recoverable": "1", "state_base_notify_errors": "1"}
+# ULFM's heartbeat failure detector, armed in each rank of the harness (not in the venv's
+# parameter files, which every MPI program of the venv reads). Open MPI 5.0.8's detector hangs
+# MPI_Finalize, ranks spinning in ompi_comm_failure_detector_finalize: with its thread of its
+# own, 5 of 5 launches of 2-4 ranks of a bare mpi4py program; without it, none of 7 bare ones
+# but 2 of 2 4-rank runs of the harness (some ranks spun there while the others waited further
+# on). So a rank that armed it ends without MPI_Finalize (driver.end; mpirun then exits
+# with the ranks' status). The thread (mpi_ft_detector_thread) also segfaulted a rank at its
+# start now and then (5 of 34 4-rank runs of the harness; 0 of 18 with the thread off, 0 of 8
+# without the detector), so it is off: the heartbeats then go out only while the rank drives
+# MPI's progress, which each rank's `Pulse` does twice a period. Opt-in while it has few runs
+# behind it: one suite with it on by default failed a test whose ranks were lost in their device
+# set-up (the same test failed as often with it off: its cause is not the detector, not found yet).
+DETECTOR_SETTING = "HPCAI500_FT_DETECTOR"   # s without a heartbeat before a rank is taken for lost; 0: off
+DETECTOR_PARAMS = ("mpi_ft_detector", "mpi_ft_detector_thread", "mpi_ft_detector_period", "mpi_ft_detector_timeout")
 
 
 class Lost(Exception):
@@ -138,6 +167,58 @@ def read_params(path: str) -> dict:
     return out
 
 
+def mpi_etc(environ) -> str:
+    """The folder of the MCA parameter files of the MPI this process runs: its prefix's etc/
+    (OPAL_PREFIX, which mpirun sets for its ranks, or the venv's)."""
+    return os.path.join(environ.get("OPAL_PREFIX", sys.prefix), "etc")
+
+
+def mpirun_ulfm(environ, etc: str) -> bool:
+    """Whether this rank was started by mpirun (PRRTE sets PRTE_LAUNCHED) with ULFM on: the
+    ranks that may arm the detector and then end without MPI_Finalize (driver.end). Not under srun,
+    whose ranks must finalize (one that did not was reported exit code 14: driver.end) and
+    which keeps no job whose rank died, nor a singleton."""
+    return environ.get("PRTE_LAUNCHED") == "1" and launch_survives(environ, etc)[0]
+
+
+def detector_params(environ, etc: str, seconds: float) -> dict:
+    """The OMPI_MCA_ variables that arm ULFM's heartbeat detector in this rank, read by its
+    Open MPI at MPI_Init: a heartbeat every tenth of the timeout (sent while MPI progresses:
+    `Pulse`), a rank taken for lost after `seconds` without one, no thread of its own
+    (DETECTOR_SETTING's comment). None but under mpirun with ULFM (`mpirun_ulfm`), where
+    `seconds` is 0, or where the launch sets a detector parameter itself (`environ`,
+    `etc`/openmpi-mca-params.conf): the site's choice stands, and the report says what Open
+    MPI read (`detector`)."""
+    given = {**read_params(os.path.join(etc, "openmpi-mca-params.conf")),
+             **{k[len("OMPI_MCA_"):]: v for k, v in environ.items() if k.startswith("OMPI_MCA_")}}
+    if not mpirun_ulfm(environ, etc) or seconds <= 0 or any(p in given for p in DETECTOR_PARAMS):
+        return {}
+    return {"OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_thread": "false",
+            "OMPI_MCA_mpi_ft_detector_period": f"{seconds / 10:g}", "OMPI_MCA_mpi_ft_detector_timeout": f"{seconds:g}"}
+
+
+class Pulse:
+    """A daemon thread that drives MPI's progress every `seconds` (an Iprobe on COMM_SELF,
+    which MPI_THREAD_MULTIPLE allows beside the main thread's calls), so that ULFM's
+    detector sends and reads heartbeats while the main thread computes outside MPI (a
+    PyTorch base model of one rank calls no MPI in a whole epoch). It needs the GIL a few
+    microseconds at a time: a rank whose main thread held the GIL for the detector's whole
+    timeout would be taken for lost. MPI at the edge."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        threading.Thread(target=self._run, name="hpcai500-pulse", daemon=True).start()
+
+    def _run(self) -> None:
+        from mpi4py import MPI
+        while True:
+            time.sleep(self.seconds)
+            try:
+                MPI.COMM_SELF.Iprobe()
+            except Exception:  # noqa: BLE001 - a failure is the main thread's to find, in its own call
+                pass
+
+
 def launch_survives(environ, etc: str) -> tuple[bool, str]:
     """(whether this launch keeps the job when a rank dies, how it is known). Open MPI
     takes a parameter from the environment (OMPI_MCA_x; mpirun --with-ft ulfm sets
@@ -146,6 +227,9 @@ def launch_survives(environ, etc: str) -> tuple[bool, str]:
     sets them so is taken at its word only with mpi_ft_enable in the environment)."""
     if environ.get("OMPI_MCA_mpi_ft_enable") == "1":
         return True, "OMPI_MCA_mpi_ft_enable=1 in the ranks' environment (mpirun --with-ft ulfm, or set by hand)"
+    if "OMPI_MCA_mpi_ft_enable" in environ:   # it outranks the files
+        return False, (f"ULFM is off: OMPI_MCA_mpi_ft_enable={environ['OMPI_MCA_mpi_ft_enable']} in the ranks'"
+                       " environment; a lost rank ends the run")
     ompi = read_params(os.path.join(etc, "openmpi-mca-params.conf"))
     prte = read_params(os.path.join(etc, "prte-mca-params.conf"))
     missing = [f"{k} = {v} ({name})" for params, found, name in
@@ -155,6 +239,95 @@ def launch_survives(environ, etc: str) -> tuple[bool, str]:
         return False, (f"ULFM is off: {', '.join(missing)} missing in {etc}; a lost rank ends the run"
                        " (launch with mpirun --with-ft ulfm, or make venv)")
     return True, f"ULFM on by {etc}/openmpi-mca-params.conf and prte-mca-params.conf"
+
+
+@dataclass(frozen=True)
+class Detector:
+    """ULFM's heartbeat failure detector as the ranks' Open MPI reads it (results.json's
+    fault_tolerance.detector from schema 2.22)."""
+    on: bool          # mpi_ft_detector
+    thread: bool      # mpi_ft_detector_thread: heartbeats from a thread of their own (else only while in MPI)
+    period: float     # s between heartbeats (mpi_ft_detector_period)
+    timeout: float    # s without a heartbeat before the observed rank is taken for dead (mpi_ft_detector_timeout)
+    source: str       # where mpi_ft_detector was read, in ompi_info's words ("default", "environment", "file (...)")
+
+
+def detector(parsable: str) -> Detector | None:
+    """The detector from `ompi_info --param mpi ft --level 9 --parsable`'s output (lines
+    `mca:mpi:ft:param:NAME:value:V` and `...:source:S`); None where it names no detector."""
+    found = {}
+    for line in parsable.splitlines():
+        parts = line.split(":", 6)
+        if len(parts) == 7 and parts[:4] == ["mca", "mpi", "ft", "param"] and parts[5] in ("value", "source"):
+            found[(parts[4], parts[5])] = parts[6]
+    try:
+        return Detector(found[("mpi_ft_detector", "value")] == "true",
+                        found[("mpi_ft_detector_thread", "value")] == "true",
+                        float(found[("mpi_ft_detector_period", "value")]),
+                        float(found[("mpi_ft_detector_timeout", "value")]), found[("mpi_ft_detector", "source")])
+    except (KeyError, ValueError):
+        return None
+
+
+def detector_lines(found: dict | None) -> list[str]:
+    """The report's FAULTS lines on a silent rank, for fault_tolerance.detector (a
+    Detector's fields; None: not known)."""
+    if found is None:
+        return ["FAULTS  : a silent rank (stopped, frozen): ULFM's heartbeat detector not known (no Open MPI"
+                " ompi_info to ask): if off, the survivors wait for such a rank at the next world step"]
+    if not found["on"]:
+        return [f"FAULTS  : warning: ULFM's heartbeat detector is off (mpi_ft_detector false, from {found['source']}):"
+                " a silent rank (stopped, frozen) is never found lost, the survivors wait for it at the next world"
+                f" step ({DETECTOR_SETTING}=30 arms it under mpirun with ULFM)"]
+    out = [f"FAULTS  : a silent rank (stopped, frozen) is taken for lost after {found['timeout']:g} s without a"
+           f" heartbeat (ULFM's detector, one every {found['period']:g} s"
+           f"{', from a thread of its own' if found['thread'] else ', sent as each rank drives MPI every half period'};"
+           f" mpi_ft_detector from {found['source']}), then found at the next world step as a dead one is;"
+           " a survivor on its node ends it"]
+    if found["thread"]:
+        out.append("FAULTS  : warning: mpi_ft_detector_thread is true: Open MPI 5.0.8 then hangs MPI_Finalize and"
+                   " can crash a rank at its start (docs/running.md, 'A silent rank')")
+    return out
+
+
+def strays(lost, hosts, pids, me: int) -> list[tuple[int, int]]:
+    """(launch rank, pid) of each lost rank on launch rank `me`'s host (`hosts`, `pids`: by
+    launch rank; [] where the hosts are not known): those `me` can end."""
+    if not hosts or not pids:
+        return []
+    return [(r, pids[r]) for r in sorted(lost) if r != me and hosts[r] == hosts[me]]
+
+
+def end_strays(world) -> list[int]:
+    """SIGKILL each lost rank of this rank's host that still lives (a silent one: SIGSTOPped,
+    frozen), once its /proc entry shows it is that rank of this job (PMIX_NAMESPACE and
+    PMIX_RANK in its environment: a dead rank's pid may be another process's by now); the
+    launch ranks ended. A rank ended twice (two survivors on its host) is no harm."""
+    import signal
+    mine = os.environ.get("PMIX_NAMESPACE")
+    ended = []
+    for rank, pid in strays(world.lost, world.hosts, world.pids, world.origin):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue   # gone: dead, as most lost ranks are
+        if mine and {f"PMIX_NAMESPACE={mine}".encode(), f"PMIX_RANK={rank}".encode()} <= env:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(rank)
+            except OSError:
+                pass
+    return ended
+
+
+def unreached(world) -> list[int]:
+    """The lost launch ranks with no survivor on their host (none can end them should they
+    live on silent; mpirun then waits for them); all of them where the hosts are not known."""
+    if not world.hosts:
+        return sorted(world.lost)
+    left = {world.hosts[r] for r in world.launch_ranks}
+    return sorted(r for r in world.lost if world.hosts[r] not in left)
 
 
 def job_failed(comm, seconds: float = DETECT_SECONDS) -> bool:
@@ -188,9 +361,15 @@ class World:
         self._launch = list(range(comm.size))   # launch rank of each rank of `comm`
         self.launched = comm.size               # ranks at launch
         self.hosts: list[str] = []              # the host of each launch rank (the driver sets it; [] unknown)
+        self.pids: list[int] = []               # the pid of each launch rank (likewise: end_strays)
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
+
+    def place(self, hosts: list[str]) -> None:
+        """COLLECTIVE: the host of each launch rank (a loss names its hosts) and each one's pid
+        (a survivor ends a silent lost rank on its own host: end_strays)."""
+        self.hosts, self.pids = hosts, self.comm.allgather(os.getpid())
 
     @property
     def launch_ranks(self) -> list[int]:
@@ -271,6 +450,7 @@ class World:
         if gone:
             hosts = tuple(sorted({self.hosts[r] for r in gone})) if self.hosts else ()
             self.losses.append(Loss(gone, phase, self._clock() - self._t0, time.time(), hosts))
+            end_strays(self)   # under every policy: a silent one would hold mpirun past the run's end
             if self.policy == "abort":   # its one line is the run's error (driver._aborted)
                 raise Aborted(f"--on-fault abort: {describe(self.losses[-1:])}; the run ends", coordinator_lost)
             if self.comm.rank == 0:
@@ -337,6 +517,8 @@ def lines(tolerance: dict, schema: tuple[int, int] | None = None) -> list[str]:
     if tolerance["policy"] != "abort" and not tolerance["ulfm"]:
         out.append(f"FAULTS  : warning: --on-fault {tolerance['policy']} asked, but this launch cannot keep a job"
                    " whose rank died: a fault ends the run")
+    if tolerance["ulfm"] and "detector" in tolerance:   # schema 2.22 on: the detector as the ranks' MPI read it
+        out += detector_lines(tolerance["detector"])
     return out
 
 
@@ -344,5 +526,6 @@ def leave(status: int) -> None:
     """End a process of a run that lost ranks, without MPI_Finalize: its fence over the
     launch's processes waited forever for a dead one in 2 of 2 PyTorch runs under load (the
     ranks stuck in ompi_mpi_finalize's wait after the report was whole), while leaving so
-    lets mpirun end the job and exit 0 (seen with ULFM on)."""
+    lets mpirun end the job and exit 0 (seen with ULFM on; a rank's status 1 is mpirun's:
+    2-4 ranks of mpi4py, 3 of 3, as a ULFM job outlives a process that ends unfinalized)."""
     signals.exit_now(status)

@@ -1,9 +1,10 @@
 """Fault injection, for the reliability tests only.
 
-HPCAI500_FAULT="RANK:WHERE[:kill|hang|slow][,RANK:WHERE[:KIND]...]" makes world rank RANK
-(its rank at launch) raise (or SIGKILL itself, or stop making progress forever, or sleep
+HPCAI500_FAULT="RANK:WHERE[:kill|hang|slow|stop][,RANK:WHERE[:KIND]...]" makes world rank
+RANK (its rank at launch) raise (or SIGKILL itself, or stop making progress forever, or sleep
 SLOW_STEP s there and before every later step: a rank that trains slowly but surely, at
-no CPU cost) at WHERE: a global training step (an integer) of every test, or the start of
+no CPU cost; or SIGSTOP itself: alive and silent, its MPI library's threads too, as a frozen
+node or a process stuck in the kernel is) at WHERE: a global training step (an integer) of every test, or the start of
 a phase (`eval`, `roofline`, `sampler`, `staging`, `start`: a test's, before its first
 world step), of every test or, as `PHASE@N`, of test N only. Several faults,
 comma-separated, hit several ranks (or phases) in one run. Unset, it costs nothing.
@@ -16,7 +17,7 @@ import sys
 import time
 
 PHASES = ("eval", "roofline", "sampler", "staging", "start")
-KINDS = ("raise", "kill", "hang", "slow")
+KINDS = ("raise", "kill", "hang", "slow", "stop")
 SLOW_STEP = 0.25   # s a `slow` rank sleeps before each step (its watchdog beaten first: alive)
 USAGE = f"RANK:STEP|{'|'.join(PHASES)}[@TEST][:{'|'.join(KINDS[1:])}][,...]"
 
@@ -57,14 +58,14 @@ def _armed(world_rank: int) -> list[tuple[int | str, str]]:
 
 
 def _fire(kind: str, where) -> None:
-    if kind in ("kill", "hang"):   # when, on this rank's clock: bench/elastic.py times the recovery from it
+    if kind in ("kill", "hang", "stop"):   # when, on this rank's clock: bench/elastic.py times the recovery from it
         print(f"hpcai500: rank {os.environ.get('OMPI_COMM_WORLD_RANK', '?')}: HPCAI500_FAULT fires: {kind} at {where}"
               f" (t={time.time():.3f})", file=sys.stderr, flush=True)
     if kind == "slow":
         time.sleep(SLOW_STEP)
         return
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
+    if kind in ("kill", "stop"):   # a stopped process runs again only if continued: then it raises
+        os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
     while kind == "hang":  # alive but stuck, as a rank in a deadlock is
         time.sleep(60)
     raise RuntimeError(f"fault injected by HPCAI500_FAULT at {where}")

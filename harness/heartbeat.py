@@ -135,8 +135,22 @@ def process_alive(beat: dict) -> bool | None:
 def status(run_dir: str, rec: results.Record, now: float | None = None) -> State:
     """The run's state as `judge` gives it, from its folder and this machine's processes."""
     beat = read(run_dir)
-    state = judge(rec, beat, time.time() if now is None else now, process_alive(beat) if beat else None)
+    alive = process_alive(beat) if beat else None
+    ended = [x["ended"] for x in results.launches(run_dir)]
+    if alive is None and beat and ended and float(beat["time"]) <= max(ended):
+        alive = False   # its last stamp came before its relauncher saw mpirun end (harness/relaunch.py)
+    state = judge(rec, beat, time.time() if now is None else now, alive)
+    if rec.relaunches:
+        state = replace(state, detail=state.detail + relaunched_words(rec.relaunches))
     return replace(state, tuning=tuning_words(rec.tuning)) if rec.tuning else state
+
+
+def relaunched_words(relaunches: dict) -> str:
+    """--status's words on a relaunched run (results.json's `relaunches`): how many times,
+    and the hosts lost."""
+    done = relaunches["launches"]
+    lost = [h for x in done for h in x["lost"]]
+    return f"; relaunched {len(done)} time(s)" + (f" after host(s) {', '.join(lost)} lost" if lost else "")
 
 
 def tuning_words(tuning: dict) -> str:

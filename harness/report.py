@@ -537,6 +537,7 @@ class Output:
             record.tests.extend(previous.tests)
             record.repeats.extend(previous.repeats)
             record.resumed = previous.resumed + [time.strftime("%Y-%m-%dT%H:%M:%S")]
+            record.node_maps = previous.node_maps + [results.node_map(previous.environment, [], 0)]
             if self.earlier_losses and record.fault_tolerance is not None:
                 record.fault_tolerance = {**record.fault_tolerance, "losses": self.earlier_losses}
             for r in record.tests:

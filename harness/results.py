@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.21"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.22"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -242,11 +242,18 @@ class Record:
     interrupted: dict | None = None   # reason, test, repetition
     fault_tolerance: dict | None = None   # policy (--on-fault), ulfm (bool: the launch keeps a job whose rank
     #                                 died), how (how that is known), from 2.11 losses (every loss of ranks in the
-    #                                 run, elastic.entry: launch ranks, phase, seconds, time; absent: none yet);
-    #                                 None: a file of schema < 2.10
+    #                                 run, elastic.entry: launch ranks, phase, seconds, time; absent: none yet),
+    #                                 from 2.22 detector (elastic.Detector's fields, None: not known; absent: a
+    #                                 file of < 2.22); None: a file of schema < 2.10
     write_seconds: list = field(default_factory=list)  # s, rank 0: each finished test's writing (MLLOG files,
                                       #   report.txt, results.json), in finishing order (harness/driver.py)
     tv_legend: str = ""               # the report's T/V legend (dat.TV_LEGEND when it ran); "": a file of schema < 2.13
+    node_maps: list = field(default_factory=list)   # the node map (environment's hosts, node_of_rank,
+    #                                   machine_of_node) of each invocation before this one, by invocation:
+    #                                   a resumed run's tests read theirs ([]: never resumed; a file of < 2.22)
+    relaunches: dict | None = None    # a relaunched run (harness/relaunch.py): launches (launches.json's, each
+    #                                   launch before this invocation), started (s since the epoch: this one's
+    #                                   start); None: launched once (and a file of schema < 2.22)
     tuning: dict | None = None        # a tuning run (--tune): budget_seconds, eta, plan (its stages), trials (the
     #                                 tuning table's rows), picks (the speed knobs' winners), best (the trial
     #                                 number of the tuned file's finalist), spent_seconds, planned, tuned (the
@@ -280,6 +287,29 @@ def load_run(run_dir: str) -> Record:
         return load(path)
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: unreadable ({e})") from None
+
+
+NODE_MAP = ("hosts", "node_of_rank", "machine_of_node")   # the environment's keys that place a test's ranks
+
+
+def node_map(environment: dict, node_maps: list, invocation: int) -> dict:
+    """The node map of the invocation that timed a test: `node_maps`' entry (Record.node_maps,
+    the invocations before the last), else the last invocation's `environment`."""
+    return node_maps[invocation] if invocation < len(node_maps) else {k: environment.get(k) for k in NODE_MAP}
+
+
+LAUNCHES = "launches.json"   # in a run folder: each mpirun of a relaunched run (harness/relaunch.py)
+
+
+def launches(run_dir: str) -> list[dict]:
+    """A run folder's launches.json: each launch the relauncher made ([]: none, a run
+    launched by hand, or an unreadable file: the relauncher writes it whole)."""
+    try:
+        with open(os.path.join(run_dir, LAUNCHES)) as f:
+            found = json.load(f)
+        return found if isinstance(found, list) else []
+    except (OSError, ValueError):
+        return []
 
 
 def load(path: str) -> Record:

@@ -165,6 +165,11 @@ TABLE = {s.name: s for s in (
     Setting("HPCAI500_ON_FAULT", _one_of(*elastic.POLICIES), elastic.DEFAULT,
             "what a lost rank costs: abort the run, drop the base models it touched, or retrain them on the"
             " survivors (set by --on-fault)", flag="--on-fault", per_invocation=True),
+    Setting(elastic.DETECTOR_SETTING, _seconds, 0.0,
+            "s a rank may go without ULFM's heartbeat before it is taken for lost (a silent rank: stopped, frozen;"
+            " 30 suits); 0: the detector off; armed where the launch has ULFM and sets no mpi_ft_detector parameter"
+            " itself",
+            figures=False),
     Setting("HPCAI500_WATCHDOG", _seconds, 1800.0, "watchdog limit, s (read by the command line)", figures=False,
             flag="--watchdog"),
     Setting("HPCAI500_HEARTBEAT", _positive_seconds, 5.0,

@@ -40,8 +40,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from harness import (communication, dat, division, elastic, flops, frameworks, heartbeat, metrics, mllog, parallelism, report,
-                     results, settings, telemetry, topology, train, tune, workloads)
+from harness import (communication, dat, division, elastic, flops, frameworks, heartbeat, metrics, mllog, parallelism,
+                     relaunch, report, results, settings, telemetry, topology, train, tune, workloads)
 from harness.errors import say
 
 REL = 1e-9   # the same arithmetic on the same numbers: only the order of additions may differ
@@ -290,7 +290,7 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
         return [Check(f"{name}: other load", True, note=f"not recorded: results schema {res.schema}")]
     out = [_num(f"{name}: other load on {', '.join(m['hosts'])} (busy cores - the ranks' cores)", m["other_cores"],
                 telemetry.other_cores(m["busy_cores"], m["ranks_cores"])) for m in t.other_load]
-    env = res.environment
+    env = results.node_map(res.environment, res.node_maps, t.invocation)
     machine_of_node = topology.machine_of_each_node(env.get("machine_of_node") or (), len(env.get("hosts") or []))
     recorded = sorted(m["ranks"] for m in t.other_load)
     node_of_rank = env.get("node_of_rank") or []
@@ -309,7 +309,7 @@ def other_load_checks(t: results.TestResult, res: results.Record) -> list[Check]
 
 def _launch_ranks(t: results.TestResult) -> list[int]:
     """The launch rank of each rank of the test's world (its jobs' ranks and its idle ones):
-    the node map (environment.node_of_rank) numbers the launch's ranks, a test after a loss of
+    the node map (its invocation's node_of_rank: results.node_map) numbers the launch's ranks, a test after a loss of
     ranks its survivors (harness/elastic.py); recorded only then, the launch's own otherwise."""
     if t.launch_ranks is not None:
         return t.launch_ranks
@@ -360,7 +360,7 @@ def exchange_check(t: results.TestResult, cfg, res: results.Record) -> Check:
     what = f"{_name(t)}: each job's exchange (lines 21-22 and 37, the torus grid from the node map)"
     if not t.exchange and results.minor(res.schema) < (2, 4):
         return Check(what, True, note=f"not recorded: results schema {res.schema}")
-    nodes = res.environment.get("node_of_rank")
+    nodes = results.node_map(res.environment, res.node_maps, t.invocation).get("node_of_rank")
     derived, split = [], t.mode != "data" and parallelism.resolve(parallelism.parse(t.mode), t.P, t.B)
     fw = frameworks.facts(t.framework)
     for ranks in _trained_by(t).values():
@@ -661,7 +661,7 @@ def report_segments(res: results.Record, cfg) -> list[tuple[str, str, bool]]:
     params = (dat.describe(cfg, results.minor(res.schema)) + settings.describe(res.settings)
               + settings.describe_library(res.environment)
               + (elastic.lines(res.fault_tolerance, results.minor(res.schema)) if res.fault_tolerance else [])
-              + (tune.param_lines(res.tuning) if res.tuning else []))
+              + relaunch.lines(res.relaunches) + (tune.param_lines(res.tuning) if res.tuning else []))
     segs = [("header", report.header(res.hpcai500, res.tv_legend or dat.TV_LEGEND_BEFORE_2_13, params,
                                      res.conventions), False)]
     # a test skipped at the start, after the header; one left out after a loss of ranks, after

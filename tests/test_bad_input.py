@@ -287,7 +287,7 @@ def test_no_file_given_and_none_in_the_folder(exits, tmp_path, monkeypatch):
     (lambda p: p.mkdir(), ["bad.dat"], None, "bad.dat:0: found a directory, expected an HPCAI500.dat input file"),
     (lambda p: p.write_text(_lines()), ["bad.dat"], {"HPCAI500_FAULT": "1:train"},
      "environment: found HPCAI500_FAULT='1:train', expected"
-     " RANK:STEP|eval|roofline|sampler|staging|start[@TEST][:kill|hang|slow][,...]"),
+     " RANK:STEP|eval|roofline|sampler|staging|start[@TEST][:kill|hang|slow|stop][,...]"),
     (lambda p: p.write_text(_lines()), ["--watchdog", "-5", "bad.dat"], None,
      "argument --watchdog: expected seconds >= 0, found '-5'"),
 ], ids=["parser-error", "directory", "environment-setting", "command-line"])

@@ -68,6 +68,10 @@ def test_the_launch_survives_with_ulfm_in_the_parameter_files_or_the_environment
     assert elastic.launch_survives({}, str(tmp_path / "absent"))[0] is False
     # mpirun --with-ft ulfm puts this into every rank's environment
     assert elastic.launch_survives({"OMPI_MCA_mpi_ft_enable": "1"}, str(tmp_path / "absent"))[0] is True
+    # and it outranks the files: bench/ulfm.py's `off` (ULFM's files on, the environment 0)
+    etc = _etc(tmp_path, "mpi_ft_enable = 1\n", "state_base_recoverable = 1\nstate_base_notify_errors = 1\n")
+    assert elastic.launch_survives({"OMPI_MCA_mpi_ft_enable": "0"}, etc) == (
+        False, "ULFM is off: OMPI_MCA_mpi_ft_enable=0 in the ranks' environment; a lost rank ends the run")
 
 
 def test_fault_lines_warn_where_drop_is_asked_but_the_launch_cannot_give_it():
@@ -77,13 +81,88 @@ def test_fault_lines_warn_where_drop_is_asked_but_the_launch_cannot_give_it():
     assert not any("warning" in x for x in elastic.lines({**off, "ulfm": True}))
 
 
-def test_make_venv_writes_the_three_ulfm_parameters_once(tmp_path):
+def test_make_venv_writes_the_three_ulfm_parameters_once_and_no_detector(tmp_path):
     (tmp_path / "prte-mca-params.conf").write_text("# shipped comments\nstate_base_recoverable = 0\n")
     for _ in range(2):   # idempotent: a rerun rewrites, never duplicates
         subprocess.run(["bash", str(ROOT / "scripts" / "ulfm.sh"), str(tmp_path)], check=True)
     assert elastic.launch_survives({}, str(tmp_path))[0]
     prte = (tmp_path / "prte-mca-params.conf").read_text()
     assert prte.count("state_base_recoverable") == 1 and "# shipped comments" in prte
+    # the detector is the harness's own ranks' (elastic.detector_params): with its thread, every
+    # MPI program of the venv would hang in MPI_Finalize
+    assert elastic.read_params(str(tmp_path / "openmpi-mca-params.conf")) == {"mpi_ft_enable": "1"}
+
+
+def test_the_detector_is_armed_under_mpirun_with_ulfm_unless_the_launch_sets_it(tmp_path):
+    etc = _etc(tmp_path, "mpi_ft_enable = 1\n", "state_base_recoverable = 1\nstate_base_notify_errors = 1\n")
+    mpirun = {"PRTE_LAUNCHED": "1"}
+    assert elastic.detector_params(mpirun, etc, 10.0) == {
+        "OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_thread": "false",
+        "OMPI_MCA_mpi_ft_detector_period": "1", "OMPI_MCA_mpi_ft_detector_timeout": "10"}
+    assert elastic.detector_params(mpirun, etc, 30.0)["OMPI_MCA_mpi_ft_detector_period"] == "3"
+    assert elastic.detector_params(mpirun, etc, 0.0) == {}                            # HPCAI500_FT_DETECTOR=0: off
+    assert elastic.detector_params({}, etc, 10.0) == {}                               # srun, or a singleton
+    assert elastic.detector_params({**mpirun, "OMPI_MCA_mpi_ft_detector": "false"}, etc, 10.0) == {}  # the site's
+    assert elastic.mpirun_ulfm(mpirun, etc) and not elastic.mpirun_ulfm({}, etc)
+    _etc(tmp_path, "mpi_ft_enable = 1\nmpi_ft_detector_timeout = 30\n", "state_base_recoverable = 1\n"
+         "state_base_notify_errors = 1\n")
+    assert elastic.detector_params(mpirun, etc, 10.0) == {}                           # its file's choice stands
+    off = _etc(tmp_path, "", "")
+    assert elastic.detector_params(mpirun, off, 10.0) == {} and not elastic.mpirun_ulfm(mpirun, off)  # no ULFM
+
+
+def _ompi_info(**found) -> str:
+    """ompi_info --param mpi ft --level 9 --parsable's lines for the detector (as 5.0.8 prints
+    them, help and type lines among them)."""
+    out = []
+    for name, (value, source) in found.items():
+        out += [f"mca:mpi:ft:param:{name}:value:{value}", f"mca:mpi:ft:param:{name}:source:{source}",
+                f"mca:mpi:ft:param:{name}:help:Timeout: (s)", f"mca:mpi:ft:param:{name}:enumerator:value:1:true"]
+    return "\n".join(out)
+
+
+def test_the_detector_is_read_as_ompi_info_says_the_ranks_read_it():
+    where = "file (/v/etc/openmpi-mca-params.conf:61)"   # a source with colons in it
+    text = _ompi_info(mpi_ft_detector=("true", where), mpi_ft_detector_thread=("true", where),
+                      mpi_ft_detector_period=("1.000000", where), mpi_ft_detector_timeout=("10.000000", where))
+    found = elastic.detector(text)
+    assert found == elastic.Detector(True, True, 1.0, 10.0, where)
+    assert found.timeout > 3 * found.period   # Open MPI's own rule, which ulfm.sh's values keep
+    # a value Open MPI does not take as true (`bogus`, read as false) is off, however it was spelt
+    off = elastic.detector(text.replace("mpi_ft_detector:value:true", "mpi_ft_detector:value:false"))
+    assert off.on is False and off.thread is True
+    assert elastic.detector("") is None and elastic.detector(text.replace("timeout:value:10.000000", "")) is None
+
+
+def test_the_fault_lines_say_how_a_silent_rank_is_found_or_warn_that_it_is_not():
+    on = {"on": True, "thread": False, "period": 3.0, "timeout": 30.0, "source": "environment"}
+    base = {"policy": "drop", "ulfm": True, "how": "ULFM on"}
+    (line,) = elastic.lines({**base, "detector": on})[2:]
+    assert line.startswith("FAULTS  : a silent rank (stopped, frozen) is taken for lost after 30 s without a"
+                           " heartbeat (ULFM's detector, one every 3 s, sent as each rank drives MPI every half"
+                           " period; mpi_ft_detector from environment)")
+    warn = elastic.lines({**base, "detector": {**on, "thread": True}})[3]
+    assert warn.startswith("FAULTS  : warning: mpi_ft_detector_thread is true: Open MPI 5.0.8 then hangs MPI_Finalize")
+    off = elastic.lines({**base, "detector": {**on, "on": False, "source": "default"}})[2]
+    assert off.startswith("FAULTS  : warning: ULFM's heartbeat detector is off (mpi_ft_detector false, from"
+                          " default): a silent rank (stopped, frozen) is never found lost")
+    assert "not known" in elastic.lines({**base, "detector": None})[2]
+    # a file of schema < 2.22 (no key) and a launch without ULFM: no line on the detector
+    assert len(elastic.lines(base)) == 2 and len(elastic.lines({**base, "ulfm": False, "detector": on})) == 3
+
+
+def test_a_survivor_ends_the_lost_ranks_of_its_own_host_only():
+    hosts, pids = ["n1", "n1", "n2", "n2"], [10, 11, 12, 13]
+    assert elastic.strays({1, 2}, hosts, pids, 0) == [(1, 11)]
+    assert elastic.strays({1, 2}, hosts, pids, 3) == [(2, 12)]
+    assert elastic.strays({1}, [], [], 0) == []     # hosts not known: none
+    world = elastic.World(_Comm(0, 4, []), "drop")
+    world.hosts, world._launch = hosts, [0, 1]
+    world.losses = [elastic.Loss((2, 3), "p", 1.0)]
+    assert elastic.unreached(world) == [2, 3]        # n2 lost whole: nobody there to end them
+    world._launch = [0, 1, 3]
+    world.losses = [elastic.Loss((2,), "p", 1.0)]
+    assert elastic.unreached(world) == []            # rank 3, on n2, ends rank 2
 
 
 def test_the_tests_left_are_laid_out_anew_on_the_survivors():
@@ -589,6 +668,38 @@ def test_a_rank_killed_from_outside_under_retrain_leaves_a_whole_run_status_0(tm
                                        " run(s) finished\n"), line
     code, out = _cli("--verify", run)
     assert code == 0, [x for x in out.splitlines() if "FAILED" in x] or out[-2000:]
+
+
+@pytest.mark.parametrize("policy", ["drop", "retrain", "abort"])
+def test_a_silent_rank_costs_its_base_model_under_every_policy_and_mpirun_ends(tmp_path, policy):
+    """Issue 70: world rank 3 (job 3 of 4 x 1) SIGSTOPs itself at step 12 of test 1: alive and
+    silent, its watchdog and MPI threads stopped with it. ULFM's heartbeat detector (make
+    venv's parameters) takes it for dead within its timeout; the survivors find it at the
+    evaluation after the epoch, as a dead rank; a survivor on its node SIGKILLs it, so
+    mpirun ends with the run (without the detector the survivors waited there for ever). The
+    detector's timeout is 10 s here (HPCAI500_FT_DETECTOR; 30 by default)."""
+    p = _run(tmp_path, {"HPCAI500_FAULT": "3:12:stop", "HPCAI500_FT_DETECTOR": "10"},
+             ["--watchdog", WATCHDOG, "--on-fault", policy], l9=1, l10=4, l11=1, l15=3, l30=0, l35="pytorch")
+    assert "hpcai500: rank 3: HPCAI500_FAULT fires: stop at step 12" in p.stderr, p.stderr[-3000:]
+    assert "no rank left on their node" not in p.stderr   # rank 3's node had survivors: one ended it
+    res = read_results(tmp_path / "runs")
+    detector = res["fault_tolerance"]["detector"]
+    assert (detector["on"], detector["thread"], detector["timeout"], detector["period"]) == (True, False, 10.0, 1.0)
+    report = report_of(tmp_path / "runs")
+    assert "FAULTS  : a silent rank (stopped, frozen) is taken for lost after 10 s without a heartbeat" in report
+    (loss,) = res["fault_tolerance"]["losses"]
+    assert loss["ranks"] == [3] and loss["phase"].startswith("test 1: the evaluation after epoch "), loss
+    code = _cli("--status", _run_folder(tmp_path))[0]
+    if policy == "abort":
+        assert p.returncode != 0 and res["status"] == "interrupted" and res["tests"] == [] and code == 4
+        return
+    assert p.returncode == 0, p.stderr[-3000:]
+    (t,) = res["tests"]
+    assert t["consistency"]["passed"] and [x["jobs"] for x in t["losses"]] == [[3]], t
+    if policy == "drop":
+        assert (t["jobs_lost"], len(t["base_quality"]), code) == ([3], 3, 6)
+    else:   # trained again in a wave: the ensemble whole, --status 0
+        assert (t["jobs_lost"], len(t["base_quality"]), [r["job"] for r in t["retrained"]], code) == ([], 4, [3], 0)
 
 
 def test_world_rank_0_killed_between_tests_costs_nothing_and_rank_1_takes_over(tmp_path):

@@ -184,6 +184,7 @@ def test_unset_arms_nothing(monkeypatch):
 
 @pytest.mark.parametrize("spec,armed", [
     ("1:5", [(5, "raise")]), ("1:5:kill", [(5, "kill")]), ("1:5:hang", [(5, "hang")]), ("1:5:slow", [(5, "slow")]),
+    ("1:5:stop", [(5, "stop")]),
     ("1:eval", [("eval", "raise")]), ("1:roofline:kill", [("roofline", "kill")]), ("1:0", [(0, "raise")]),
     ("1:sampler@2:kill", [("sampler@2", "kill")]), ("3:staging:kill,1:eval", [("eval", "raise")])])
 def test_spec_arms_its_rank_only(monkeypatch, spec, armed):
@@ -206,7 +207,7 @@ def test_a_phase_fault_of_one_test_fires_in_that_test_only(monkeypatch):
                                   "1:5:hang:x", "1:eval@", "1:eval@0", "1:5@2", "1:5,", "1:5,2:x"])
 def test_bad_spec_is_a_value_error_naming_it(monkeypatch, spec):
     monkeypatch.setenv("HPCAI500_FAULT", spec)
-    usage = r"RANK:STEP\|eval\|roofline\|sampler\|staging\|start\[@TEST\]\[:kill\|hang\|slow\]\[,\.\.\.\]"
+    usage = r"RANK:STEP\|eval\|roofline\|sampler\|staging\|start\[@TEST\]\[:kill\|hang\|slow\|stop\]\[,\.\.\.\]"
     with pytest.raises(ValueError, match=rf"^HPCAI500_FAULT='.*': expected {usage}$"):
         fault._armed(0)          # refused on every rank, the unarmed ones too
     with pytest.raises(ValueError):

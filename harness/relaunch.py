@@ -1,0 +1,231 @@
+"""The relaunch: a lost node costs the run a restart on the nodes left, not the run.
+
+ULFM keeps a job whose rank died (harness/elastic.py), but Open MPI 5.0.x's PRRTE ends the
+whole job when it loses a node's daemon ("PRTE has lost communication with a remote
+daemon ... on node n4 ... will terminate the job": its errmgr aborts on a daemon's comm
+failure, whatever the job's recoverable flag; the fix is in PRRTE's master only). So, as
+torchrun's elastic agent and Slurm's requeue do, something outside the MPI job notices and
+starts it again: `hpcai500.py FILE --relaunch [TIMES] --hosts HOSTS` runs mpirun on the
+hosts (a hostfile, `n1:2,n2:2`, or the Slurm allocation it runs in), and when the run ends
+with a node lost it relaunches `--resume RUN` on the hosts left, up to TIMES times.
+
+Which hosts are gone is read, never guessed: PRRTE names the node whose daemon it lost on
+mpirun's stderr (its help text `node-died`, `Remote daemon: ... on node HOST`), which the
+launcher copies to its own stderr as it reads it. A run that ends any other way (complete,
+failed, stopped by a signal, an input error) is not relaunched: the launcher exits with
+mpirun's status and says why. Each launch (hosts, ranks, when it started and ended, its
+exit status, the hosts it lost and when PRRTE said so) is appended to the run folder's
+`launches.json`, written whole, before the next one starts; the run records it
+(results.json `relaunches`).
+
+Pure functions but for `main` and `_launch` (processes, signals, files).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from harness import files, heartbeat, results, signals
+from harness.errors import say
+
+DEFAULT_TIMES = 3          # relaunches after the first launch
+# PRRTE's help text `node-died` (share/prte/help-errmgr-base.txt): the node whose daemon it lost
+NODE_DIED = re.compile(r"Remote daemon\s*:\s*\S+ on node (\S+)")
+RUN_FOLDER = re.compile(r"^hpcai500: results in (.+?)/ \(")   # rank 0's first line on stderr (harness/driver.py)
+ENDED = ("complete", "complete-with-losses", "failed")   # --status's states a relaunch cannot change
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int      # ranks it runs
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One mpirun of the run, as launches.json records it."""
+    launch: int              # 1 for the first
+    hosts: list              # "name:slots" of each host it ran on
+    ranks: int
+    started: float           # s since the epoch, the launcher's clock
+    ended: float             # likewise
+    exit: int                # mpirun's exit status (negative: the signal that ended it)
+    lost: list               # the hosts PRRTE said it lost
+    fault: float | None      # when PRRTE said so first (s since the epoch); None: no host lost
+
+
+def parse_hosts(text: str) -> list[Host]:
+    """`n1:2,n2:2` (a host without `:N` runs one rank) or an Open MPI hostfile's text
+    (`n1 slots=2`, comments and blank lines skipped); ValueError naming the bad entry."""
+    hosts = []
+    lines = text.splitlines() if "\n" in text or "slots=" in text else text.split(",")
+    for raw in lines:
+        entry = raw.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        name, _, count = (entry.partition(":") if ":" in entry else
+                          (entry.split()[0], "", (re.search(r"slots\s*=\s*(\S+)", entry) or [None, "1"])[1]))
+        if not name or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"found {entry!r}, expected a host and its ranks (n1:2, or n1 slots=2)")
+        hosts.append(Host(name.split()[0], int(count)))
+    if not hosts:
+        raise ValueError("found no host, expected at least one")
+    return hosts
+
+
+def slurm_hosts(names: list[str], tasks_per_node: str) -> list[Host]:
+    """The allocation's hosts (`scontrol show hostnames`' list) with SLURM_TASKS_PER_NODE's
+    ranks each (`2(x3),1`: 2 on each of three nodes, then 1)."""
+    counts = []
+    for part in tasks_per_node.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(f"SLURM_TASKS_PER_NODE: found {tasks_per_node!r}, expected N or N(xK), comma-separated")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if len(counts) != len(names):
+        raise ValueError(f"SLURM_TASKS_PER_NODE: found {len(counts)} node(s) in {tasks_per_node!r}, expected"
+                         f" {len(names)} (SLURM_JOB_NODELIST)")
+    return [Host(n, c) for n, c in zip(names, counts)]
+
+
+def command(mpirun: str, options: list[str], hosts: list[Host], program: list[str], run_dir: str | None) -> list[str]:
+    """mpirun's command line for one launch: the site's options, the hosts with their ranks,
+    the program, and `--resume RUN` once the run folder exists."""
+    return [mpirun, *options, "--host", ",".join(f"{h.name}:{h.slots}" for h in hosts),
+            "-np", str(sum(h.slots for h in hosts)), *program, *(["--resume", run_dir] if run_dir else [])]
+
+
+def decide(state: str, lost: list[str], hosts: list[Host], done: int, times: int, stopped: bool) -> tuple[bool, str]:
+    """(relaunch or not, why) once a launch has ended: its run's --status state, the hosts
+    PRRTE said it lost, the hosts it ran on, the relaunches done so far of `times`, and
+    whether the launcher itself was asked to stop (a signal)."""
+    if stopped:
+        return False, "the launcher was stopped (a signal): no relaunch"
+    if state in ENDED:
+        return False, f"the run is {state}: no relaunch"
+    if not lost:
+        return False, (f"the run is {state} and PRRTE named no lost node: no relaunch (a relaunch is for a lost"
+                       " node; resume by hand with --resume)")
+    left = [h for h in hosts if h.name not in set(lost)]
+    if not left:
+        return False, f"every host is lost ({', '.join(lost)}): no host left to relaunch on"
+    if done >= times:
+        return False, f"gave up after {done} relaunch(es), the limit (--relaunch {times})"
+    return True, f"host(s) {', '.join(lost)} lost: relaunch {done + 1} of {times} on {', '.join(h.name for h in left)}"
+
+
+def record(run_dir: str, launch: Launch) -> list[dict]:
+    """The run folder's launches.json with `launch` appended, written whole; every launch so far."""
+    done = results.launches(run_dir) + [asdict(launch)]
+    files.atomic_write(os.path.join(run_dir, results.LAUNCHES), json.dumps(done, indent=1) + "\n")
+    return done
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def lines(relaunches: dict | None) -> list[str]:
+    """The report's RELAUNCH lines for results.json's `relaunches` (None: launched once):
+    each earlier launch, its hosts, span, exit and the hosts it lost, then this invocation's
+    start and the time since the last fault."""
+    if not relaunches:
+        return []
+    out, faults = [], []
+    for x in relaunches["launches"]:
+        lost = (f"; {', '.join(x['lost'])} lost at {_utc(x['fault'])} (PRRTE lost its daemon)" if x["lost"]
+                else "; no host lost")
+        out.append(f"RELAUNCH: launch {x['launch']} on {','.join(x['hosts'])} ({x['ranks']} ranks),"
+                   f" {_utc(x['started'])} to {_utc(x['ended'])}, mpirun exit {x['exit']}{lost}")
+        faults += [x["fault"]] if x["fault"] is not None else []
+    since = f", {relaunches['started'] - faults[-1]:.1f} s after the last fault" if faults else ""
+    return out + [f"RELAUNCH: this invocation, launch {len(relaunches['launches']) + 1}, started"
+                  f" {_utc(relaunches['started'])}{since}; a test under way at a fault ran again from its start"
+                  " (no checkpoint inside a test yet)"]
+
+
+def _launch(cmd: list[str], seen: dict, stop: threading.Event) -> int:
+    """Run mpirun, copying its stderr line by line to ours while noting the run folder and
+    the nodes PRRTE says it lost (`seen`: run_dir, lost, fault); a signal to the launcher
+    goes on to mpirun (SIGINT, SIGTERM: it ends its ranks; SIGUSR1: it passes it on, the
+    run's clean stop) and no relaunch follows. hpcai500.py blocked those signals in every
+    thread for the ranks' sake (harness/signals.py): the main thread takes them again here,
+    and mpirun, started from it, inherits that mask."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals.SIGNALS)
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
+
+    def forward(signum, _frame):
+        stop.set()
+        p.send_signal(signum)
+    old = {s: signal.signal(s, forward) for s in signals.SIGNALS}
+    try:
+        for line in p.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if (m := RUN_FOLDER.match(line)) and not seen.get("run_dir"):
+                seen["run_dir"] = m.group(1)
+            if (m := NODE_DIED.search(line)) and m.group(1) not in seen["lost"]:
+                seen["lost"].append(m.group(1))
+                seen["fault"] = seen["fault"] or time.time()
+        return p.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def main(args, program: list[str]) -> int:
+    """The relauncher's loop (hpcai500.py --relaunch): launch, judge, relaunch on the hosts
+    left; its exit status --status's for the run's state, else mpirun's."""
+    try:
+        hosts = _hosts(args.hosts)
+    except (OSError, ValueError) as e:
+        say(f"error: --hosts: {e}")
+        return 1
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    options, run_dir, stop, done = shlex.split(args.mpirun or ""), args.resume, threading.Event(), 0
+    while True:
+        seen = {"run_dir": run_dir, "lost": [], "fault": None}
+        started = time.time()
+        status = _launch(command(mpirun, options, hosts, program, run_dir), seen, stop)
+        run_dir = seen["run_dir"]
+        if not run_dir:
+            say(f"--relaunch: mpirun exited {status} before the run had a folder: no relaunch")
+            return status or 1
+        record(run_dir, Launch(done + 1, [f"{h.name}:{h.slots}" for h in hosts], sum(h.slots for h in hosts),
+                               started, time.time(), status, seen["lost"], seen["fault"]))
+        try:
+            state = heartbeat.status(run_dir, results.load_run(run_dir)).name
+        except ValueError as e:   # it died before its first results.json
+            say(f"--relaunch: launch {done + 1} ended (mpirun exit {status}): {e}: no relaunch")
+            return status or 1
+        again, why = decide(state, seen["lost"], hosts, done, args.relaunch, stop.is_set())
+        left = [h for h in hosts if h.name not in set(seen["lost"])]
+        more = (f"; the run stands in {run_dir}: continue it with --resume {run_dir} on the hosts left"
+                f" ({','.join(f'{h.name}:{h.slots}' for h in left) or 'none'})" if not again and state not in ENDED
+                else "")
+        say(f"--relaunch: launch {done + 1} ended (mpirun exit {status}, the run {state}): {why}{more}")
+        if not again:
+            return heartbeat.EXIT.get(state, status) if state in ENDED else (status or heartbeat.EXIT.get(state, 1))
+        hosts, done = left, done + 1
+
+
+def _hosts(given: str | None) -> list[Host]:
+    """--hosts (a hostfile's path, or `n1:2,n2:2`), else the Slurm allocation this runs in."""
+    if given:
+        if not os.path.isfile(given):
+            return parse_hosts(given)
+        with open(given) as f:
+            return parse_hosts(f.read())
+    if "SLURM_JOB_NODELIST" not in os.environ:
+        raise ValueError("found none, expected a hostfile or n1:2,n2:2 (outside a Slurm allocation)")
+    names = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
+                           text=True, check=True).stdout.split()
+    return slurm_hosts(names, os.environ.get("SLURM_TASKS_PER_NODE", ",".join(["1"] * len(names))))
