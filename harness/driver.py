@@ -384,7 +384,7 @@ def _devices(world, plan, nodes, watchdog) -> dict:
     neither the other's device), agreed: GPUs shared as the plan allows on every node."""
     watchdog.beat("device set-up")
     cfg = plan.cfg
-    with native_stderr_captured() as native, _collector_off():
+    with native_stderr_captured() as native, _collector_off(), watchdog.beating_on_imports():
         devices = {name: frameworks.get(name).setup_devices(nodes.local_rank, nodes.ranks_sharing_cores)
                    for name in cfg.frameworks}
     # asleep: a framework's import takes seconds, longer where ranks share cores, and a rank

@@ -10,6 +10,8 @@ its job's ranks, stuck with it, learn it in their collective, the other jobs go 
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
@@ -48,8 +50,27 @@ class Watchdog:
             pause = min(0.02, 2 * pause)
             self.beat()
 
+    @contextlib.contextmanager
+    def beating_on_imports(self):
+        """A beat at each module imported meanwhile. A framework's import (device set-up) is
+        one call of the main thread that takes seconds, tens of them where ranks share cores or
+        read a shared file system, and cannot beat; an import that moves from module to module
+        is progress, one stuck inside a single call (a driver's initialisation that never
+        returns) is not, and the watchdog still ends it."""
+        finder = _Beating(self)
+        sys.meta_path.insert(0, finder)
+        try:
+            yield
+        finally:
+            sys.meta_path.remove(finder)
+
     def start(self) -> "Watchdog":
         if self.seconds > 0:
+            # its own copy of the standard error: device set-up and the roofline's first
+            # compilations capture file descriptor 2 (errors.native_stderr_captured), and a
+            # rank its watchdog ends there must still say why (it ends without the capture's
+            # replay)
+            self._stderr = os.dup(2)
             self._thread = threading.Thread(target=self._watch, name="hpcai500-watchdog", daemon=True)
             self._thread.start()
         return self
@@ -64,7 +85,21 @@ class Watchdog:
         while not self._stop.wait(period):
             idle = time.monotonic() - self.last
             if idle > self.seconds:
-                print(f"hpcai500: rank {self.rank}: no progress for {idle:.0f} s during {self.phase}"
-                      f" (watchdog limit {self.seconds:g} s); {self.ends()}", file=sys.stderr, flush=True)
+                sys.stderr.flush()
+                os.write(self._stderr, (f"hpcai500: rank {self.rank}: no progress for {idle:.0f} s during"
+                                        f" {self.phase} (watchdog limit {self.seconds:g} s); {self.ends()}\n").encode())
                 self.abort()
                 return
+        os.close(self._stderr)
+
+
+class _Beating:
+    """A finder of modules that finds none: asked first for each module not yet imported
+    (sys.meta_path), it beats the watchdog and leaves the finding to the finders after it."""
+
+    def __init__(self, dog: Watchdog):
+        self.dog = dog
+
+    def find_spec(self, name, path=None, target=None):
+        self.dog.beat()
+        return None

@@ -1,6 +1,7 @@
 """The reliability logic in-process, without MPI: the watchdog (an injectable abort,
 a fake request), fault injection's spec and arming, and errors every rank agrees on
 (a fake communicator). The real-mpirun side of each is in tests/test_run.py."""
+import sys
 import threading
 import time
 
@@ -21,17 +22,41 @@ class Aborted:
         self.fired.set()
 
 
-def test_watchdog_fires_with_rank_and_phase_when_nothing_beats(capsys):
+def test_watchdog_fires_with_rank_and_phase_when_nothing_beats(capfd):
+    """...and says so on the standard error the process started with, even while device
+    set-up captures file descriptor 2 (the message in the capture would be lost with the rank)."""
     abort = Aborted()
     dog = Watchdog(0.2, 3, abort)
     dog.beat("training, test 2")
     dog.start()
-    assert abort.fired.wait(10)                           # fires by itself, calls the abort
-    dog._thread.join(10)
+    with errors.native_stderr_captured() as captured:
+        assert abort.fired.wait(10)                       # fires by itself, calls the abort
+        dog._thread.join(10)
     assert not dog._thread.is_alive()                     # one abort, then the thread ends
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert err.count("hpcai500: rank 3: no progress for") == 1
     assert "during training, test 2 (watchdog limit 0.2 s); aborting the job" in err
+    assert captured == [""]
+
+
+def test_each_module_imported_beats_while_an_import_is_watched(tmp_path, monkeypatch):
+    """A framework's import cannot beat: each module it imports does, through a finder that
+    finds nothing (the real finders after it import the module), gone when the import is done."""
+    (tmp_path / "hpcai500_probe_a.py").write_text("import hpcai500_probe_b\nVALUE = hpcai500_probe_b.VALUE + 1\n")
+    (tmp_path / "hpcai500_probe_b.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dog = Watchdog(10, 0, Aborted())
+    beats = []
+    monkeypatch.setattr(dog, "beat", lambda phase=None: beats.append(phase))
+    finders = list(sys.meta_path)
+    with dog.beating_on_imports():
+        import hpcai500_probe_a
+    assert hpcai500_probe_a.VALUE == 42 and beats == [None, None]   # two modules, two beats
+    assert sys.meta_path == finders
+    import hpcai500_probe_b  # noqa: F401 - already imported, nothing asked: no beat either way
+    assert beats == [None, None]
+    for name in ("hpcai500_probe_a", "hpcai500_probe_b"):
+        sys.modules.pop(name)
 
 
 # driver._give_up, what the watchdog calls, in a process of its own (it ends that process):
