@@ -305,5 +305,20 @@ def main(path: str, out=None) -> int:
         say(f"error: --status: {e}")
         return 1
     state = status(run_dir, rec)
-    print(f"{run_dir}: {state.line()}", file=out or sys.stdout, flush=True)
+    print(f"{run_dir}: {state.line()}{resume_words(state, rec, run_dir)}", file=out or sys.stdout, flush=True)
     return state.code
+
+
+def resume_words(state: State, rec: results.Record, run_dir: str) -> str:
+    """For a run that stopped short (interrupted, dead), the command that resumes it on the
+    hosts left (a site that runs mpirun itself: harness/relaunch.py's launcher does it for
+    the others), those a relaunch lost left out; "" for any other state."""
+    if state.name not in ("interrupted", "dead") or not rec.environment.get("hosts"):   # hosts: once it started
+        return ""
+    from harness import relaunch   # it reads this module's status: imported here, not above
+    left, lost = relaunch.hosts_left(rec.environment, results.launches(run_dir))
+    if not left:
+        return "; no host of the run is left to resume it on"
+    known = (f" ({', '.join(lost)} left out, lost)" if lost
+             else " (no lost host on record: leave out any that is down)")
+    return f"; to resume it: {relaunch.by_hand(left, rec.input['path'], run_dir)}{known}"

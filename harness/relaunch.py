@@ -103,6 +103,21 @@ def command(mpirun: str, options: list[str], hosts: list[Host], program: list[st
             "-np", str(sum(h.slots for h in hosts)), *program, *(["--resume", run_dir] if run_dir else [])]
 
 
+def hosts_left(environment: dict, launched: list[dict]) -> tuple[list[Host], list[str]]:
+    """(the hosts of a run's last invocation, each with its ranks, less those a launch lost;
+    the lost ones) from results.json's `environment` (hosts, node_of_rank) and launches.json."""
+    lost = sorted({h for x in launched for h in x["lost"]})
+    of_rank = environment.get("node_of_rank") or []
+    return [Host(h, of_rank.count(n)) for n, h in enumerate(environment.get("hosts") or [])
+            if h not in lost and of_rank.count(n)], lost
+
+
+def by_hand(hosts: list[Host], dat: str, run_dir: str) -> str:
+    """The command that resumes a run on `hosts`, for a site that runs mpirun itself (its own
+    options and the run's settings to be added as at the start)."""
+    return shlex.join(command("mpirun", [], hosts, ["python", "hpcai500.py", dat], run_dir))
+
+
 def decide(state: str, lost: list[str], hosts: list[Host], done: int, times: int, stopped: bool) -> tuple[bool, str]:
     """(relaunch or not, why) once a launch has ended: its run's --status state, the hosts
     PRRTE said it lost, the hosts it ran on, the relaunches done so far of `times`, and
@@ -208,9 +223,9 @@ def main(args, program: list[str]) -> int:
             return status or 1
         again, why = decide(state, seen["lost"], hosts, done, args.relaunch, stop.is_set())
         left = [h for h in hosts if h.name not in set(seen["lost"])]
-        more = (f"; the run stands in {run_dir}: continue it with --resume {run_dir} on the hosts left"
-                f" ({','.join(f'{h.name}:{h.slots}' for h in left) or 'none'})" if not again and state not in ENDED
-                else "")
+        more = (f"; the run stands in {run_dir}: " + (f"to resume it on the hosts left, {by_hand(left, args.dat, run_dir)}"
+                                                     if left else "no host left to resume it on")
+                if not again and state not in ENDED else "")
         say(f"--relaunch: launch {done + 1} ended (mpirun exit {status}, the run {state}): {why}{more}")
         if not again:
             return heartbeat.EXIT.get(state, status) if state in ENDED else (status or heartbeat.EXIT.get(state, 1))

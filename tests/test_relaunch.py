@@ -92,6 +92,29 @@ def test_the_report_and_status_say_each_launch_and_the_time_since_the_fault():
     assert heartbeat.relaunched_words({"launches": launches}) == "; relaunched 1 time(s) after host(s) n3 lost"
 
 
+def test_status_gives_a_stopped_run_the_command_that_resumes_it_on_the_hosts_left(tmp_path):
+    """A site that runs mpirun itself: --status's one line ends with the command, the hosts of
+    the run's last invocation with their ranks (n1 ran ranks 0-1, n2 rank 2, n3 rank 3), less
+    those launches.json says a launch lost; a complete run, or one that never placed a rank,
+    gets none."""
+    from dataclasses import replace
+    stopped = replace(record("interrupted", interrupted={"reason": "SIGTERM received", "test": 1}),
+                      environment={"hosts": ["n1", "n2", "n3"], "node_of_rank": [0, 0, 1, 2]})
+    state = heartbeat.judge(stopped, None, 0.0, None)
+    run = str(tmp_path)
+    assert heartbeat.resume_words(state, stopped, run) == (
+        f"; to resume it: mpirun --host n1:2,n2:1,n3:1 -np 4 python hpcai500.py x.dat --resume {run}"
+        " (no lost host on record: leave out any that is down)")
+    relaunch.record(run, relaunch.Launch(1, ["n1:2", "n2:1", "n3:1"], 4, 1.0, 2.0, 247, ["n2"], 1.5))
+    assert heartbeat.resume_words(state, stopped, run) == (
+        f"; to resume it: mpirun --host n1:2,n3:1 -np 3 python hpcai500.py x.dat --resume {run} (n2 left out, lost)")
+    relaunch.record(run, relaunch.Launch(2, ["n1:2", "n3:1"], 3, 3.0, 4.0, 247, ["n1", "n3"], 3.5))
+    assert heartbeat.resume_words(state, stopped, run) == "; no host of the run is left to resume it on"
+    done = replace(stopped, status="complete", interrupted=None)
+    assert heartbeat.resume_words(heartbeat.judge(done, None, 0.0, None), done, run) == ""
+    assert heartbeat.resume_words(state, replace(stopped, environment={}), run) == ""
+
+
 def test_the_launcher_options_need_relaunch_and_a_run():
     for args, said in ((["--hosts", "n1:1", "t.dat"], "argument --hosts: only with --relaunch"),
                        (["--relaunch", "--check", "t.dat"], "argument --relaunch: found --check"),
