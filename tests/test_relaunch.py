@@ -216,7 +216,8 @@ def test_a_node_killed_during_the_relaunch_is_left_out_too_and_the_launcher_give
     assert [(x["hosts"], x["lost"]) for x in results.launches(str(run))] == [
         (["n1:1", "n2:1", "n3:1"], ["n3"]), (["n1:1", "n2:1"], ["n2"])], err[-3000:]
     assert "host(s) n3 lost: relaunch 1 of 1 on n1, n2" in err
-    assert ("the run stands in " + str(run) + f": continue it with --resume {run} on the hosts left (n1:1)") in err
+    assert (f"the run stands in {run}: to resume it on the hosts left, mpirun --host n1:1 -np 1 python hpcai500.py"
+            f" {folder / 'x.dat'} --resume {run}") in err
     assert "gave up after 1 relaunch(es), the limit (--relaunch 1)" in err and code != 0, err[-3000:]
     res = read_results(folder / "runs")
     assert [t["index"] for t in res["tests"]] == [1] and res["status"] != "complete"
