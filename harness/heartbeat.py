@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from harness import dat, files, results, settings
+from harness import dat, files, hosts, results, settings
 from harness.errors import say
 from harness.topology import boot_id
 
@@ -315,10 +315,9 @@ def resume_words(state: State, rec: results.Record, run_dir: str) -> str:
     the others), those a relaunch lost left out; "" for any other state."""
     if state.name not in ("interrupted", "dead") or not rec.environment.get("hosts"):   # hosts: once it started
         return ""
-    from harness import relaunch   # it reads this module's status: imported here, not above
-    left, lost = relaunch.hosts_left(rec.environment, results.launches(run_dir))
+    left, lost = hosts.hosts_left(rec.environment, results.launches(run_dir))
     if not left:
         return "; no host of the run is left to resume it on"
     known = (f" ({', '.join(lost)} left out, lost)" if lost
              else " (no lost host on record: leave out any that is down)")
-    return f"; to resume it: {relaunch.by_hand(left, rec.input['path'], run_dir)}{known}"
+    return f"; to resume it: {hosts.by_hand(left, rec.input['path'], run_dir)}{known}"

@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from harness import files, heartbeat, results, signals
+from harness.hosts import Host, by_hand, command, parse_hosts, slurm_hosts
 from harness.errors import say
 
 DEFAULT_TIMES = 3          # relaunches after the first launch
@@ -41,12 +42,6 @@ DEFAULT_TIMES = 3          # relaunches after the first launch
 NODE_DIED = re.compile(r"Remote daemon\s*:\s*\S+ on node (\S+)")
 RUN_FOLDER = re.compile(r"^hpcai500: results in (.+?)/ \(")   # rank 0's first line on stderr (harness/driver.py)
 ENDED = ("complete", "complete-with-losses", "failed")   # --status's states a relaunch cannot change
-
-
-@dataclass(frozen=True)
-class Host:
-    name: str
-    slots: int      # ranks it runs
 
 
 @dataclass(frozen=True)
@@ -60,62 +55,6 @@ class Launch:
     exit: int                # mpirun's exit status (negative: the signal that ended it)
     lost: list               # the hosts PRRTE said it lost
     fault: float | None      # when PRRTE said so first (s since the epoch); None: no host lost
-
-
-def parse_hosts(text: str) -> list[Host]:
-    """`n1:2,n2:2` (a host without `:N` runs one rank) or an Open MPI hostfile's text
-    (`n1 slots=2`, comments and blank lines skipped); ValueError naming the bad entry."""
-    hosts = []
-    lines = text.splitlines() if "\n" in text or "slots=" in text else text.split(",")
-    for raw in lines:
-        entry = raw.split("#", 1)[0].strip()
-        if not entry:
-            continue
-        name, _, count = (entry.partition(":") if ":" in entry else
-                          (entry.split()[0], "", (re.search(r"slots\s*=\s*(\S+)", entry) or [None, "1"])[1]))
-        if not name or not count.isdigit() or int(count) < 1:
-            raise ValueError(f"found {entry!r}, expected a host and its ranks (n1:2, or n1 slots=2)")
-        hosts.append(Host(name.split()[0], int(count)))
-    if not hosts:
-        raise ValueError("found no host, expected at least one")
-    return hosts
-
-
-def slurm_hosts(names: list[str], tasks_per_node: str) -> list[Host]:
-    """The allocation's hosts (`scontrol show hostnames`' list) with SLURM_TASKS_PER_NODE's
-    ranks each (`2(x3),1`: 2 on each of three nodes, then 1)."""
-    counts = []
-    for part in tasks_per_node.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not m:
-            raise ValueError(f"SLURM_TASKS_PER_NODE: found {tasks_per_node!r}, expected N or N(xK), comma-separated")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    if len(counts) != len(names):
-        raise ValueError(f"SLURM_TASKS_PER_NODE: found {len(counts)} node(s) in {tasks_per_node!r}, expected"
-                         f" {len(names)} (SLURM_JOB_NODELIST)")
-    return [Host(n, c) for n, c in zip(names, counts)]
-
-
-def command(mpirun: str, options: list[str], hosts: list[Host], program: list[str], run_dir: str | None) -> list[str]:
-    """mpirun's command line for one launch: the site's options, the hosts with their ranks,
-    the program, and `--resume RUN` once the run folder exists."""
-    return [mpirun, *options, "--host", ",".join(f"{h.name}:{h.slots}" for h in hosts),
-            "-np", str(sum(h.slots for h in hosts)), *program, *(["--resume", run_dir] if run_dir else [])]
-
-
-def hosts_left(environment: dict, launched: list[dict]) -> tuple[list[Host], list[str]]:
-    """(the hosts of a run's last invocation, each with its ranks, less those a launch lost;
-    the lost ones) from results.json's `environment` (hosts, node_of_rank) and launches.json."""
-    lost = sorted({h for x in launched for h in x["lost"]})
-    of_rank = environment.get("node_of_rank") or []
-    return [Host(h, of_rank.count(n)) for n, h in enumerate(environment.get("hosts") or [])
-            if h not in lost and of_rank.count(n)], lost
-
-
-def by_hand(hosts: list[Host], dat: str, run_dir: str) -> str:
-    """The command that resumes a run on `hosts`, for a site that runs mpirun itself (its own
-    options and the run's settings to be added as at the start)."""
-    return shlex.join(command("mpirun", [], hosts, ["python", "hpcai500.py", dat], run_dir))
 
 
 def decide(state: str, lost: list[str], hosts: list[Host], done: int, times: int, stopped: bool) -> tuple[bool, str]:
@@ -135,6 +74,18 @@ def decide(state: str, lost: list[str], hosts: list[Host], done: int, times: int
     if done >= times:
         return False, f"gave up after {done} relaunch(es), the limit (--relaunch {times})"
     return True, f"host(s) {', '.join(lost)} lost: relaunch {done + 1} of {times} on {', '.join(h.name for h in left)}"
+
+
+def went_quiet(beat: dict | None, now: float, alive: bool | None) -> bool:
+    """Whether a launch's ranks have gone (pure): rank 0's heartbeat (heartbeat.read; None: no
+    file) is its process's, gone by the process table (`alive` False: heartbeat.process_alive)
+    or silent for two of its intervals at `now`. mpirun can end before its ranks do: PRRTE
+    ends a job whose daemon it lost by signalling the ranks, and exits without waiting for
+    them (rank 0 was seen stamping 4 s after its mpirun exited, under Slurm), and a relaunch
+    then would find its run live."""
+    if beat is None or alive is False:
+        return True
+    return now - float(beat["time"]) > 2 * float(beat.get("interval") or 0)
 
 
 def record(run_dir: str, launch: Launch) -> list[dict]:
@@ -215,7 +166,7 @@ def main(args, program: list[str]) -> int:
             say(f"--relaunch: mpirun exited {status} before the run had a folder: no relaunch")
             return status or 1
         record(run_dir, Launch(done + 1, [f"{h.name}:{h.slots}" for h in hosts], sum(h.slots for h in hosts),
-                               started, time.time(), status, seen["lost"], seen["fault"]))
+                               started, _quiet(run_dir), status, seen["lost"], seen["fault"]))
         try:
             state = heartbeat.status(run_dir, results.load_run(run_dir)).name
         except ValueError as e:   # it died before its first results.json
@@ -230,6 +181,28 @@ def main(args, program: list[str]) -> int:
         if not again:
             return heartbeat.EXIT.get(state, status) if state in ENDED else (status or heartbeat.EXIT.get(state, 1))
         hosts, done = left, done + 1
+
+
+def _quiet(run_dir: str) -> float:
+    """When the launch ended: once mpirun has, and, where its run still says `running`, its
+    ranks too (went_quiet), waited for at most heartbeat.STALE_INTERVALS of rank 0's heartbeat (after which --status calls its run
+    dead anyway). The time is the later of the two: --status takes a heartbeat no later than
+    a launch's end for a dead one (heartbeat.status)."""
+    ended = time.time()
+    while True:
+        try:
+            if results.load_run(run_dir).status != "running":   # rank 0 recorded its run's end
+                return ended
+        except ValueError:   # no results.json yet: main says so
+            return ended
+        beat = heartbeat.read(run_dir)
+        now = time.time()
+        if went_quiet(beat, now, beat and heartbeat.process_alive(beat)):
+            return max(ended, float(beat["time"]) if beat else ended)
+        interval = float(beat.get("interval") or 1.0)
+        if now - ended > heartbeat.STALE_INTERVALS * interval:
+            return now
+        time.sleep(interval / 4)
 
 
 def _hosts(given: str | None) -> list[Host]:

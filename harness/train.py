@@ -99,13 +99,14 @@ WARMUP_STEPS = 1
 class TrainResult:
     seconds: float            # this rank's wall time, barrier to end of the last epoch, evaluations excluded
     steps_per_epoch: int
-    samples: int              # samples this job processed (all its ranks, all epochs)
+    samples: int              # samples this job processed (all its ranks, all epochs; a Start's not counted)
     final_loss: float         # last epoch's mean loss on this rank
     weights_diff: float       # max |w - w_root| over this rank's trainable weights
     weights_digest: str       # hash of this rank's trainable weights
     clock: tuple[float, float]  # time.perf_counter() at the start and the end of training (evaluations inside;
     #                             the warm-up before it)
-    epochs: int = 0           # epochs trained (fewer than the recipe's when the target stopped it)
+    epochs: int = 0           # the epoch training ended after (fewer than the recipe's when the target stopped
+    #                             it; a Start's epochs included)
     stage: dict | None = None  # a split model (line 37): this rank's stage, replica, busy and step seconds (the
     #                             timed steps'); the job root's also the cut and the trainable weights
 
@@ -135,20 +136,21 @@ class Loop:
 
 
 def epochs_loop(step, feed, steps: int, epochs: int, job: int, hooks, on_step, evaluate,
-                eval_every: int, mean_of=None) -> Loop:
+                eval_every: int, mean_of=None, first: int = 0) -> Loop:
     """The timed epochs, every framework's: `steps` calls step(x, y) -> loss (a scalar
     tensor that float() reads) each from `feed`, hooks and heartbeats around them,
     `evaluate` (if any) after each due epoch with the clock stopped; it ends the loop by
     returning True (the target reached). `mean_of(losses)`: an epoch's mean loss from its
     steps' returns (default: the mean of their floats; a pipeline's stages but the last
-    return None, and learn the mean from the last)."""
+    return None, and learn the mean from the last). `first`: the epochs a checkpoint had
+    trained already (Start): the loop trains the rest, numbered on, and `feed` holds theirs."""
     mean_of = mean_of or (lambda losses: float(np.mean([float(l) for l in losses])))
     start = time.perf_counter()
     if hooks:
         hooks.run_start()
     due = set(evaluation_epochs(epochs, eval_every)) if evaluate else set()
     paused, trained, mean_loss = 0.0, epochs, float("nan")     # paused: s spent evaluating, outside the clock
-    for epoch in range(epochs):
+    for epoch in range(first, epochs):
         if hooks:
             hooks.epoch_start(epoch + 1)
         losses = []
@@ -215,9 +217,27 @@ class Trainer(Protocol):
     def stage(self) -> dict | None:
         """TrainResult.stage: a split model's record of this rank, else None."""
 
+    def state(self) -> bytes:
+        """This rank's whole training state, as bytes (a checkpoint's: harness/checkpoint.py):
+        the weights, the optimizer's slots, the loss scale, the step number, the random
+        streams; restore() of them goes on exactly where training was. So far PyTorch's, of
+        a model in data parallelism (every rank's state the root's); a checkpoint is not yet
+        written by a run, nor read by --resume (issue 70)."""
+
+    def restore(self, state: bytes) -> None:
+        """state()'s bytes back in place (after the undone warm-up)."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where one base model's training goes on from a checkpoint (harness/checkpoint.py)."""
+    epochs: int      # the epochs it had trained
+    state: bytes     # its Trainer.state() then
+
 
 def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job: int, world_barrier,
-        hooks=None, on_step=None, evaluate=None, eval_every: int = 0, warmup_steps: int = WARMUP_STEPS) -> TrainResult:
+        hooks=None, on_step=None, evaluate=None, eval_every: int = 0, warmup_steps: int = WARMUP_STEPS,
+        start: Start | None = None, checkpoint=None) -> TrainResult:
     """Train one base model, every framework's recipe, on the job's resample `indices`.
     `hooks` (optional) gets recipe(name, optimizer settings, peak_lr, warmup_steps,
     total_steps) once the step is built, then run_start(), epoch_start(epoch) and
@@ -225,35 +245,46 @@ def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job
     (optional) runs before every step (watchdog heartbeat, fault injection).
     `evaluate(epoch) -> stop` (optional) runs after each of evaluation_epochs(epochs,
     eval_every), on every rank of the job, the root's statistics synced first, with the
-    training clock stopped; True ends training there (the target reached)."""
+    training clock stopped; True ends training there (the target reached).
+    `start` (optional): go on from a checkpoint, its epochs not trained again (each epoch's
+    rows and augmentation depend on the epoch alone: sampler.epoch_shard, each_epoch's seed +
+    e); TrainResult's samples are then this training's alone. `checkpoint(epoch, state)`
+    (optional) runs after each evaluation that does not stop training, on every rank of the
+    job, with trainer.state (a function: only the ranks that write need call it)."""
     steps = steps_per_epoch(len(indices), trainer.shares, trainer.step_batch, job)   # P x B samples a step in every mode
     schedule = Schedule(recipe.base_lr * trainer.lr_factor, int(round(recipe.warmup_epochs * steps)),
                         steps * recipe.epochs)
     step, config = trainer.prepare(schedule)
     if hooks:   # the recipe as built, for the MLLOG (before run_start, as MLPerf logs it)
         hooks.recipe(recipe.optimizer, config, schedule.peak, schedule.warmup, schedule.total)
-    shards = lambda e: sampler.epoch_shard(indices, seed, job, e, trainer.share, trainer.shares,  # noqa: E731
-                                           trainer.step_batch)
+    done = start.epochs if start else 0
+    shards = lambda e: sampler.epoch_shard(indices, seed, job, done + e, trainer.share,  # noqa: E731
+                                           trainer.shares, trainer.step_batch)
     feed_seed = seed * 1_000_003 + job * 1009   # the job's augmentation: the warm-up's is epoch 1's
-    if warmup_steps:   # on the first batches of epoch 1, read again by the timed epoch
-        trainer.warm_up(shards(0)[:warmup_steps * trainer.step_batch], warmup_steps, feed_seed)
+    if warmup_steps:   # on the first batches of its first epoch, read again by the timed epoch
+        trainer.warm_up(shards(0)[:warmup_steps * trainer.step_batch], warmup_steps, feed_seed + done)
+    if start:   # after the undone warm-up, which put back the state it found
+        trainer.restore(start.state)
     # One feed for every epoch, made before the clock: epoch e's shard is drawn when the
     # feed reaches it; reading, decoding and augmenting are the workload's, inside the
     # clock (MLPerf).
-    feed = trainer.feed(shards, recipe.epochs, steps, feed_seed)
+    feed = trainer.feed(shards, recipe.epochs - done, steps, feed_seed + done)
     world_barrier()   # every job starts the clock together: FLOPS divides by the slowest
 
     def evaluation(epoch: int) -> bool:   # every rank predicts with the whole model, the root's statistics
         trainer.sync()
-        return evaluate(epoch)
+        stop = evaluate(epoch)
+        if checkpoint and not stop and epoch < recipe.epochs:   # the state training goes on from
+            checkpoint(epoch, trainer.state)
+        return stop
     loop = epochs_loop(step, feed, steps, recipe.epochs, job, hooks, on_step, evaluate and evaluation, eval_every,
-                       trainer.mean_of)
+                       trainer.mean_of, done)
     del feed   # tearing a pipeline down can take seconds (ic's tf.data): after the clock
     diff, digest = trainer.consistency()
     if evaluate is None:   # else the last evaluation has synced it: the model is the root's already
         trainer.sync()
-    return TrainResult(loop.seconds, steps, steps * loop.trained * recipe.batch * trainer.size, loop.mean_loss,
-                       diff, digest, loop.clock, loop.trained, trainer.stage())
+    return TrainResult(loop.seconds, steps, steps * (loop.trained - done) * recipe.batch * trainer.size,
+                       loop.mean_loss, diff, digest, loop.clock, loop.trained, trainer.stage())
 
 
 def replica_check(mine: np.ndarray, root: np.ndarray) -> tuple[float, str]:

@@ -11,31 +11,31 @@ from pathlib import Path
 
 import pytest
 
-from harness import heartbeat, relaunch, results
-from harness.relaunch import Host
+from harness import heartbeat, hosts, relaunch, results
+from harness.hosts import Host
 from tests.conftest import MPIRUN_STDIN, ROOT, dat_text, mpi_env, record, simulated_cluster
 from tests.conftest import results as read_results
 
 
 def test_hosts_are_read_from_a_list_a_hostfile_or_slurms_words():
-    assert relaunch.parse_hosts("n1:2,n2:2,n3") == [Host("n1", 2), Host("n2", 2), Host("n3", 1)]
+    assert hosts.parse_hosts("n1:2,n2:2,n3") == [Host("n1", 2), Host("n2", 2), Host("n3", 1)]
     text = "# the nodes\nn1 slots=2\nn2   slots = 4  # big\n\nn3\n"
-    assert relaunch.parse_hosts(text) == [Host("n1", 2), Host("n2", 4), Host("n3", 1)]
+    assert hosts.parse_hosts(text) == [Host("n1", 2), Host("n2", 4), Host("n3", 1)]
     with pytest.raises(ValueError, match=r"found 'n1:x', expected a host and its ranks"):
-        relaunch.parse_hosts("n1:x,n2:2")
+        hosts.parse_hosts("n1:x,n2:2")
     with pytest.raises(ValueError, match="found no host"):
-        relaunch.parse_hosts("# nothing\n")
-    assert relaunch.slurm_hosts(["a", "b", "c", "d"], "2(x3),1") == [Host("a", 2), Host("b", 2), Host("c", 2),
+        hosts.parse_hosts("# nothing\n")
+    assert hosts.slurm_hosts(["a", "b", "c", "d"], "2(x3),1") == [Host("a", 2), Host("b", 2), Host("c", 2),
                                                                       Host("d", 1)]
     with pytest.raises(ValueError, match=r"found 3 node\(s\) in '2\(x3\)', expected 2"):
-        relaunch.slurm_hosts(["a", "b"], "2(x3)")
+        hosts.slurm_hosts(["a", "b"], "2(x3)")
 
 
 def test_each_launch_names_its_hosts_and_ranks_and_a_relaunch_resumes_the_run():
-    hosts = [Host("n1", 2), Host("n3", 1)]
-    assert relaunch.command("mpirun", ["--mca", "x", "y"], hosts, ["py", "hpcai500.py", "t.dat"], None) == [
+    two = [Host("n1", 2), Host("n3", 1)]
+    assert hosts.command("mpirun", ["--mca", "x", "y"], two, ["py", "hpcai500.py", "t.dat"], None) == [
         "mpirun", "--mca", "x", "y", "--host", "n1:2,n3:1", "-np", "3", "py", "hpcai500.py", "t.dat"]
-    assert relaunch.command("mpirun", [], hosts, ["p"], "runs/x")[-3:] == ["p", "--resume", "runs/x"]
+    assert hosts.command("mpirun", [], two, ["p"], "runs/x")[-3:] == ["p", "--resume", "runs/x"]
 
 
 @pytest.mark.parametrize("state,lost,done,stopped,again,why", [
@@ -90,6 +90,15 @@ def test_the_report_and_status_say_each_launch_and_the_time_since_the_fault():
                    " a test under way at a fault ran again from its start (no checkpoint inside a test yet)"]
     assert relaunch.lines(None) == []
     assert heartbeat.relaunched_words({"launches": launches}) == "; relaunched 1 time(s) after host(s) n3 lost"
+
+
+def test_a_launch_has_ended_once_rank_0s_heartbeat_is_gone_or_silent_for_two_intervals():
+    beat = {"time": 100.0, "interval": 5.0}
+    assert not relaunch.went_quiet(beat, 109.0, True)      # stamped 9 s ago, 2 intervals not yet past
+    assert not relaunch.went_quiet(beat, 109.0, None)      # another node's: its age alone
+    assert relaunch.went_quiet(beat, 110.5, None)          # 10.5 s: silent for two intervals
+    assert relaunch.went_quiet(beat, 101.0, False)         # its process is gone
+    assert relaunch.went_quiet(None, 0.0, None)            # no heartbeat at all
 
 
 def test_status_gives_a_stopped_run_the_command_that_resumes_it_on_the_hosts_left(tmp_path):

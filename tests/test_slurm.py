@@ -19,7 +19,8 @@ import time
 import pytest
 
 from harness import launcher
-from tests.conftest import ROOT, cluster_module, dat_text, results, simulated_cluster
+from harness.results import launches
+from tests.conftest import ROOT, cluster_module, dat_text, mpi_env, results, simulated_cluster
 
 PMIX_BLOCK = ("Sorry!", "help file", "A requested component was not found", "Framework: psec", "PMIx")
 # srun's own notices when a step waits for the previous step's cores to be released (a
@@ -97,6 +98,11 @@ def _sbatch(tmp_path, dat, resources: list[str], env: dict | None = None, timeou
     within `timeout` is cancelled and the test fails with its stderr. The state is polled
     here every 0.5 s: `sbatch --wait` doubles its own polling interval, which added
     ~30 s to an 8-second job. `export`: more of the script's variables (",TUNE=20")."""
+    return _finished(*_submitted(tmp_path, dat, resources, env, export), timeout)
+
+
+def _submitted(tmp_path, dat, resources: list[str], env: dict | None, export: str) -> tuple:
+    """Submit scripts/slurm/hpcai500.sbatch: (the job id, its environment, its stdout and stderr files)."""
     out, err = tmp_path / "job.out", tmp_path / "job.err"
     cmd = ["sbatch", "--parsable", *resources, "--cpus-per-task=1", "--gpus-per-node=0", "--time=10",
            f"--output={out}", f"--error={err}", f"--export=ALL,VENV={sys.prefix}{export}", "scripts/slurm/hpcai500.sbatch",
@@ -104,7 +110,11 @@ def _sbatch(tmp_path, dat, resources: list[str], env: dict | None = None, timeou
     env = dict(os.environ, **(env or {}))
     sb = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert sb.returncode == 0, f"sbatch: {sb.stderr}"
-    job = sb.stdout.strip().split(";")[0]   # --parsable: the job id
+    return sb.stdout.strip().split(";")[0], env, out, err   # --parsable: the job id
+
+
+def _finished(job: str, env: dict, out, err, timeout: int) -> tuple:
+    """_sbatch's wait for a submitted job, and its checks."""
     deadline = time.monotonic() + timeout
     while (state := _job_state(job, env))["JobState"] in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
         if time.monotonic() > deadline:
@@ -173,10 +183,12 @@ def test_slurm_conf_names_every_node_and_keeps_every_file_in_the_state_folder():
 
 @pytest.mark.slow
 @pytest.mark.mpi
-def _two_node_job(tmp_path, name: str, net: int, lines: dict, export: str = "") -> tuple:
+def _two_node_job(tmp_path, name: str, net: int, lines: dict, export: str = "", env: dict | None = None,
+                  meanwhile=None) -> tuple:
     """The sbatch script on Slurm brought up on two simulated nodes (`name`, subnet `net`), a
     task a node, for an input of dat_text's `lines`: (the input, the report, the job's stderr,
-    the daemons the cluster ran); skipped with the reason where Slurm is not installed."""
+    the daemons the cluster ran); skipped with the reason where Slurm is not installed.
+    `meanwhile(cluster, stderr file)` runs once the job is submitted (a fault)."""
     sl = _slurm_module()
     why = sl.available()
     if why:
@@ -186,7 +198,11 @@ def _two_node_job(tmp_path, name: str, net: int, lines: dict, export: str = "") 
         s = sl.Slurm(c).up(tie=True)
         dat = tmp_path / "my.dat"
         dat.write_text(dat_text(l5=tmp_path / "runs", **lines))
-        report, stderr = _sbatch(tmp_path, dat, ["--nodes=2", "--ntasks-per-node=1"], env=s.env, export=export)
+        job, env, out, err = _submitted(tmp_path, dat, ["--nodes=2", "--ntasks-per-node=1"], {**s.env, **(env or {})},
+                                        export)
+        if meanwhile:
+            meanwhile(c, err)
+        report, stderr = _finished(job, env, out, err, 300)
     finally:
         daemons = list(c.daemons)
         c.down()
@@ -232,3 +248,30 @@ def test_sbatch_tunes_across_two_simulated_nodes(tmp_path):
     assert (run / "HPCAI500-tuned.dat").is_file()
     assert f"{run}: complete: every test PASSED; 5 of 5 test run(s) finished; tuning: trial 5 of 5" in report   # --status
     assert "tune: final: 2 finalist(s) at the full length" in stderr
+
+
+@pytest.mark.mpi   # the launcher starts mpirun, which starts its daemons through srun
+def test_sbatch_with_relaunch_outlives_a_node_killed_mid_test(tmp_path):
+    """The sbatch script with RELAUNCH=1 (issue 70) on two simulated nodes, a task a node: the
+    launcher runs mpirun inside the allocation (PRRTE starts its daemons with srun); n2 is
+    killed whole in test 2 (its slurmd with it); `--no-kill` keeps the allocation, the launcher
+    reads the lost node from PRRTE and relaunches `--resume` on n1; the run completes, and the
+    job's exit status is --status's 0."""
+    def kill_n2(c, err):
+        deadline = time.monotonic() + 300   # a hang bound, not a speed figure
+        while "test 2/2" not in (err.read_text(errors="replace") if err.exists() else ""):
+            assert time.monotonic() < deadline, err.read_text(errors="replace")[-3000:] if err.exists() else "no stderr"
+            time.sleep(0.2)
+        time.sleep(2)   # into test 2's training
+        c.kill("n2")
+    lines = dict(l9=1, l10=0, l11=1, l13=2, l14="32 8", l15=6, l30=0, l31=0, l35="pytorch")   # test 2 the long one
+    dat, report, stderr, _ = _two_node_job(tmp_path, "slurmlost", 243, lines, ",RELAUNCH=1,MPIRUN_OPTIONS=--stdin none",
+                                           mpi_env(True, {}), kill_n2)
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
+    assert [(x["hosts"], x["lost"]) for x in launches(str(run))] == [(["n1:1", "n2:1"], ["n2"]), (["n1:1"], [])], \
+        stderr[-3000:]
+    assert "host(s) n2 lost: relaunch 1 of 1 on n1" in stderr
+    res = results(tmp_path / "runs")
+    assert [(t["index"], t["M"]) for t in res["tests"]] == [(1, 2), (2, 1)] and res["status"] == "complete"
+    assert report.rstrip().splitlines()[-1] == (f"{run}: complete: every test PASSED; relaunched 1 time(s) after"
+                                                " host(s) n2 lost; 2 of 2 test run(s) finished")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import itertools
 import time
 
@@ -181,6 +182,22 @@ class Trainer:
     def stage(self) -> dict | None:
         return self.split and _stage_record(self.split, self.s, self.comm.rank == 0)
 
+    def state(self) -> bytes:
+        """Step.snapshot's state in torch.save's bytes: in data parallelism every rank's is
+        the root's (DDP keeps the replicas equal). A split model's is each stage's optimizer
+        on its own rank: not built yet."""
+        if self.split is not None:
+            raise NotImplementedError("a checkpoint of a model cut into stages (line 37) is not built yet")
+        out = io.BytesIO()
+        torch.save(self.s.snapshot(), out)
+        return out.getvalue()
+
+    def restore(self, state: bytes) -> None:
+        # onto the CPU: load_state_dict moves each tensor to its parameter's device, but an
+        # optimizer's step counts, which must stay on the CPU (Adam's unless capturable);
+        # weights_only: tensors, numbers and containers alone, no code, whoever wrote the file
+        self.s.restore(torch.load(io.BytesIO(state), map_location="cpu", weights_only=True))
+
 
 def _stage_record(split, s, root: bool) -> dict:
     """TrainResult.stage of a split model's rank (the job root's with the cut)."""
@@ -273,9 +290,7 @@ class Step:
         from): the timed epochs then train from exactly the state a run without warm-up
         would start from."""
         cuda = self.dev.type == "cuda"
-        saved = (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.opt.state_dict()),
-                 self.scaler and copy.deepcopy(self.scaler.state_dict()), self.taken, torch.get_rng_state(),
-                 torch.cuda.get_rng_state(self.dev) if cuda else None)
+        saved = self.snapshot()
         for x, y in batches:
             t0 = time.perf_counter()
             loss = self(x, y)
@@ -284,14 +299,28 @@ class Step:
             if cuda:
                 torch.cuda.synchronize(self.dev)   # a middle stage's too (outside the clock)
             self.warm_up_step = max(self.warm_up_step, time.perf_counter() - t0)
-        self.model.load_state_dict(saved[0])
-        self.opt.load_state_dict(saved[1])
+        self.restore(saved)
+
+    def snapshot(self) -> dict:
+        """Every state a step writes, copied: the weights and batch-norm statistics, the
+        optimizer's slots, the loss scale, the step number, the random generators dropout
+        draws from (the undone warm-up's and a checkpoint's: Trainer.state)."""
+        cuda = self.dev.type == "cuda"
+        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                              "scaler": self.scaler and self.scaler.state_dict(), "taken": self.taken,
+                              "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state(self.dev) if cuda
+                              else None})
+
+    def restore(self, saved: dict) -> None:
+        """snapshot()'s state back in place."""
+        self.model.load_state_dict(saved["model"])
+        self.opt.load_state_dict(saved["optimizer"])
         if self.scaler is not None:
-            self.scaler.load_state_dict(saved[2])
-        self.taken = saved[3]
-        torch.set_rng_state(saved[4])
-        if cuda:
-            torch.cuda.set_rng_state(saved[5], self.dev)
+            self.scaler.load_state_dict(saved["scaler"])
+        self.taken = saved["taken"]
+        torch.set_rng_state(saved["rng"])
+        if self.dev.type == "cuda":
+            torch.cuda.set_rng_state(saved["cuda_rng"], self.dev)
 
 
 class PipelineStep(Step):

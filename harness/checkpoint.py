@@ -1,0 +1,122 @@
+"""Checkpoints along a test (issue 70): a base model's state at an evaluation, whole or absent.
+
+A lost node costs the run a relaunch on the nodes left (harness/relaunch.py); what the test
+under way had trained is kept only where its base models wrote their state down. A
+checkpoint holds one base model's state after an evaluation epoch: the framework's bytes
+(its weights, its optimizer's slots, its step number and random streams:
+Trainer.state) and a header of what the harness knows (the epoch, the figures so far). It
+lives in the run folder, which is on the file system the nodes share, as on any cluster:
+`checkpoints/test-T-rep-R/job-J-epoch-E.ckpt`.
+
+Whole or absent: a file is written under a temporary name beside its own, flushed to disk
+and renamed (files.atomic_write), so a writer killed mid-way leaves no file of that name.
+A file a failing disk or file system tore anyway is caught at reading: its header holds the
+payload's length and SHA-256, checked again, and a file that fails is refused, named, and
+the one before it read instead. The two newest of a base model are kept for that reason.
+
+Pure functions but `save`, `load` and `latest` (files); no framework imported.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+from harness import files
+
+FORMAT = "hpcai500-checkpoint 1"     # the first line of every checkpoint: what it is, its layout's version
+KEEP = 2                             # checkpoints kept of a base model: the newest may be torn
+FOLDER = "checkpoints"               # in the run folder
+_NAME = re.compile(r"job-(\d+)-epoch-(\d+)\.ckpt")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read: its message is `FILE: found ..., expected ...`."""
+
+
+def folder(run_dir: str, test: int, rep: int) -> str:
+    """Where one test run's checkpoints live (a test of several repetitions: each its own)."""
+    return os.path.join(run_dir, FOLDER, f"test-{test}-rep-{rep}")
+
+
+def name(job: int, epoch: int) -> str:
+    return f"job-{job}-epoch-{epoch}.ckpt"
+
+
+def encode(header: dict, payload: bytes) -> bytes:
+    """A checkpoint's bytes (pure): FORMAT, the header as one JSON line with the payload's
+    length and SHA-256 added, then the payload."""
+    head = {**header, "payload_bytes": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest()}
+    return f"{FORMAT}\n{json.dumps(head, sort_keys=True)}\n".encode() + payload
+
+
+def decode(blob: bytes, where: str) -> tuple[dict, bytes]:
+    """(the header, the payload) of a checkpoint's bytes (pure); CheckpointError naming
+    `where` and what is wrong where they are not a whole checkpoint."""
+    first, _, rest = blob.partition(b"\n")
+    if first.decode(errors="replace") != FORMAT:
+        raise CheckpointError(f"{where}: found {first[:40]!r} on its first line, expected {FORMAT!r}")
+    line, newline, payload = rest.partition(b"\n")
+    try:
+        head = json.loads(line) if newline else None
+    except ValueError:
+        head = None
+    if not isinstance(head, dict) or not isinstance(head.get("payload_bytes"), int):
+        raise CheckpointError(f"{where}: found no whole header line, expected one JSON object (a torn file)")
+    if len(payload) != head["payload_bytes"]:
+        raise CheckpointError(f"{where}: found {len(payload)} bytes of state, expected {head['payload_bytes']}"
+                              " (a torn file)")
+    if hashlib.sha256(payload).hexdigest() != head.get("payload_sha256"):
+        raise CheckpointError(f"{where}: found a state whose SHA-256 differs from its header's (a damaged file)")
+    return head, payload
+
+
+def save(run_dir: str, test: int, rep: int, job: int, epoch: int, header: dict, payload: bytes) -> int:
+    """Write base model `job`'s checkpoint after `epoch`, whole or not at all, then remove
+    its checkpoints older than the KEEP newest; the bytes written."""
+    where = folder(run_dir, test, rep)
+    os.makedirs(where, exist_ok=True)
+    blob = encode({**header, "test": test, "rep": rep, "job": job, "epoch": epoch}, payload)
+    files.atomic_write(os.path.join(where, name(job, epoch)), blob)
+    # the checkpoints past the KEEP newest, and what a writer of this job killed mid-write left
+    # (files.temporary_name's `.NAME.tmp-HOST-PID`: one writer a job, so none is under way)
+    stale = [name(job, old) for old in epochs(where, job)[KEEP:]] + [
+        n for n in os.listdir(where) if n.startswith(f".job-{job}-epoch-") and ".ckpt.tmp-" in n]
+    for n in stale:
+        try:
+            os.unlink(os.path.join(where, n))
+        except FileNotFoundError:
+            pass
+    return len(blob)
+
+
+def epochs(where: str, job: int) -> list[int]:
+    """The epochs of base model `job`'s checkpoints in folder `where`, newest first (a
+    temporary file of a write under way, or killed, is not one)."""
+    try:
+        names = os.listdir(where)
+    except FileNotFoundError:
+        return []
+    found = [_NAME.fullmatch(n) for n in names]
+    return sorted((int(m.group(2)) for m in found if m and int(m.group(1)) == job), reverse=True)
+
+
+def load(path: str) -> tuple[dict, bytes]:
+    """A checkpoint file's (header, payload); CheckpointError where it is not whole."""
+    with open(path, "rb") as f:
+        return decode(f.read(), path)
+
+
+def latest(run_dir: str, test: int, rep: int, job: int) -> tuple[dict | None, bytes | None, list[str]]:
+    """Base model `job`'s newest whole checkpoint: (its header, its payload, the newer ones
+    refused, each CheckpointError's message); (None, None, refused) where it has none."""
+    where, refused = folder(run_dir, test, rep), []
+    for epoch in epochs(where, job):
+        try:
+            head, payload = load(os.path.join(where, name(job, epoch)))
+        except (CheckpointError, OSError) as e:
+            refused.append(str(e))
+            continue
+        return head, payload, refused
+    return None, None, refused
