@@ -14,14 +14,21 @@ every epoch, no roofline). Per layout and round, alternated:
 * `retrain`: the same kill under `--on-fault retrain`: the survivors train the lost base
   model again once the others finish;
 * `node`: the last node killed whole (its init: the Open MPI daemon and its ranks) once
-  training has reached the same epoch.
+  training has reached the same epoch;
+* `relaunch` (issue 70): the same node killed under the launcher (`--relaunch 1`), which
+  relaunches `--resume` on the nodes left.
 
 Figures: mpirun's exit and the run's --status, time to solution, the ensemble's quality,
 base models kept; for `rank`, from the fault (the injector's own clock) to the survivors'
 agreed shrink (results.json's loss `time`), after which they train on; and whether every
 surviving job's work was kept (its samples equal to the fault-free run's for that job);
 for `retrain`, from the fault to the survivors' retraining wave (its progress line's
-arrival here), and the quality against the fault-free run's.
+arrival here), and the quality against the fault-free run's; for `relaunch`, from the fault
+to the relaunched run's first epoch (its progress line's arrival here), and the epochs of
+the test under way lost (no checkpoint inside a test yet: every epoch trained before the
+fault is trained again).
+
+`--cases` picks the faulted cases (`none` always runs: the others' reference).
 """
 from __future__ import annotations
 
@@ -42,21 +49,32 @@ import cluster as cl  # noqa: E402
 EPOCHS, B, M = 8, 32, 4
 LAYOUTS = {"4x1": ("n1:1,n2:1,n3:1,n4:1", "n4", 3), "2x2": ("n1:2,n2:2", "n2", 3)}   # hosts, last node, its rank
 GOAL_RECOVERY = 10.0   # s, fault to the survivors' shrink (issue 46)
+GOAL_AGAIN = 60.0      # s, a node's loss to training again under the launcher (issue 70)
+CASES = ("rank", "retrain", "node", "relaunch")
 FIRES = re.compile(r"HPCAI500_FAULT fires: kill at step (\d+) \(t=([0-9.]+)\)")
 
 
-def run(c, dat: str, hosts: str, env: dict, kill_node: str | None = None, at_epoch: int = 0) -> dict:
-    """hpcai500.py on the cluster: the results.json it wrote, mpirun's exit, its stderr,
-    and for a node killed, when (this machine's clock)."""
+def run(c, dat: str, hosts: str, env: dict, kill_node: str | None = None, at_epoch: int = 0,
+        relaunch: bool = False) -> dict:
+    """hpcai500.py on the cluster (under the launcher where `relaunch`): the results.json it
+    wrote, mpirun's (the launcher's) exit, its stderr, and for a node killed, when (this
+    machine's clock); `wave`: when a retraining wave, or the relaunch's first epoch, began."""
     before = set(os.listdir(common.WORK))
-    launcher = ["mpirun", *c.mpirun_args(hosts, {**common.ENV, **env})]
+    if relaunch:   # the launcher runs mpirun, with the cluster's options less --host and -np (its own)
+        launcher = [common.PY, "hpcai500.py", dat, "--relaunch", "1", "--hosts", hosts, "--mpirun",
+                    " ".join(c.mpirun_args(None, {**common.ENV, **env}))]
+    else:
+        launcher = ["mpirun", *c.mpirun_args(hosts, {**common.ENV, **env}), common.PY, "hpcai500.py", dat]
     common.wait_quiet()
-    p = subprocess.Popen([*launcher, common.PY, "hpcai500.py", dat], cwd=common.ROOT, env={**common.ENV, **env},
+    p = subprocess.Popen(launcher, cwd=common.ROOT, env={**common.ENV, **env},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    err, killed, wave = [], None, None
+    err, killed, wave, relaunched = [], None, None, False
     for line in p.stderr:
         err.append(line)
         if wave is None and "retraining wave 1:" in line:
+            wave = time.time()
+        relaunched = relaunched or ": relaunch 1 of 1 on " in line
+        if wave is None and relaunched and ": epoch 1/" in line:
             wave = time.time()
         if kill_node and killed is None and f": epoch {at_epoch}/" in line:
             killed = time.time()
@@ -85,7 +103,11 @@ def figures(case: str, out: dict, clean: dict | None) -> list:
             again = f"{out['wave'] - float(fired.group(2)):.2f}" if fired and out["wave"] else "?"
     if case == "node" and out["killed"]:
         recovery = f"job ended {out['ended'] - out['killed']:.1f} s after"
+    if case == "relaunch" and out["killed"]:
+        again = f"{out['wave'] - out['killed']:.2f}" if out["wave"] else "never"
     work = "-"
+    if t and case == "relaunch":   # the test under way ran again from its start
+        work = f"{out['at_epoch'] - 1} epoch(s) lost, trained again"
     if t and clean and case in ("rank", "node"):
         ref = {r["job"]: r["size"] for r in clean["res"]["tests"][0]["resample"]}
         same = all(r["size"] == ref[r["job"]] for r in t["resample"])
@@ -103,7 +125,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2, help="rounds per layout (default 2)")
     ap.add_argument("--seed", type=int, default=46, help="draws the fault's step (default 46)")
+    ap.add_argument("--cases", default="rank,retrain,node,relaunch",
+                    help="the faulted cases, comma-separated (default every one: rank,retrain,node,relaunch)")
     args = ap.parse_args()
+    cases = tuple(args.cases.split(","))
+    if not set(cases) <= set(CASES):
+        sys.exit(f"bench/elastic.py: --cases: found {args.cases!r}, expected some of {','.join(CASES)}")
     why = cl.available()
     if why:
         sys.exit(f"bench/elastic.py: {why}")
@@ -118,7 +145,7 @@ def main() -> None:
                 clean = run(c, dat, hosts, {})
                 steps = clean["res"]["tests"][0]["steps_per_epoch"][-1]
                 step = draw.randrange(steps, steps * (EPOCHS - 1))
-                order = ("rank", "retrain", "node")[r % 3:] + ("rank", "retrain", "node")[:r % 3]
+                order = cases[r % len(cases):] + cases[:r % len(cases)]
                 outs = {"none": clean}
                 for case in order:
                     if case in ("rank", "retrain"):
@@ -126,10 +153,11 @@ def main() -> None:
                                                          "HPCAI500_ON_FAULT": "drop" if case == "rank" else case})
                     else:
                         outs[case] = run(c, dat, hosts, {"HPCAI500_ON_FAULT": "drop"}, kill_node=last,
-                                         at_epoch=1 + step // steps)
+                                         at_epoch=1 + step // steps, relaunch=case == "relaunch")
+                        outs[case]["at_epoch"] = 1 + step // steps
                         c.down()
                         c = cl.Cluster("elastic", net=244).up(4, slots=2, tie=True)   # the killed node back
-                for case in ("none", "rank", "retrain", "node"):
+                for case in ("none", *cases):
                     rows.append([layout, r + 1, f"step {step}" if case != "none" else "-",
                                  *figures(case, outs[case], clean)])
                 print(f"  {layout} round {r + 1} done", flush=True)
@@ -139,7 +167,7 @@ def main() -> None:
           f" drop; {args.rounds} round(s) a layout")
     print(common.table(["layout", "round", "fault at", "fault", "mpirun exit", "--status", "time to solution s",
                         "quality", "base models", "surviving jobs' work", "fault to shrink s",
-                        "fault to retraining s"], rows))
+                        "fault to retraining (relaunch: to its first epoch) s"], rows))
     recov = [float(x[-2]) for x in rows if x[3] in ("rank", "retrain") and re.fullmatch(r"[0-9.]+", str(x[-2]))]
     worst = max(recov) if recov else float("nan")
     print(f"\nrank lost: fault to the survivors' shrink, worst {worst:.2f} s (goal < {GOAL_RECOVERY:g} s):"
@@ -151,6 +179,13 @@ def main() -> None:
           " from the lost one only by the nondeterminism of its training)")
     print("node lost: Open MPI 5.0.8's PRRTE ends the job when a daemon is lost (docs/running.md, 'Limits'):"
           " the run's finished tests stand, this test is lost")
+    again = [float(x[-1]) for x in rows if x[3] == "relaunch" and re.fullmatch(r"[0-9.]+", str(x[-1]))]
+    done = [x for x in rows if x[3] == "relaunch"]
+    if done:
+        print(f"node lost under the launcher: {sum(x[5] == 'complete' for x in done)} of {len(done)} runs complete;"
+              f" fault to training again, worst {max(again) if again else float('nan'):.1f} s (goal < {GOAL_AGAIN:g} s):"
+              f" {'met' if again and len(again) == len(done) and max(again) < GOAL_AGAIN else 'NOT met'}; the"
+              " test under way trained again from its start (no checkpoint inside a test yet)")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,9 @@ def conf_text(name: str, controller: tuple[str, str], port: int, nodes: list[tup
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "ReturnToService=2",
+        # a node that dies is DOWN once it has missed its pings for this long (Slurm's default:
+        # 300 s); a job that ran on it stays COMPLETING until then, its script done
+        "SlurmdTimeout=30",
         "TmpFS=" + cl.SCRATCH,
         f"StateSaveLocation={state}/ctld",
         f"SlurmdSpoolDir={state}/spool-%n",
