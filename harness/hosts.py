@@ -72,5 +72,3 @@ def by_hand(hosts: list[Host], dat: str, run_dir: str) -> str:
     """The command that resumes a run on `hosts`, for a site that runs mpirun itself (its own
     options and the run's settings to be added as at the start)."""
     return shlex.join(command("mpirun", [], hosts, ["python", "hpcai500.py", dat], run_dir))
-
-

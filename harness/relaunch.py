@@ -11,7 +11,9 @@ with a node lost it relaunches `--resume RUN` on the hosts left, up to TIMES tim
 
 Which hosts are gone is read, never guessed: PRRTE names the node whose daemon it lost on
 mpirun's stderr (its help text `node-died`, `Remote daemon: ... on node HOST`), which the
-launcher copies to its own stderr as it reads it. A run that ends any other way (complete,
+launcher copies to its own stderr as it reads it. A launch has ended once mpirun has and,
+where its run still says `running`, rank 0's heartbeat is gone or silent (went_quiet):
+mpirun can exit before its ranks. A run that ends any other way (complete,
 failed, stopped by a signal, an input error) is not relaunched: the launcher exits with
 mpirun's status and says why. Each launch (hosts, ranks, when it started and ended, its
 exit status, the hosts it lost and when PRRTE said so) is appended to the run folder's
@@ -34,8 +36,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from harness import files, heartbeat, results, signals
-from harness.hosts import Host, by_hand, command, parse_hosts, slurm_hosts
 from harness.errors import say
+from harness.hosts import Host, by_hand, command, parse_hosts, slurm_hosts
 
 DEFAULT_TIMES = 3          # relaunches after the first launch
 # PRRTE's help text `node-died` (share/prte/help-errmgr-base.txt): the node whose daemon it lost
@@ -174,9 +176,9 @@ def main(args, program: list[str]) -> int:
             return status or 1
         again, why = decide(state, seen["lost"], hosts, done, args.relaunch, stop.is_set())
         left = [h for h in hosts if h.name not in set(seen["lost"])]
-        more = (f"; the run stands in {run_dir}: " + (f"to resume it on the hosts left, {by_hand(left, args.dat, run_dir)}"
-                                                     if left else "no host left to resume it on")
-                if not again and state not in ENDED else "")
+        resume = (f"to resume it on the hosts left, {by_hand(left, args.dat, run_dir)}" if left
+                  else "no host left to resume it on")
+        more = f"; the run stands in {run_dir}: {resume}" if not again and state not in ENDED else ""
         say(f"--relaunch: launch {done + 1} ended (mpirun exit {status}, the run {state}): {why}{more}")
         if not again:
             return heartbeat.EXIT.get(state, status) if state in ENDED else (status or heartbeat.EXIT.get(state, 1))
@@ -185,9 +187,10 @@ def main(args, program: list[str]) -> int:
 
 def _quiet(run_dir: str) -> float:
     """When the launch ended: once mpirun has, and, where its run still says `running`, its
-    ranks too (went_quiet), waited for at most heartbeat.STALE_INTERVALS of rank 0's heartbeat (after which --status calls its run
-    dead anyway). The time is the later of the two: --status takes a heartbeat no later than
-    a launch's end for a dead one (heartbeat.status)."""
+    ranks too (went_quiet), waited for at most heartbeat.STALE_INTERVALS of rank 0's
+    heartbeat (after which --status calls its run dead anyway). The time is the later of the
+    two: --status takes a heartbeat no later than a launch's end for a dead one
+    (heartbeat.status)."""
     ended = time.time()
     while True:
         try:
