@@ -43,6 +43,8 @@ DEFAULT_TIMES = 3          # relaunches after the first launch
 # PRRTE's help text `node-died` (share/prte/help-errmgr-base.txt): the node whose daemon it lost
 NODE_DIED = re.compile(r"Remote daemon\s*:\s*\S+ on node (\S+)")
 RUN_FOLDER = re.compile(r"^hpcai500: results in (.+?)/ \(")   # rank 0's first line on stderr (harness/driver.py)
+RUN_WRITTEN = "(report.txt, results.json)\n"   # the end of rank 0's last line: the run's end written (report.Output)
+END_GRACE = 30.0           # s from that line to mpirun's exit, past which it is taken for stuck and ended
 ENDED = ("complete", "complete-with-losses", "failed")   # --status's states a relaunch cannot change
 
 
@@ -143,10 +145,37 @@ def _launch(cmd: list[str], seen: dict, stop: threading.Event) -> int:
             if (m := NODE_DIED.search(line)) and m.group(1) not in seen["lost"]:
                 seen["lost"].append(m.group(1))
                 seen["fault"] = seen["fault"] or time.time()
+            if line.endswith(RUN_WRITTEN) and seen.get("run_dir"):
+                threading.Thread(target=_unstick, args=(p, seen["run_dir"]), daemon=True).start()
         return p.wait()
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def _unstick(p: subprocess.Popen, run_dir: str) -> None:
+    """Rank 0 has written the run's end: mpirun that has not exited END_GRACE s later, its run
+    no longer `running`, waits for a rank or a daemon that cannot answer (a node frozen whole:
+    no survivor there could end its lost ranks, harness/elastic.unreached) and would never
+    exit: ended, SIGTERM then SIGKILL. The results are whole; nothing of the run is lost."""
+    try:
+        p.wait(timeout=END_GRACE)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        state = results.load_run(run_dir).status
+    except ValueError:
+        return
+    if state == "running":
+        return
+    say(f"--relaunch: the run is {state} and its results written, but mpirun has not exited {END_GRACE:g} s later:"
+        " it waits for a process that cannot answer (a node frozen whole); ending mpirun")
+    p.terminate()
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
 
 
 def main(args, program: list[str]) -> int:

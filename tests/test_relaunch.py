@@ -148,14 +148,14 @@ def _when(p, err: Path, said, times: int = 1) -> None:
         time.sleep(0.2)
 
 
-def _launcher(name: str, net: int, folder: Path, times: int, faults):
+def _launcher(name: str, net: int, folder: Path, times: int, faults, settings: dict | None = None):
     """3 simulated nodes x 1 rank under `--relaunch TIMES`; `faults(p, err, cluster)` kills
     nodes as the run goes. Returns (folder, the launcher's exit status, its stderr, the first
     kill's time.time())."""
     c = simulated_cluster(name, 3, net)
     try:
         (folder / "x.dat").write_text(dat_text(l5=folder / "runs", **RELAUNCH_DAT))
-        env = mpi_env(True, {"HPCAI500_HEARTBEAT": "0.5"})
+        env = mpi_env(True, {"HPCAI500_HEARTBEAT": "0.5", **(settings or {})})
         options = " ".join([*MPIRUN_STDIN, *c.mpirun_args(None, env)])
         err = folder / "err.txt"
         with open(folder / "out.txt", "w") as o, open(err, "w") as e:
@@ -230,6 +230,30 @@ def test_a_node_killed_during_the_relaunch_is_left_out_too_and_the_launcher_give
     assert "gave up after 1 relaunch(es), the limit (--relaunch 1)" in err and code != 0, err[-3000:]
     res = read_results(folder / "runs")
     assert [t["index"] for t in res["tests"]] == [1] and res["status"] != "complete"
+
+
+@pytest.mark.mpi
+def test_a_node_frozen_whole_costs_its_base_model_and_the_launcher_ends_the_mpirun_that_waits_for_it(tmp_path):
+    """n3 frozen whole in test 2 (every process SIGSTOPped, its daemon too) under `--on-fault
+    drop` with ULFM's detector at 10 s: the survivors take its rank for lost and finish the
+    run; mpirun then waits for the frozen daemon for good, and the launcher, seeing the run
+    written, ends it END_GRACE s later; its exit is --status's (complete with losses), and
+    nothing is relaunched (no node was lost to PRRTE)."""
+    def freeze(p, err, c):
+        _when(p, err, "test 2/2")
+        time.sleep(2)    # into test 2's training
+        c.freeze("n3")
+        return time.time()
+    folder, code, err, frozen = _launcher("frozen", 243, tmp_path, 1, freeze,
+                                          {"HPCAI500_FT_DETECTOR": "10", "HPCAI500_ON_FAULT": "drop"})
+    assert "had no rank left on their node to end them" in err, err[-3000:]     # rank 0's word on rank 2
+    assert "but mpirun has not exited 30 s later: it waits for a process that cannot answer" in err
+    (run,) = [x for x in (folder / "runs").iterdir() if not x.name.startswith(".")]
+    (launch,) = results.launches(str(run))
+    assert launch["lost"] == [] and launch["exit"] != 0
+    assert "the run is complete-with-losses: no relaunch" in err and code == 6, err[-3000:]
+    res = read_results(folder / "runs")
+    assert [(t["index"], t["jobs_lost"]) for t in res["tests"]] == [(1, []), (2, [2])]
 
 
 @pytest.mark.mpi

@@ -377,6 +377,18 @@ class Cluster:
         """Node `name` dies: its init is killed, and with it every process on the node."""
         _kill(self.node(name).pid)
 
+    def freeze(self, name: str) -> None:
+        """Node `name` freezes whole (a kernel that hangs, a board that stops): every process
+        on it SIGSTOPped, its Open MPI daemon too, alive and silent; its kernel (this
+        machine's) still answers TCP, as a hung node's network card may. `down` ends it."""
+        ns = os.readlink(f"/proc/{self.node(name).pid}/ns/pid")
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                    os.kill(int(entry), signal.SIGSTOP)
+            except OSError:
+                pass   # ended meanwhile, or a process whose namespaces are not ours to read (not the node's)
+
 
 def _bits(rate: str) -> int:
     units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "bit": 1}
