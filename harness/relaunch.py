@@ -119,7 +119,7 @@ def lines(relaunches: dict | None) -> list[str]:
     since = f", {relaunches['started'] - faults[-1]:.1f} s after the last fault" if faults else ""
     return out + [f"RELAUNCH: this invocation, launch {len(relaunches['launches']) + 1}, started"
                   f" {_utc(relaunches['started'])}{since}; a test under way at a fault ran again from its start"
-                  " (no checkpoint inside a test yet)"]
+                  " (no checkpoint inside a test yet), its Time its own run's: the time the fault cost is not in it"]
 
 
 def _launch(cmd: list[str], seen: dict, stop: threading.Event) -> int:
