@@ -43,6 +43,7 @@ DEFAULT_TIMES = 3          # relaunches after the first launch
 # PRRTE's help text `node-died` (share/prte/help-errmgr-base.txt): the node whose daemon it lost
 NODE_DIED = re.compile(r"Remote daemon\s*:\s*\S+ on node (\S+)")
 RUN_FOLDER = re.compile(r"^hpcai500: results in (.+?)/ \(")   # rank 0's first line on stderr (harness/driver.py)
+RUN_ERROR = "hpcai500: error: "   # rank 0's one line for an error every rank agreed on (harness/driver.py)
 RUN_WRITTEN = "(report.txt, results.json)\n"   # the end of rank 0's last line: the run's end written (report.Output)
 END_GRACE = 30.0           # s from that line to mpirun's exit, past which it is taken for stuck and ended
 ENDED = ("complete", "complete-with-losses", "failed")   # --status's states a relaunch cannot change
@@ -61,14 +62,19 @@ class Launch:
     fault: float | None      # when PRRTE said so first (s since the epoch); None: no host lost
 
 
-def decide(state: str, lost: list[str], hosts: list[Host], done: int, times: int, stopped: bool) -> tuple[bool, str]:
+def decide(state: str, lost: list[str], hosts: list[Host], done: int, times: int, stopped: bool,
+           error: str | None = None) -> tuple[bool, str]:
     """(relaunch or not, why) once a launch has ended: its run's --status state, the hosts
-    PRRTE said it lost, the hosts it ran on, the relaunches done so far of `times`, and
-    whether the launcher itself was asked to stop (a signal)."""
+    PRRTE said it lost, the hosts it ran on, the relaunches done so far of `times`, whether
+    the launcher itself was asked to stop (a signal), and the error rank 0 stopped the run on,
+    if any (a relaunch whose smaller world no test fits, an input refused: again would say
+    the same)."""
     if stopped:
         return False, "the launcher was stopped (a signal): no relaunch"
     if state in ENDED:
         return False, f"the run is {state}: no relaunch"
+    if error and not lost:
+        return False, f"the run stopped on an error ({error}): no relaunch"
     if not lost:
         return False, (f"the run is {state} and PRRTE named no lost node: no relaunch (a relaunch is for a lost"
                        " node; resume by hand with --resume)")
@@ -145,6 +151,8 @@ def _launch(cmd: list[str], seen: dict, stop: threading.Event) -> int:
             if (m := NODE_DIED.search(line)) and m.group(1) not in seen["lost"]:
                 seen["lost"].append(m.group(1))
                 seen["fault"] = seen["fault"] or time.time()
+            if line.startswith(RUN_ERROR):
+                seen["error"] = line[len(RUN_ERROR):].strip()
             if line.endswith(RUN_WRITTEN) and seen.get("run_dir"):
                 threading.Thread(target=_unstick, args=(p, seen["run_dir"]), daemon=True).start()
         return p.wait()
@@ -203,7 +211,7 @@ def main(args, program: list[str]) -> int:
         except ValueError as e:   # it died before its first results.json
             say(f"--relaunch: launch {done + 1} ended (mpirun exit {status}): {e}: no relaunch")
             return status or 1
-        again, why = decide(state, seen["lost"], hosts, done, args.relaunch, stop.is_set())
+        again, why = decide(state, seen["lost"], hosts, done, args.relaunch, stop.is_set(), seen.get("error"))
         left = [h for h in hosts if h.name not in set(seen["lost"])]
         resume = (f"to resume it on the hosts left, {by_hand(left, args.dat, run_dir)}" if left
                   else "no host left to resume it on")

@@ -53,6 +53,15 @@ def test_a_run_is_relaunched_only_for_a_lost_node_within_the_limit(state, lost, 
     assert decided[0] is again and decided[1].startswith(why), decided
 
 
+def test_a_run_stopped_on_an_error_is_not_relaunched_and_the_launcher_names_it():
+    """A relaunch whose smaller world no test fits: rank 0 refuses the input, and a relaunch
+    would say the same; a node lost in that launch still counts (the error may be its)."""
+    hosts, err = [Host("n1", 1), Host("n2", 1)], "x.dat:10-11: found '4 x 1', expected M x P <= 3"
+    assert relaunch.decide("interrupted", [], hosts, 1, 2, False, err) == (
+        False, f"the run stopped on an error ({err}): no relaunch")
+    assert relaunch.decide("interrupted", ["n2"], hosts, 1, 2, False, err)[0] is True
+
+
 def test_prrtes_lost_daemon_and_the_run_folder_are_read_from_mpiruns_stderr():
     said = ("PRTE has lost communication with a remote daemon.\n\n  HNP daemon   : [prterun-vm-1@0,0] on node vm\n"
             "  Remote daemon: [prterun-vm-1@0,3] on node n4\n")
