@@ -296,7 +296,10 @@ def test_a_job_killed_at_once_is_told_dead_and_resumes(tmp_path):
     code, out = _status("--status", tmp_path / "runs")       # the results directory: its newest run
     assert code == 5, out
     assert out.startswith(f"{run}: dead: not running: last heartbeat at ") and \
-        out.rstrip().endswith("that process is gone; status left `running`; 1 of 2 test run(s) finished"), out
+        "that process is gone; status left `running`; 1 of 2 test run(s) finished; to resume it: mpirun --host " in out
+    # the command that resumes it on the run's host with its 2 ranks: a site that runs mpirun itself
+    assert out.rstrip().endswith(f" -np 2 python hpcai500.py {tmp_path / 't.dat'} --resume {run} (no lost host on"
+                                 " record: leave out any that is down)"), out
     code, out = _status("--summarize", run)
     assert code == 0 and f"{run.name:<24} dead: not running: last heartbeat at " in out, out
     code, out = _status("--verify", run)        # test 1 verifies; the run is no result to submit
