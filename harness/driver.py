@@ -490,7 +490,7 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
                     why += (f"; the test's evaluations and records were gathered there and went with it; rank"
                             f" {world.origin} took over as the coordinator")
                 if cell[0]:
-                    cell[0].skip(t.index, rep, why, "lost")
+                    cell[0].skip(t.index, rep, why, "lost", [elastic.entry(x) for x in world.losses])
     except elastic.Aborted as e:
         _aborted(ctx, cell, plan.cfg, run_dir, e)
     except RunError as e:
@@ -587,7 +587,7 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
     try:
         M, warnings = topology.resolve(world.size, t.M, t.P)
     except topology.TopologyError as e:   # the same on every rank: the world as it stands
-        return _left_out(cell, t.index, planning.too_large(cfg, t, world.size, e), t0)
+        return _left_out(cell, t.index, planning.too_large(cfg, t, world.size, e), t0, world)
     planned = planning.judged(cfg, planning.Planned(t, topology.map_jobs(ctx.nodes.node_of_rank, M, t.P, cfg.pmap),
                                                     tuple(warnings)),
                               data, plan.settings, plan.facts[t.workload])
@@ -600,10 +600,10 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
             world.Ibarrier(), f"test {t.index}: waiting for every rank to start it"))
         if len(world.losses) > state["seen"]:   # laid out on ranks since lost: the tuner runs it again
             return _left_out(cell, t.index, f"ranks lost at its start ({elastic.describe(world.losses[state['seen']:])})",
-                             t0)
+                             t0, world)
         done = run.test(replace(ctx, cfg=cfg), planned, data, watchdog, 0)
     except elastic.AllLost as e:
-        return _left_out(cell, t.index, str(e), t0)
+        return _left_out(cell, t.index, str(e), t0, world)
     except elastic.CoordinatorLost as e:
         raise RunError(f"{e}; the tuning's study was world rank 0's: --resume {run_dir} with --tune continues it"
                        " from its journal") from None
@@ -618,11 +618,12 @@ def _trial(state, plan, spec, watchdog, cell, data, run_dir: str) -> dict | None
             "wall_seconds": time.perf_counter() - t0, "fault": lost}
 
 
-def _left_out(cell, index: int, why: str, t0: float) -> dict:
+def _left_out(cell, index: int, why: str, t0: float, world) -> dict:
     """A trial that recorded no test (its ranks lost, or its layout too large for those left):
-    skipped as lost in the output, and its fault for the tuner (rank 0's row; the same on all)."""
+    skipped as lost in the output with every loss so far, and its fault for the tuner (rank
+    0's row; the same on all)."""
     if cell[0]:
-        cell[0].skip(index, 0, why, "lost")
+        cell[0].skip(index, 0, why, "lost", [elastic.entry(x) for x in world.losses])
     return {"fault": why, "wall_seconds": time.perf_counter() - t0}
 
 

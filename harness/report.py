@@ -568,10 +568,15 @@ class Output:
             self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": self.earlier_losses + losses}
             self._save()
 
-    def skip(self, index: int, rep: int, reason: str, cause: str) -> None:
+    def skip(self, index: int, rep: int, reason: str, cause: str, losses: list[dict] | None = None) -> None:
         """A test (repetition `rep`) left out during the sweep: its ranks were lost
-        (harness/elastic.py). Counted with the skipped tests under `cause`."""
+        (harness/elastic.py). Counted with the skipped tests under `cause`. `losses`: every
+        loss so far (as `lost`), recorded in the same write: a signal between two writes
+        (mpirun's SIGTERM after a node's death, as its ranks learn it from ULFM) left a
+        test skipped for lost ranks with no rank lost on record."""
         with self.lock:
+            if losses is not None:
+                self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": self.earlier_losses + losses}
             entry = {"index": index, "reason": reason, "cause": cause, "repetition": rep,
                      "after": len(self.record.tests)}   # where its line is: after that many test blocks
             self.record.skipped.append(entry)

@@ -271,6 +271,28 @@ def test_a_new_coordinator_takes_the_run_folder_as_last_written(tmp_path, capsys
         report.Output.taken_over(cfg, str(tmp_path / "elsewhere"))
 
 
+def test_a_test_left_out_for_lost_ranks_is_written_with_its_losses_at_once(tmp_path):
+    """mpirun's SIGTERM after a node's death can come between two writes of results.json (a
+    suite, 2026-12-08: the test left out, no rank lost on record, --status "rank(s) ? lost"):
+    the skip and the losses go in one write."""
+    from harness import dat
+    cfg = dat.parse_text(dat_text(), "t.dat")
+    rec = results.Record(hpcai500="0.2", run_dir=str(tmp_path), input={"text": dat_text()}, config={}, settings={},
+                         environment={}, conventions=[], roofline={},
+                         fault_tolerance={"policy": "drop", "ulfm": True, "how": "x"}, tv_legend="legend")
+    out, written = report.Output(cfg, rec, ["PARAM   : x"]), []
+    save = out._save
+
+    def counted():
+        save()
+        doc = json.loads((tmp_path / "results.json").read_text())
+        written.append(([x["index"] for x in doc["skipped"]], [x["ranks"] for x in doc["fault_tolerance"]["losses"]]))
+    out._save = counted
+    out.skip(2, 0, "every base model of test 2 lost a rank", "lost",
+             [{"ranks": [2, 3], "phase": "test 2: p", "seconds": 1.0, "time": 2.0}])
+    assert written == [([2], [[2, 3]])]
+
+
 def test_planned_runs_count_a_repetition_left_out_after_a_loss_once():
     from harness import dat
     text = dat_text(l9=2, l10="1 2", l11="1 1", l27=3)
