@@ -81,8 +81,9 @@ def save(run_dir: str, test: int, rep: int, job: int, epoch: int, header: dict, 
     files.atomic_write(os.path.join(where, name(job, epoch)), blob)
     # the checkpoints past the KEEP newest, and what a writer of this job killed mid-write left
     # (files.temporary_name's `.NAME.tmp-HOST-PID`: one writer a job, so none is under way)
-    stale = [name(job, old) for old in epochs(where, job)[KEEP:]] + [
-        n for n in os.listdir(where) if n.startswith(f".job-{job}-epoch-") and ".ckpt.tmp-" in n]
+    names = os.listdir(where)
+    stale = [name(job, old) for old in _epochs(names, job)[KEEP:]] + [
+        n for n in names if n.startswith(f".job-{job}-epoch-") and ".ckpt.tmp-" in n]
     for n in stale:
         try:
             os.unlink(os.path.join(where, n))
@@ -95,9 +96,13 @@ def epochs(where: str, job: int) -> list[int]:
     """The epochs of base model `job`'s checkpoints in folder `where`, newest first (a
     temporary file of a write under way, or killed, is not one)."""
     try:
-        names = os.listdir(where)
+        return _epochs(os.listdir(where), job)
     except FileNotFoundError:
         return []
+
+
+def _epochs(names: list[str], job: int) -> list[int]:
+    """epochs' answer from a folder's file names (pure)."""
     found = [_NAME.fullmatch(n) for n in names]
     return sorted((int(m.group(2)) for m in found if m and int(m.group(1)) == job), reverse=True)
 

@@ -78,8 +78,9 @@ PRTE_PARAMS = {"state_base_recoverable": "1", "state_base_notify_errors": "1"}
 # start now and then (5 of 34 4-rank runs of the harness; 0 of 18 with the thread off, 0 of 8
 # without the detector), so it is off: the heartbeats then go out only while the rank drives
 # MPI's progress, which each rank's `Pulse` does twice a period. Opt-in while it has few runs
-# behind it: one suite with it on by default failed a test whose ranks were lost in their device
-# set-up (the same test failed as often with it off: its cause is not the detector, not found yet).
+# behind it and its cost when nothing fails is not resolved at 2 % (bench/README.md, ulfm.py).
+# (A suite with it on by default failed a test whose ranks were lost in device set-up, as often
+# with it off: their watchdog, since fixed to count a framework's imports as progress.)
 DETECTOR_SETTING = "HPCAI500_FT_DETECTOR"   # s without a heartbeat before a rank is taken for lost; 0: off
 DETECTOR_PARAMS = ("mpi_ft_detector", "mpi_ft_detector_thread", "mpi_ft_detector_period", "mpi_ft_detector_timeout")
 

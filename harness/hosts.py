@@ -17,6 +17,17 @@ class Host:
     name: str
     slots: int      # ranks it runs
 
+    @property
+    def spec(self) -> str:
+        """`name:slots`, as mpirun's --host and launches.json write it."""
+        return f"{self.name}:{self.slots}"
+
+
+def without(hosts: list[Host], lost) -> list[Host]:
+    """`hosts` less those named in `lost`."""
+    gone = set(lost)
+    return [h for h in hosts if h.name not in gone]
+
 
 def parse_hosts(text: str) -> list[Host]:
     """`n1:2,n2:2` (a host without `:N` runs one rank) or an Open MPI hostfile's text
@@ -55,7 +66,7 @@ def slurm_hosts(names: list[str], tasks_per_node: str) -> list[Host]:
 def command(mpirun: str, options: list[str], hosts: list[Host], program: list[str], run_dir: str | None) -> list[str]:
     """mpirun's command line for one launch: the site's options, the hosts with their ranks,
     the program, and `--resume RUN` once the run folder exists."""
-    return [mpirun, *options, "--host", ",".join(f"{h.name}:{h.slots}" for h in hosts),
+    return [mpirun, *options, "--host", ",".join(h.spec for h in hosts),
             "-np", str(sum(h.slots for h in hosts)), *program, *(["--resume", run_dir] if run_dir else [])]
 
 
@@ -64,8 +75,8 @@ def hosts_left(environment: dict, launched: list[dict]) -> tuple[list[Host], lis
     the lost ones) from results.json's `environment` (hosts, node_of_rank) and launches.json."""
     lost = sorted({h for x in launched for h in x["lost"]})
     of_rank = environment.get("node_of_rank") or []
-    return [Host(h, of_rank.count(n)) for n, h in enumerate(environment.get("hosts") or [])
-            if h not in lost and of_rank.count(n)], lost
+    ran = [Host(h, of_rank.count(n)) for n, h in enumerate(environment.get("hosts") or [])]
+    return without([h for h in ran if h.slots], lost), lost
 
 
 def by_hand(hosts: list[Host], dat: str, run_dir: str) -> str:

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 
 from harness import files, heartbeat, results, signals
 from harness.errors import say
-from harness.hosts import Host, by_hand, command, parse_hosts, slurm_hosts
+from harness.hosts import Host, by_hand, command, parse_hosts, slurm_hosts, without
 
 DEFAULT_TIMES = 3          # relaunches after the first launch
 # PRRTE's help text `node-died` (share/prte/help-errmgr-base.txt): the node whose daemon it lost
@@ -78,7 +78,7 @@ def decide(state: str, lost: list[str], hosts: list[Host], done: int, times: int
     if not lost:
         return False, (f"the run is {state} and PRRTE named no lost node: no relaunch (a relaunch is for a lost"
                        " node; resume by hand with --resume)")
-    left = [h for h in hosts if h.name not in set(lost)]
+    left = without(hosts, lost)
     if not left:
         return False, f"every host is lost ({', '.join(lost)}): no host left to relaunch on"
     if done >= times:
@@ -129,8 +129,9 @@ def lines(relaunches: dict | None) -> list[str]:
 
 
 def _launch(cmd: list[str], seen: dict, stop: threading.Event) -> int:
-    """Run mpirun, copying its stderr line by line to ours while noting the run folder and
-    the nodes PRRTE says it lost (`seen`: run_dir, lost, fault); a signal to the launcher
+    """Run mpirun, copying its stderr line by line to ours while noting the run folder, the
+    nodes PRRTE says it lost and rank 0's error (`seen`: run_dir, lost, fault, error); once
+    rank 0 has written the run's end, _unstick watches mpirun's exit; a signal to the launcher
     goes on to mpirun (SIGINT, SIGTERM: it ends its ranks; SIGUSR1: it passes it on, the
     run's clean stop) and no relaunch follows. hpcai500.py blocked those signals in every
     thread for the ranks' sake (harness/signals.py): the main thread takes them again here,
@@ -204,7 +205,7 @@ def main(args, program: list[str]) -> int:
         if not run_dir:
             say(f"--relaunch: mpirun exited {status} before the run had a folder: no relaunch")
             return status or 1
-        record(run_dir, Launch(done + 1, [f"{h.name}:{h.slots}" for h in hosts], sum(h.slots for h in hosts),
+        record(run_dir, Launch(done + 1, [h.spec for h in hosts], sum(h.slots for h in hosts),
                                started, _quiet(run_dir), status, seen["lost"], seen["fault"]))
         try:
             state = heartbeat.status(run_dir, results.load_run(run_dir)).name
@@ -212,7 +213,7 @@ def main(args, program: list[str]) -> int:
             say(f"--relaunch: launch {done + 1} ended (mpirun exit {status}): {e}: no relaunch")
             return status or 1
         again, why = decide(state, seen["lost"], hosts, done, args.relaunch, stop.is_set(), seen.get("error"))
-        left = [h for h in hosts if h.name not in set(seen["lost"])]
+        left = without(hosts, seen["lost"])
         resume = (f"to resume it on the hosts left, {by_hand(left, args.dat, run_dir)}" if left
                   else "no host left to resume it on")
         more = f"; the run stands in {run_dir}: {resume}" if not again and state not in ENDED else ""

@@ -565,8 +565,12 @@ class Output:
         """Every loss of ranks so far (elastic.entry), the roofline's and a lost coordinator's
         too, which no test's `losses` holds."""
         with self.lock:
-            self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": self.earlier_losses + losses}
+            self._losses(losses)
             self._save()
+
+    def _losses(self, losses: list[dict]) -> None:
+        """Every loss of ranks so far in the record (under the lock; the caller saves)."""
+        self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": self.earlier_losses + losses}
 
     def skip(self, index: int, rep: int, reason: str, cause: str, losses: list[dict] | None = None) -> None:
         """A test (repetition `rep`) left out during the sweep: its ranks were lost
@@ -576,7 +580,7 @@ class Output:
         test skipped for lost ranks with no rank lost on record."""
         with self.lock:
             if losses is not None:
-                self.record.fault_tolerance = {**self.record.fault_tolerance, "losses": self.earlier_losses + losses}
+                self._losses(losses)
             entry = {"index": index, "reason": reason, "cause": cause, "repetition": rep,
                      "after": len(self.record.tests)}   # where its line is: after that many test blocks
             self.record.skipped.append(entry)
