@@ -263,9 +263,8 @@ def test_sbatch_with_relaunch_outlives_a_node_killed_mid_test(tmp_path):
         while "test 2/2" not in (err.read_text(errors="replace") if err.exists() else ""):
             assert time.monotonic() < deadline, err.read_text(errors="replace")[-3000:] if err.exists() else "no stderr"
             time.sleep(0.2)
-        time.sleep(2)   # into test 2's training
-        c.kill("n2")
-    lines = dict(l9=1, l10=0, l11=1, l13=2, l14="32 8", l15=6, l30=0, l31=0, l35="pytorch")   # test 2 the long one
+        c.kill("n2")    # at its first epoch's line, 5 to go: 2 s later, test 2 had ended on a quiet machine
+    lines = dict(l9=1, l10=0, l11=1, l13=2, l14="32 4", l15=6, l30=0, l31=0, l35="pytorch")   # test 2 the long one
     dat, report, stderr, _ = _two_node_job(tmp_path, "slurmlost", 243, lines, ",RELAUNCH=1,MPIRUN_OPTIONS=--stdin none",
                                            mpi_env(True, {}), kill_n2)
     (run,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
