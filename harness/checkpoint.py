@@ -14,7 +14,9 @@ A file a failing disk or file system tore anyway is caught at reading: its heade
 payload's length and SHA-256, checked again, and a file that fails is refused, named, and
 the one before it read instead. The two newest of a base model are kept for that reason.
 
-Pure functions but `save`, `load` and `latest` (files); no framework imported.
+The run writes them (harness/run.py): each base model's root after every HPCAI500_CHECKPOINT-th
+evaluation but the last, world rank 0 its record of the test beside them (save_test). Pure
+functions but `save`, `save_test`, `epochs`, `load` and `latest` (files); no framework imported.
 """
 from __future__ import annotations
 
@@ -22,13 +24,18 @@ import hashlib
 import json
 import os
 import re
+import shutil
 
 from harness import files
 
+SETTING = "HPCAI500_CHECKPOINT"      # evaluations between a base model's checkpoints (harness/settings.py)
 FORMAT = "hpcai500-checkpoint 1"     # the first line of every checkpoint: what it is, its layout's version
 KEEP = 2                             # checkpoints kept of a base model: the newest may be torn
 FOLDER = "checkpoints"               # in the run folder
 _NAME = re.compile(r"job-(\d+)-epoch-(\d+)\.ckpt")
+
+
+TEST_STATE = "test.json"             # world rank 0's record of the test beside its checkpoints (save_test)
 
 
 class CheckpointError(ValueError):
@@ -42,6 +49,15 @@ def folder(run_dir: str, test: int, rep: int) -> str:
 
 def name(job: int, epoch: int) -> str:
     return f"job-{job}-epoch-{epoch}.ckpt"
+
+
+def due(epoch: int, evaluations: list[int], every: int) -> bool:
+    """Whether a base model writes its checkpoint after the evaluation of `epoch` (pure):
+    after every `every`-th of the test's `evaluations` (train.evaluation_epochs) but the
+    last, which ends training (every 0: never). due(4, [2, 4, 6], 2) is True."""
+    if every < 1 or epoch not in evaluations[:-1]:
+        return False
+    return (evaluations.index(epoch) + 1) % every == 0
 
 
 def encode(header: dict, payload: bytes) -> bytes:
@@ -125,3 +141,42 @@ def latest(run_dir: str, test: int, rep: int, job: int) -> tuple[dict | None, by
             continue
         return head, payload, refused
     return None, None, refused
+
+
+def save_test(run_dir: str, test: int, rep: int, state: dict) -> None:
+    """World rank 0's record of the test run beside its base models' checkpoints, rewritten
+    whole after each evaluation: the curve so far and its clock (what --resume needs of the
+    test that no base model knows)."""
+    where = folder(run_dir, test, rep)
+    os.makedirs(where, exist_ok=True)
+    files.write_json(os.path.join(where, TEST_STATE), state)
+
+
+def load_test(run_dir: str, test: int, rep: int) -> dict | None:
+    """save_test's record, or None where there is none whole (a run that wrote none: the
+    file is replaced whole, so one that is there parses)."""
+    try:
+        with open(os.path.join(folder(run_dir, test, rep), TEST_STATE)) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("curve"), list) else None
+
+
+def resume_epoch(whole: dict[int, list[int]], M: int, evaluated: list[int]) -> int:
+    """The epoch an interrupted test goes on from (pure): the newest at which every one of
+    its M base models has a whole checkpoint (`whole`: job -> its epochs) and the test's
+    record has the evaluation (`evaluated`: its curve's epochs); 0, from the start, where
+    there is none. Every model writes after the same evaluations, so a fault leaves each one
+    at the newest or the one before (KEEP): one model's torn newest costs every model that
+    evaluation, never a model trained behind the others. resume_epoch({0: [4, 2], 1: [2]},
+    2, [1, 2, 3, 4]) == 2."""
+    common = set(evaluated)
+    for job in range(M):
+        common &= set(whole.get(job, ()))
+    return max(common, default=0)
+
+
+def discard(run_dir: str, test: int, rep: int) -> None:
+    """A test run's checkpoints, once its result is written: nothing goes on from them."""
+    shutil.rmtree(folder(run_dir, test, rep), ignore_errors=True)

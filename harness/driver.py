@@ -31,8 +31,8 @@ import numpy as np
 
 from harness.errors import RunError, crash, first_failure, native_stderr_captured, say
 from harness.watchdog import DEFAULT_SECONDS, Watchdog
-from harness import (dat, division, elastic, fault, files, frameworks, gpus, heartbeat, relaunch, report, results, run,
-                     settings, signals, telemetry, topology, tune, verify, workloads)
+from harness import (checkpoint, dat, division, elastic, fault, files, frameworks, gpus, heartbeat, relaunch, report,
+                     results, run, settings, signals, telemetry, topology, tune, verify, workloads)
 from harness import plan as planning   # `plan` names the validated plan in _run
 
 VERSION = "0.2"
@@ -353,14 +353,13 @@ def _run(args, world, watchdog) -> int:
             print("\n".join(planning.describe(plan, world.size) + elastic.lines(tolerance)), flush=True)
         return 0
 
-    ceilings = None
-    if cfg.roofline:
-        ceilings = _roofline(world, cfg.frameworks, cfg.precisions, watchdog, refused)
+    ceilings = _roofline(world, cfg.frameworks, cfg.precisions, watchdog, refused) if cfg.roofline else None
     watchdog.beat("inventory")
     environment, nodes = _inventory(world, nodes, devices, cfg.frameworks)
     run_dir = args.resume if args.resume else _make_run_dir(world, cfg.results_dir)
     ctx = run.Context(cfg, world, nodes, devices, os.path.basename(os.path.normpath(run_dir)), ceilings or {},
-                      tune.planned_trials(stages) if tuning else plan.n_tests, _submission(world, environment))
+                      tune.planned_trials(stages) if tuning else plan.n_tests, _submission(world, environment),
+                      None if tuning else run_dir)   # a trial writes no checkpoint: --resume of a tuning run redoes it
     if world.rank == 0:
         # stamped before results.json first says `running`: a reader never finds that status without a heartbeat
         heartbeat.Heartbeat(run_dir, settings.value(heartbeat.SETTING)).start()
@@ -483,6 +482,7 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
                 done = run.test(ctx, p, plan.datas[t.workload], watchdog, rep)
                 if cell[0]:
                     cell[0].add(*done)
+                    checkpoint.discard(run_dir, t.index, rep)   # its result is written: nothing goes on from them
             except (elastic.AllLost, elastic.CoordinatorLost) as e:
                 why = str(e)
                 if isinstance(e, elastic.CoordinatorLost):

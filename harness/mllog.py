@@ -144,6 +144,11 @@ class BaseModelLog(_Events):
         super().__init__(f"hpcai500.mllog.t{test}.j{job}", job)
         self.test, self.job, self.eval_key = test, job, eval_key(higher_is_better)
 
+    def carry_on(self, lines: list[str]) -> None:
+        """Go on with the log an earlier invocation wrote up to a checkpoint (harness/
+        checkpoint.py): its lines first, then this invocation's epochs after them."""
+        self._sink.lines[:0] = lines
+
     # the phases of a base model, in order ------------------------------------------
     def init(self, *, seed, global_batch, train_samples, eval_samples, nodes, per_node, workload,
              division: str, org: str, platform: str, status: str):

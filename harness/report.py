@@ -94,14 +94,17 @@ def row(t: results.TestResult, repetitions: int = 1, invocations: int = 1, schem
         f" {t.aggregation} of {t.M - len(t.jobs_lost)} model(s) on {t.val_samples} samples",
         *([losses_line(t, results.minor(schema))] if t.losses or t.jobs_lost else []),
         *([world_line(t)] if t.launch_ranks is not None and results.minor(schema) >= LOSS_COSTS else []),
+        *([resumed_line(t)] if t.resumed else []),
         f"Work        : {t.samples_trained} samples trained, {t.total_flops:.4e} FLOPs ;"
         f" resample {t.sampler_seconds:.2f} s",
         f"Solution    : time to solution {t.time_to_solution:.2f} s = staging "
         f"{(t.staging or {}).get('seconds', 0.0):.2f} + wall {t.evaluations[-1]['seconds']:.2f} s to the last"
-        f" evaluation (training {t.train_seconds:.2f} s, evaluations {t.eval_seconds:.2f} s)",
+        f" evaluation (training {t.train_seconds:.2f} s, evaluations {t.eval_seconds:.2f} s"
+        + (f", checkpoints {t.checkpoints['seconds']:.2f} s)" if t.checkpoints and t.checkpoints["written"] else ")"),
         ttq_line(t),
         division_line(t),
         *([staging_line(t)] if t.staging else []),
+        *([checkpoints_line(t)] if t.checkpoints else []),
         *([f"Utilisation : {t.utilisation['gemm']:.3f} of the GEMM roofline,"
             f" {t.utilisation['conv']:.3f} of the CONV roofline"
             + (f", {t.utilisation['peak']:.3f} of the theoretical peak" if t.utilisation["peak"] else "")]
@@ -212,6 +215,30 @@ def staging_line(t: results.TestResult) -> str:
     st = t.staging
     return (f"Staging     : {st['copies']} {'copy' if st['copies'] == 1 else 'copies'} (one per node),"
             f" {st['samples']} samples, {st['bytes'] / 2**20:.1f} MiB, {st['seconds']:.2f} s")
+
+
+def resumed_line(t: results.TestResult) -> str:
+    """What an interruption cost a test that went on from its base models' checkpoints."""
+    r = t.resumed
+    return (f"Resumed     : from its base models' checkpoints after epoch {r['epoch']}, epochs 1-{r['epoch']} not"
+            f" trained again ; Time holds {r['seconds_before']:.2f} s trained before them (an earlier interruption's"
+            f" cost with it) and {r['lost_seconds']:.2f} s from the last one written to training again (work lost, the"
+            " fault, the relaunch: in no FLOPs)")
+
+
+def checkpoints_line(t: results.TestResult) -> str:
+    """What the base models' checkpoints along the test cost (harness/checkpoint.py), or why
+    none was written."""
+    c = t.checkpoints
+    if not c["written"]:
+        why = "; ".join(c["refused"]) or (f"no evaluation but the last fell on their interval ({c['every']}"
+                                          " evaluation(s), line 31's every K epochs)")
+        return f"Checkpoints : none written: {why}; a --resume would train this test again from its start"
+    every = "every evaluation" if c["every"] == 1 else f"every {c['every']} evaluations"
+    return (f"Checkpoints : {c['written']} written (each base model's state after {every} but the last),"
+            f" {c['bytes'] / 2**20:.1f} MiB a set, {c['each_seconds']:.2f} s each at most, {c['seconds']:.2f} s in all"
+            f" = {100 * c['seconds'] / t.train_seconds:.1f} % of Time, outside it as evaluations are"
+            + (f" ; a model wrote none: {'; '.join(c['refused'])}" if c["refused"] else ""))
 
 
 def telemetry_line(t: results.TestResult) -> str:

@@ -22,7 +22,7 @@ from harness.metrics import Repeats
 
 # major.minor: the major changes when a key is removed or changes meaning (readers of
 # another major refuse the file); the minor when keys are only added.
-SCHEMA = "2.22"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
+SCHEMA = "2.23"   # 2.2: TestResult.higher_is_better; the control plane's timings (reduce_seconds,
                  #   gather_seconds, rank0_peak_rss_bytes; Record.write_seconds)
                  # 2.3: a test timed under metrics.SHORT_SPAN warns, and its scaling line is marked
                  # 2.4: TestResult.exchange (each job's gradient exchange and library);
@@ -84,6 +84,9 @@ SCHEMA = "2.22"   # 2.2: TestResult.higher_is_better; the control plane's timing
                  # 2.21: a tuning run (--tune, harness/tune.py): Record.tuning (its plan, the tuning table, the
                  #   speed picks, the best finalist, the tuned file) and each trial's TestResult.trial; config
                  #   .alternatives (the values a line of dat.SINGLE lists for the search)
+                 # 2.22: fault_tolerance.detector; Record.relaunches, node_maps (CHANGELOG.md)
+                 # 2.23: TestResult.checkpoints (the base models' checkpoints along the test, their cost),
+                 #   TestResult.resumed (a test --resume continued from them, what the interruption cost)
 
 
 # Why a test of the sweep did not run: Record.skipped[].cause -> what the report's footer says of
@@ -217,6 +220,19 @@ class TestResult:
     #                                 data_facts): marker (path of the harness's marker file: hpcai500 wrote the
     #                                 data; None: none), train_samples, val_samples (samples), and each fact its
     #                                 PUBLISHED states (ic: classes; ewa: images_per_file); None: a file of < 2.17
+    checkpoints: dict | None = None   # the base models' checkpoints along the test (harness/checkpoint.py): every
+    #                                 (HPCAI500_CHECKPOINT: evaluations between them), written (files, all
+    #                                 models), seconds (s, the slowest root's in all: outside train_seconds, as
+    #                                 evaluations, inside time_to_solution), each_seconds (s, the slowest root's
+    #                                 mean a checkpoint), bytes (a checkpoint of each model, summed), refused (why a
+    #                                 model wrote none); None: none due (0, a tuning run, a file of < 2.23)
+    resumed: dict | None = None       # the test went on from its base models' checkpoints after an interruption
+    #                                 (--resume): epoch (their evaluation epoch: epochs after it trained in this
+    #                                 invocation), seconds_before (s, the slowest model's training through it, an
+    #                                 earlier interruption's cost with it),
+    #                                 lost_seconds (s, from the last of them written to training again: the work
+    #                                 lost, the fault, the relaunch; wall clocks of two invocations), both in
+    #                                 train_seconds, samples_before (in samples_trained, once); None: from its start
     trial: dict | None = None         # a tuning run's trial (--tune, harness/tune.py): number, stage, epochs and the
     #                                 choice of every knob (dat.KNOBS, tune.encode's values); None: a test of a sweep
 

@@ -20,13 +20,14 @@ wave a pass of the same steps (_pass), and its figures are over every pass (meas
 """
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
 from dataclasses import dataclass, replace
 
-from harness import (division, elastic, ensemble, fault, frameworks, metrics, mllog, parallelism, sampler, settings,
-                     staging, telemetry, topology, train, workloads)
+from harness import (checkpoint, division, elastic, ensemble, fault, frameworks, metrics, mllog, parallelism, sampler,
+                     settings, staging, telemetry, topology, train, workloads)
 from harness.errors import RunError, first_failure
 from harness.results import TestResult
 
@@ -42,6 +43,8 @@ class Context:
     ceilings: dict          # precision -> roofline figures (rank 0; {} elsewhere)
     n_tests: int            # tests in the sweep, for progress lines
     submission: dict        # MLLOG's submission_org, _platform, _status (harness/settings.py)
+    run_dir: str | None = None   # the run folder, where the base models' checkpoints go (None: none written, as in a
+    #                              tuning run's trials)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Part:
     indices: object = None  # the job's resample (numpy int array), every rank of the job
     log: object = None      # the job's MLLOG (harness/mllog.BaseModelLog), on its root only
     wave: int = 0           # 0: the test as laid out; k: the k-th wave of `--on-fault retrain` (_waves)
+    resumed: object = None  # Resumed: the test goes on from its base models' checkpoints (None: from its start)
 
     @property
     def t(self):
@@ -78,6 +82,18 @@ class Part:
     def lost(self) -> list[int]:
         """The test's jobs that have lost a rank so far (the same on every survivor)."""
         return elastic.lost_jobs(self.planned.layout.jobs, self.launch_of, self.ctx.world.lost)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where an interrupted test goes on from (_resumed): its base models' checkpoints after
+    one evaluation epoch, every model's, and the test's record beside them."""
+    epoch: int              # the evaluation epoch every base model's checkpoint had: training goes on after it
+    figures: tuple          # per job: its checkpoint's seconds (s trained through the epoch), samples, wall
+    #                         (time.time() at its write)
+    start_wall: float       # time.time() at the start of the test's training, in the invocation that began it
+    curve: tuple = ()       # world rank 0: the test's evaluations through the epoch
+    header: dict | None = None   # a job's root: its own checkpoint's header (its MLLOG so far)
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,7 @@ class RankRecord:
     mllog: list | None = None       # job root only: its MLLOG lines
     stage: dict | None = None       # a split model (line 37): TrainResult.stage
     lost: str = ""                  # its job lost a rank (elastic.py): what this survivor saw
+    checkpoint: dict | None = None  # job root only: the checkpoints it wrote (_Checkpoints.record); None: none due
 
 
 @dataclass(frozen=True)
@@ -154,6 +171,7 @@ def _pass(ctx: Context, planned, data, watchdog, rep: int, after=None, wave: int
     indices, seen = _resample(part)
     sampler_seconds = time.perf_counter() - t0
     part = replace(part, indices=indices)
+    part = replace(part, resumed=_resumed(part))
     part = replace(part, log=_log(part))
     copy = _stage(part)
     evaluation = Evaluation(part, after)
@@ -234,12 +252,16 @@ def _idle(part: Part, copy, evaluation) -> RankRecord:
 
 
 def _log(part: Part):
-    """The MLLOG of the rank's base model, kept by the job's root (None elsewhere)."""
+    """The MLLOG of the rank's base model, kept by the job's root (None elsewhere); a model
+    going on from its checkpoint goes on with the log it had then."""
     if part.job is None or part.comm.rank != 0:
         return None
     t, nodes, job = part.t, part.ctx.nodes, part.job
     # an error is logged as MLPerf logs CosmoFlow's MAE, eval_error (harness/mllog.py)
     log = mllog.BaseModelLog(t.index, job, higher_is_better=part.wl.HIGHER_IS_BETTER)
+    if part.resumed:
+        log.carry_on(part.resumed.header["mllog"])
+        return log
     log.init(seed=part.seed, global_batch=t.P * t.batch, train_samples=len(part.indices),
              eval_samples=part.data.n_val, nodes=len({nodes.node_of_rank[r] for r in part.planned.layout.jobs[job]}),
              per_node=nodes.local_size, workload=t.workload, division=part.planned.division, **part.ctx.submission)
@@ -271,6 +293,73 @@ def _resample(part: Part):
     if seen is not None and part.job not in part.lost():
         raise seen
     return indices, seen
+
+
+def _resumed(part: Part) -> Resumed | None:
+    """Whether the test goes on from its base models' checkpoints (harness/checkpoint.py),
+    the same on every rank: each job's root reads its checkpoints through (a torn or foreign
+    one is refused, named), world rank 0 picks the epoch every model has one at and the
+    test's record has the evaluation of (checkpoint.resume_epoch) and tells every rank.
+    None, from the start: a test never interrupted, one whose models wrote none, a wave of
+    retrain, a tuning run's trial (Context.run_dir)."""
+    ctx, t = part.ctx, part.t
+    if ctx.run_dir is None or part.wave:
+        return None
+    world = ctx.world
+    mine = _whole(part) if part.job is not None and part.comm.rank == 0 else {}
+
+    def decide():
+        found = world.gather((part.job, {e: {k: h[k] for k in ("seconds", "samples", "wall")}
+                                         for e, h in mine.items()}) if mine else None, root=0)
+        return world.bcast(_choose(part, found) if world.rank == 0 else None, root=0)
+    chosen = world.step(f"{part.head}: the checkpoints to go on from", decide)
+    if chosen is None:
+        return None
+    return replace(chosen, curve=chosen.curve if world.rank == 0 else (), header=mine.get(chosen.epoch))
+
+
+def _whole(part: Part) -> dict:
+    """A job root's whole checkpoints of its base model in this test: {epoch: header}; one
+    that is torn, or was written by another test (its workload, layout, seed or resample
+    differ), is said and left out."""
+    t, where = part.t, checkpoint.folder(part.ctx.run_dir, part.t.index, part.rep)
+    ours = {"workload": t.workload, "framework": t.framework, "M": part.M, "P": t.P, "B": t.batch, "seed": part.seed,
+            "index_digest": sampler.digest(part.indices)}
+    whole = {}
+    for epoch in checkpoint.epochs(where, part.job):
+        path = os.path.join(where, checkpoint.name(part.job, epoch))
+        try:
+            head, _ = checkpoint.load(path)
+            differ = [f"{k} {head.get(k)!r}" for k, v in ours.items() if head.get(k) != v]
+            if differ:
+                raise checkpoint.CheckpointError(f"{path}: found {', '.join(differ)}, expected this test's"
+                                                 f" {', '.join(f'{k} {ours[k]!r}' for k, v in ours.items())}")
+        except (checkpoint.CheckpointError, OSError) as e:
+            print(f"hpcai500: {part.head}: base model {part.job}'s checkpoint refused: {e}", file=sys.stderr,
+                  flush=True)
+            continue
+        whole[epoch] = head
+    return whole
+
+
+def _choose(part: Part, found: list) -> Resumed | None:
+    """World rank 0: the Resumed every rank gets, from each job root's whole checkpoints
+    (`found`: (job, {epoch: its figures}) or None) and the test's record (checkpoint.load_test)."""
+    t, by_job = part.t, dict(x for x in found if x is not None)
+    if not by_job:
+        return None
+    state = checkpoint.load_test(part.ctx.run_dir, t.index, part.rep)
+    curve = state["curve"] if state else []
+    epoch = checkpoint.resume_epoch({j: list(e) for j, e in by_job.items()}, part.M, [p["epoch"] for p in curve])
+    if not epoch:
+        print(f"hpcai500: {part.head}: its base models' checkpoints have no evaluation in common with the test's"
+              f" record ({checkpoint.folder(part.ctx.run_dir, t.index, part.rep)}): trained again from its start",
+              file=sys.stderr, flush=True)
+        return None
+    print(f"hpcai500: {part.head}: going on from its {part.M} base models' checkpoints after epoch {epoch}: epochs"
+          f" 1-{epoch} are not trained again", file=sys.stderr, flush=True)
+    return Resumed(epoch, tuple(by_job[j][epoch] for j in range(part.M)), state["start_wall"],
+                   tuple(p for p in curve if p["epoch"] <= epoch))
 
 
 def _stage(part: Part):
@@ -317,7 +406,7 @@ def _stage(part: Part):
         if part.comm is not None:
             part.comm.Free()
         raise
-    if part.log is not None and copy is not None:
+    if part.log is not None and copy is not None and not part.resumed:   # the log went on past its init
         part.log.staging(*copy.wall, copy.samples, copy.copy_bytes)
     return copy
 
@@ -352,11 +441,12 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
         recipe = train.Recipe(t.batch, cfg.epochs, cfg.base_lr, cfg.warmup_epochs, cfg.optimizer,
                               t.precision, cfg.comm_precision, cfg.compiler, cfg.allreduce, t.mode)
         evaluate = _Evaluate(part, fw, model, local, evaluation)
+        hooks = _Hooks(part, world.rank == 0, evaluation)
+        saves = _Checkpoints(part, hooks, evaluate)
         res = fw.train(wl, local, model, local_indices, recipe, seed=part.seed, job=job,
-                       world_barrier=evaluation.start_barrier,
-                       hooks=_Hooks(part, world.rank == 0, evaluation),
+                       world_barrier=evaluation.start_barrier, hooks=hooks,
                        on_step=_on_step(watchdog, fault.injector(world.origin)), evaluate=evaluate,
-                       eval_every=cfg.eval_every)
+                       eval_every=cfg.eval_every, checkpoint=saves if saves.every else None, start=_start(part))
     except (elastic.CoordinatorLost, elastic.Aborted):   # the whole test is lost (harness/driver.py): leave without a collective
         if fw is not None:
             fw.abandon()
@@ -372,10 +462,22 @@ def _base_model(part: Part, copy, evaluation) -> RankRecord:
     if part.comm.rank == 0:
         record = replace(record, quality=evaluate.quality, resample_size=int(len(part.indices)),
                          out_of_bag=sampler.out_of_bag_fraction(part.indices, data.n_train),
-                         index_digest=sampler.digest(part.indices), mllog=part.log.lines, exchange=fw.exchange())
+                         index_digest=sampler.digest(part.indices), mllog=part.log.lines, exchange=fw.exchange(),
+                         checkpoint=saves.record())
     fw.close()
     part.comm.Free()
     return record
+
+
+def _start(part: Part) -> train.Start | None:
+    """Where this rank's base model goes on from (train.Start): its checkpoint at the epoch
+    _resumed chose, which every rank of the job reads (its root read it through already)."""
+    if not part.resumed:
+        return None
+    epoch = part.resumed.epoch
+    _, state = checkpoint.load(os.path.join(checkpoint.folder(part.ctx.run_dir, part.t.index, part.rep),
+                                            checkpoint.name(part.job, epoch)))
+    return train.Start(epoch, state)
 
 
 def _abandoned(part: Part, fw, copy, evaluation, error: Exception, probe) -> RankRecord:
@@ -489,14 +591,20 @@ class Evaluation:
                                       settings.value("HPCAI500_EVAL_CHUNK"))
         self.target, self.n = workloads.target_and_n(self.wl, self.ctx.cfg)
         self.higher = self.wl.HIGHER_IS_BETTER
-        self.epochs = train.evaluation_epochs(self.ctx.cfg.epochs, self.ctx.cfg.eval_every)
+        self.resumed = part.resumed
+        self.due = train.evaluation_epochs(self.ctx.cfg.epochs, self.ctx.cfg.eval_every)
+        # those this pass evaluates: after its checkpoints' epoch, where it goes on from them
+        self.epochs = [e for e in self.due if not self.resumed or e > self.resumed.epoch]
         self.started = False  # this rank has passed the start barrier
         self.done = 0         # evaluations this rank has taken part in (every rank's the same once each ends)
         self.stopped = False  # the target stopped training
         self.final_lost = []  # the jobs lost by the end of the last evaluation: the ones the figures leave out
         self.origin = after.start if after else None   # a wave's curve runs on the test's clock
         self.start = 0.0      # perf_counter() at the start barrier of the test's first pass (rank 0)
-        self.curve = []       # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"[, "wave"]}
+        # rank 0: {"epoch", "seconds" (s since start), "quality", "base_quality"[, "wave"]}; a test going on from
+        # its checkpoints: the evaluations of the invocation that began it first
+        self.curve = [dict(p) for p in part.resumed.curve] if part.resumed else []
+        self.resumed_at = None   # time.time() at the start of training where the test goes on from its checkpoints
         self.reduce_seconds = 0.0   # rank 0: the world's reductions (scores, base qualities), all evaluations
         # rank 0: the models of the passes before, in every evaluation of this one (retrain):
         # their summed scores (ensemble.Kept), how many, their base qualities by job
@@ -504,13 +612,23 @@ class Evaluation:
         self.kept_models = after.models if after else 0
         self.kept_bases = after.bases() if after else {}
         self.saved, self.models = None, 0   # the same of this pass's last evaluation, for the next wave
+        # rank 0: its record of the test beside the base models' checkpoints, at the evaluations they are due
+        on = self.ctx.run_dir is not None and not part.wave and self.ctx.world.rank == 0
+        self.every = settings.value(checkpoint.SETTING) if on else 0
+        self.where = (self.ctx.run_dir, self.t.index, part.rep)
 
     def bases(self) -> dict:
         """rank 0: the base quality of each model in the last evaluation, by job."""
         return {j: q for j, q in enumerate(self.curve[-1]["base_quality"]) if q is not None} if self.curve else {}
 
     def begin(self) -> None:
+        """The clock of the curve starts: the test's own, a wave's runs on from its test's,
+        and a test going on from its checkpoints from the wall clock of its start then (so
+        the time from the fault to training again is on it)."""
         self.start = time.perf_counter() if self.origin is None else self.origin
+        if self.resumed:
+            self.resumed_at = time.time()
+            self.start -= self.resumed_at - self.resumed.start_wall
 
     def start_barrier(self) -> None:
         """The world barrier that starts training's clock: every job's ranks enter it inside
@@ -553,11 +671,25 @@ class Evaluation:
             self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
                                "base_quality": [by_job.get(j) for j in range(self.M)],
                                **({"wave": self.wave} if self.wave else {})})
+            if checkpoint.due(epoch, self.due, self.every):
+                self._record()
             print(f"hpcai500: {progress_head(t, self.ctx.n_tests, self.wave)} :"
                   f" evaluation after epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
                   f"{f' of {self.models} of {self.M} base models' if self.models < self.M else ''}"
                   f"{', reached: stopping' if stop else ''}", file=sys.stderr, flush=True)
         return stop
+
+    def _record(self) -> None:
+        """rank 0: the curve so far and the wall clock at the start of its training, beside
+        the checkpoints: what a --resume of the test goes on from (its clock on the wall's).
+        A write that fails is said once; the run goes on (_Checkpoints)."""
+        try:
+            checkpoint.save_test(*self.where, {"curve": self.curve,
+                                               "start_wall": time.time() - (time.perf_counter() - self.start)})
+        except OSError as e:
+            self.every = 0
+            print(f"hpcai500: {self.head}: the record of the test beside its checkpoints could not be written ({e});"
+                  " training goes on, and --resume would start this test again", file=sys.stderr, flush=True)
 
     def _reduce(self, contribute, quality, job: int | None):
         """One try of the evaluation's world step: (stop, the ensemble's quality, the base
@@ -613,18 +745,17 @@ def measure(passes: list[Pass]) -> TestResult:
     roots = sorted((r for r in workers if r.quality is not None), key=lambda r: r.job)
     fc = workers[0].flops
     curve = [point for p in passes for point in p.evaluation.curve]
-    timed = _timed(cfg, passes, curve)
+    resumed, before, samples = _resumption(first, roots, again)
+    timed = _timed(cfg, passes, curve, before)
     seconds = timed["train_seconds"]
-    total_flops = metrics.total_flops([r.samples for r in roots], fc.training)
+    total_flops = metrics.total_flops(samples, fc.training)
     quality = curve[-1]["quality"]
     target, n, higher = first.evaluation.target, first.evaluation.n, first.evaluation.higher
     reached = metrics.first_reaching(metrics.counted(curve), target, higher)
     fl = metrics.flops(total_flops, seconds)
     vfl = metrics.vflops(fl, quality, target, n, higher)
     tele = telemetry.reduce([r.telemetry for r in workers])
-    # other load over the test's own ranks, numbered as its world was laid out
-    others = telemetry.other_load({r.rank: (r.telemetry or {}).get("cpu_window") for r in first.records},
-                                  ctx.nodes.node_of_rank, ctx.nodes.machine_of_node, ctx.nodes.hosts)
+    others = _other_load(first)
     return TestResult(
         index=t.index, tv=t.tv(cfg), workload=t.workload, framework=t.framework, mode=t.mode, M=layout.M, P=layout.P,
         B=t.batch, precision=t.precision, sampler=cfg.sampler, aggregation=cfg.aggregation, repetition=part.rep,
@@ -640,8 +771,8 @@ def measure(passes: list[Pass]) -> TestResult:
         intensity=metrics.intensity(fc.forward, fc.activations, fc.weights, t.batch,
                                     4 if t.precision == "fp32" else 2),
         steps_per_epoch=[r.steps_per_epoch for r in roots],
-        samples_trained=int(sum(r.samples for r in roots)), total_flops=total_flops,
-        train_seconds_min=min(r.seconds for r in workers), **timed, evaluations=curve,
+        samples_trained=int(sum(samples)), total_flops=total_flops,
+        train_seconds_min=before + min(r.seconds for r in workers), **timed, evaluations=curve,
         time_to_quality=reached and reached["seconds"], epochs_to_quality=reached and reached["epoch"],
         flops=fl, vflops=vfl, quality_name=wl.QUALITY, quality=quality,
         base_quality=[r.quality for r in roots], target_quality=target, penalty_n=n,
@@ -658,15 +789,54 @@ def measure(passes: list[Pass]) -> TestResult:
         # the control plane's cost at scale: rank 0's gather of every rank's record and
         # this measure, and its peak memory so far (Linux: ru_maxrss in KiB)
         gather_seconds=time.perf_counter() - passes[-1].gathered_from,
-        rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        rank0_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        checkpoints=_checkpoints(roots), resumed=resumed)
 
 
-def _timed(cfg, passes: list[Pass], curve: list[dict]) -> dict:
+def _checkpoints(roots: list[RankRecord]) -> dict | None:
+    """TestResult.checkpoints from the job roots' records (_Checkpoints.record); None where
+    none was due (HPCAI500_CHECKPOINT 0, a tuning run)."""
+    made = [r.checkpoint for r in roots if r.checkpoint is not None]
+    if not made:
+        return None
+    each = [c["seconds"] / c["written"] for c in made if c["written"]]
+    # the slowest root's: every job waits for it at the next evaluation
+    return {"every": settings.value(checkpoint.SETTING), "written": sum(c["written"] for c in made),
+            "seconds": max(c["seconds"] for c in made), "each_seconds": max(each, default=0.0),
+            "bytes": sum(c["bytes"] for c in made), "refused": sorted({c["refused"] for c in made if c["refused"]})}
+
+
+def _other_load(first: Pass) -> list:
+    """TestResult.other_load over the test's own ranks, numbered as its world was laid out."""
+    nodes = first.part.ctx.nodes
+    return telemetry.other_load({r.rank: (r.telemetry or {}).get("cpu_window") for r in first.records},
+                                nodes.node_of_rank, nodes.machine_of_node, nodes.hosts)
+
+
+def _resumption(first: Pass, roots: list[RankRecord], again: set) -> tuple[dict | None, float, list[int]]:
+    """(TestResult.resumed, the s of Time before the test's pass, each kept model's samples):
+    a test gone on from its base models' checkpoints (Resumed) holds in Time the slowest
+    model's training through their epoch and the span from the last of them written to
+    training again (the work lost, the fault, the relaunch), and counts the samples before
+    it once (a model trained again by a wave of retrain: its wave's alone)."""
+    r = first.part.resumed
+    if not r:
+        return None, 0.0, [x.samples for x in roots]
+    resumed = {"epoch": r.epoch, "seconds_before": max(f["seconds"] for f in r.figures),
+               "lost_seconds": first.evaluation.resumed_at - max(f["wall"] for f in r.figures),
+               "samples_before": int(sum(f["samples"] for f in r.figures))}
+    return (resumed, resumed["seconds_before"] + resumed["lost_seconds"],
+            [x.samples + (r.figures[x.job]["samples"] if x.job not in again else 0) for x in roots])
+
+
+def _timed(cfg, passes: list[Pass], curve: list[dict], before: float) -> dict:
     """TestResult's timings over the test's passes: each pass's (max over its ranks, or rank
-    0's) summed, so that a wave of retrain adds its time. Staging is the test's own pass's:
-    a wave's falls inside the curve's wall, which runs on from the first pass's clock."""
+    0's) summed, so that a wave of retrain adds its time, and where the test went on from
+    checkpoints `before`: the training before them and the span lost (_resumption). Staging is
+    the test's own pass's: a wave's falls inside the curve's wall, which runs on from the
+    first pass's clock."""
     first = passes[0].records
-    return {"train_seconds": sum(max(r.seconds for r in p.records) for p in passes),
+    return {"train_seconds": before + sum(max(r.seconds for r in p.records) for p in passes),
             "eval_seconds": sum(max(r.eval_seconds for r in p.records) for p in passes),
             "sampler_seconds": sum(p.sampler_seconds for p in passes),
             "reduce_seconds": sum(p.evaluation.reduce_seconds for p in passes),
@@ -748,15 +918,19 @@ class _Hooks:
 
     def __init__(self, part: Part, progress: bool, evaluation: Evaluation):
         self.part, self.log, self.progress, self.evaluation = part, part.log, progress, evaluation
+        self.elapsed = 0.0   # s of training (the loop's clock) through the last epoch: a checkpoint's figures
+        self.started = 0.0   # time.time() at the start of training
 
     def recipe(self, name, config, peak_lr, warmup_steps, total_steps):
-        """`config`: the optimizer's settings under Keras' names (get_config(); mllog.recipe)."""
-        if self.log:
+        """`config`: the optimizer's settings under Keras' names (get_config(); mllog.recipe).
+        A model going on from its checkpoint has its recipe and run_start in its log already."""
+        if self.log and not self.part.resumed:
             self.log.recipe(mllog.recipe(name, config, peak_lr, warmup_steps, total_steps))
 
     def run_start(self):
+        self.started = time.time()
         self.evaluation.begin()
-        if self.log:
+        if self.log and not self.part.resumed:
             self.log.run_start()
 
     def epoch_start(self, epoch):
@@ -764,12 +938,70 @@ class _Hooks:
             self.log.epoch_start(epoch)
 
     def epoch_stop(self, epoch, epochs, loss, elapsed):
+        self.elapsed = elapsed
         if self.log:
             self.log.epoch_stop(epoch)
         if self.progress:   # world rank 0's job: job 0, or in a wave of retrain the one it trains again
             p = self.part
             print(f"hpcai500: {progress_head(p.t, p.ctx.n_tests, p.wave)} : epoch {epoch}/{epochs}  job {p.job}"
                   f" loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+
+class _Checkpoints:
+    """train.run's `checkpoint` hook on one rank of a job (harness/checkpoint.py): after each
+    due evaluation the job's root writes its base model's state, whole, with the figures so
+    far in its header (the epoch, the training seconds and samples through it, its quality,
+    its resample's digest, its MLLOG). In data parallelism every rank's state is the root's,
+    so the root alone writes. Where the framework cannot take its state yet (its Trainer
+    raises NotImplementedError: the record says why) or the write fails (said on stderr
+    too), the root writes no more in the test: a checkpoint is what a relaunch goes on
+    from, not a figure, so the run goes on, and --resume starts that test again. Only the test as laid out writes (not a wave of
+    `retrain`), and only where the run has a folder for them (Context.run_dir)."""
+
+    def __init__(self, part: Part, hooks: _Hooks, evaluate: _Evaluate):
+        cfg = part.ctx.cfg
+        self.part, self.hooks, self.evaluate = part, hooks, evaluate
+        on = part.ctx.run_dir is not None and not part.wave
+        self.every = settings.value(checkpoint.SETTING) if on else 0   # evaluations between checkpoints
+        self.due = train.evaluation_epochs(cfg.epochs, cfg.eval_every)
+        self.written, self.seconds, self.bytes, self.refused = 0, 0.0, 0, ""   # s; bytes of the last one
+        self.resumed = part.resumed
+
+    def __call__(self, epoch: int, state) -> None:
+        p = self.part
+        if p.comm.rank != 0 or self.refused or not checkpoint.due(epoch, self.due, self.every):
+            return
+        t, t0 = p.t, time.perf_counter()
+        try:
+            payload = state()
+            steps = train.steps_per_epoch(len(p.indices), t.P, t.batch, p.job)
+            header = {"workload": t.workload, "framework": t.framework, "M": p.M, "P": t.P, "B": t.batch,
+                      "seed": p.seed, "index_digest": sampler.digest(p.indices), "seconds": self._before() + self.hooks.elapsed,
+                      "samples": steps * epoch * t.batch * t.P, "quality": self.evaluate.quality, "wall": time.time(),
+                      "mllog": p.log.lines}
+            self.bytes = checkpoint.save(p.ctx.run_dir, t.index, p.rep, p.job, epoch, header, payload)
+            self.written += 1
+        except NotImplementedError as e:   # known before the run: the report's Checkpoints line says it
+            self.refused = f"{t.framework}: {e}"
+        except OSError as e:
+            self.refused = f"writing it failed: {e}"
+            print(f"hpcai500: rank {p.ctx.world.origin}: {p.head}: base model {p.job} writes no more checkpoints"
+                  f" ({self.refused}); training goes on, and --resume would start this test again",
+                  file=sys.stderr, flush=True)
+        self.seconds += time.perf_counter() - t0
+
+    def _before(self) -> float:
+        """s of the test's Time before this training: where it went on from checkpoints, the
+        model's own before them and the span from the last one written to its start (so a
+        second interruption keeps the first one's cost: _resumption)."""
+        r = self.resumed
+        return r.figures[self.part.job]["seconds"] + self.hooks.started - max(f["wall"] for f in r.figures) if r else 0.0
+
+    def record(self) -> dict | None:
+        """RankRecord.checkpoint (the job's root; None elsewhere, or where none was due)."""
+        if self.part.comm.rank != 0 or not self.every:
+            return None
+        return {"written": self.written, "seconds": self.seconds, "bytes": self.bytes, "refused": self.refused}
 
 
 def progress_head(t, total: int, wave: int = 0) -> str:

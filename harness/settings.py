@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from harness import elastic, fault
+from harness import checkpoint, elastic, fault
 
 PREFIX = "HPCAI500_"
 
@@ -165,6 +165,9 @@ TABLE = {s.name: s for s in (
     Setting("HPCAI500_ON_FAULT", _one_of(*elastic.POLICIES), elastic.DEFAULT,
             "what a lost rank costs: abort the run, drop the base models it touched, or retrain them on the"
             " survivors (set by --on-fault)", flag="--on-fault", per_invocation=True),
+    Setting(checkpoint.SETTING, _int(0), 1,
+            "evaluations between a base model's checkpoints (1: each evaluation before the last; 0: none); they are"
+            " what --resume continues an interrupted test from", per_invocation=True),
     Setting(elastic.DETECTOR_SETTING, _seconds, 0.0,
             "s a rank may go without ULFM's heartbeat before it is taken for lost (a silent rank: stopped, frozen;"
             " 30 suits); 0: the detector off; armed where the launch has ULFM and sets no mpi_ft_detector parameter"

@@ -221,8 +221,9 @@ class Trainer(Protocol):
         """This rank's whole training state, as bytes (a checkpoint's: harness/checkpoint.py):
         the weights, the optimizer's slots, the loss scale, the step number, the random
         streams; restore() of them goes on exactly where training was. So far PyTorch's, of
-        a model in data parallelism (every rank's state the root's); a checkpoint is not yet
-        written by a run, nor read by --resume (issue 70)."""
+        a model in data parallelism (every rank's state the root's): a Trainer without it
+        (TensorFlow's, MindSpore's) writes no checkpoint (_no_state); one that cannot take it
+        (a split model) raises NotImplementedError."""
 
     def restore(self, state: bytes) -> None:
         """state()'s bytes back in place (after the undone warm-up)."""
@@ -275,7 +276,7 @@ def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job
         trainer.sync()
         stop = evaluate(epoch)
         if checkpoint and not stop and epoch < recipe.epochs:   # the state training goes on from
-            checkpoint(epoch, trainer.state)
+            checkpoint(epoch, getattr(trainer, "state", _no_state))
         return stop
     loop = epochs_loop(step, feed, steps, recipe.epochs, job, hooks, on_step, evaluate and evaluation, eval_every,
                        trainer.mean_of, done)
@@ -285,6 +286,11 @@ def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job
         trainer.sync()
     return TrainResult(loop.seconds, steps, steps * (loop.trained - done) * recipe.batch * trainer.size,
                        loop.mean_loss, diff, digest, loop.clock, loop.trained, trainer.stage())
+
+
+def _no_state() -> bytes:
+    """The state of a Trainer that cannot take its own yet (TensorFlow's, MindSpore's)."""
+    raise NotImplementedError("a checkpoint of its training state is not built yet")
 
 
 def replica_check(mine: np.ndarray, root: np.ndarray) -> tuple[float, str]:

@@ -85,3 +85,72 @@ def test_a_writer_killed_mid_write_leaves_no_checkpoint_and_the_one_before_is_re
     assert (head["epoch"], payload, refused) == (1, b"epoch one", [])
     checkpoint.save(run, 1, 0, 0, 2, {}, b"epoch two")   # the job's next write (a relaunch) clears the leftover
     assert sorted(os.listdir(where)) == ["job-0-epoch-1.ckpt", "job-0-epoch-2.ckpt"]
+
+
+@pytest.mark.parametrize("epoch,evaluations,every,due", [
+    (2, [2, 4, 6], 1, True),      # every evaluation but the last
+    (6, [2, 4, 6], 1, False),     # the last ends training: nothing goes on from it
+    (2, [2, 4, 6], 2, False),     # the 1st of every 2nd: not due
+    (4, [2, 4, 6], 2, True),      # the 2nd
+    (3, [2, 4, 6], 1, False),     # no evaluation after epoch 3
+    (2, [2, 4, 6], 0, False),     # 0: none
+    (5, [5], 1, False),           # line 31's 0: one evaluation, the last
+])
+def test_a_checkpoint_is_due_after_every_kth_evaluation_but_the_last(epoch, evaluations, every, due):
+    assert checkpoint.due(epoch, evaluations, every) is due
+
+
+@pytest.mark.parametrize("whole,evaluated,epoch", [
+    ({0: [4, 2], 1: [4, 2]}, [1, 2, 3, 4], 4),    # both whole at 4
+    ({0: [4, 2], 1: [2]}, [1, 2, 3, 4], 2),       # model 1's 4 torn (or never written): both go on from 2
+    ({0: [4, 2], 1: [4, 2]}, [1, 2, 3], 2),       # the test's record lacks epoch 4's evaluation
+    ({0: [4], 1: [2]}, [1, 2, 3, 4], 0),          # nothing in common: from the start
+    ({0: [4, 2]}, [1, 2, 3, 4], 0),               # model 1 has none
+    ({}, [], 0),
+])
+def test_a_test_goes_on_from_the_newest_evaluation_every_model_has_a_checkpoint_at(whole, evaluated, epoch):
+    assert checkpoint.resume_epoch(whole, 2, evaluated) == epoch
+
+
+def test_the_tests_record_round_trips_and_goes_with_its_checkpoints(tmp_path):
+    run = str(tmp_path)
+    assert checkpoint.load_test(run, 2, 1) is None
+    state = {"curve": [{"epoch": 1, "seconds": 1.5, "quality": 0.5, "base_quality": [0.4]}], "start_wall": 1.0e9}
+    checkpoint.save_test(run, 2, 1, state)
+    checkpoint.save(run, 2, 1, 0, 1, {}, b"x")
+    assert checkpoint.load_test(run, 2, 1) == state
+    (tmp_path / "checkpoints" / "test-2-rep-1" / "test.json").write_text("{")   # not a record: none
+    assert checkpoint.load_test(run, 2, 1) is None
+    checkpoint.discard(run, 2, 1)
+    assert not (tmp_path / "checkpoints" / "test-2-rep-1").exists() and checkpoint.epochs(
+        checkpoint.folder(run, 2, 1), 0) == []
+
+
+def test_the_report_says_what_the_checkpoints_cost_and_where_their_time_goes():
+    from harness import report
+    from tests.conftest import result
+    c = {"every": 1, "written": 6, "seconds": 0.5, "each_seconds": 0.25, "bytes": 3 * 2**20, "refused": []}
+    t = result(train_seconds=20.0, checkpoints=c)
+    assert report.checkpoints_line(t) == (
+        "Checkpoints : 6 written (each base model's state after every evaluation but the last), 3.0 MiB a set,"
+        " 0.25 s each at most, 0.50 s in all = 2.5 % of Time, outside it as evaluations are")
+    block = report.row(t)
+    assert "(training 20.00 s, evaluations 0.10 s, checkpoints 0.50 s)" in block and report.checkpoints_line(t) in block
+    assert "(training 1.00 s, evaluations 0.10 s)\n" in report.row(result())   # none due: the line as before
+    none = result(checkpoints={**c, "written": 0, "seconds": 0.0, "each_seconds": 0.0, "bytes": 0,
+                               "refused": ["tensorflow: a checkpoint of its training state is not built yet"]})
+    assert "(training 1.00 s, evaluations 0.10 s)\n" in report.row(none)   # none written: no seconds to name
+    assert report.checkpoints_line(none) == (
+        "Checkpoints : none written: tensorflow: a checkpoint of its training state is not built yet; a --resume"
+        " would train this test again from its start")
+
+
+def test_the_report_says_what_an_interruption_cost_a_test_gone_on_from_its_checkpoints():
+    from harness import report
+    from tests.conftest import result
+    t = result(resumed={"epoch": 4, "seconds_before": 12.5, "lost_seconds": 30.25, "samples_before": 1280})
+    assert report.resumed_line(t) == (
+        "Resumed     : from its base models' checkpoints after epoch 4, epochs 1-4 not trained again ; Time holds"
+        " 12.50 s trained before them (an earlier interruption's cost with it) and 30.25 s from the last one written"
+        " to training again (work lost, the fault, the relaunch: in no FLOPs)")
+    assert report.resumed_line(t) in report.row(t)
