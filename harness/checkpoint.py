@@ -21,10 +21,13 @@ functions but `save`, `save_test`, `epochs`, `load` and `latest` (files); no fra
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+
+import numpy as np
 
 from harness import files
 
@@ -86,6 +89,36 @@ def decode(blob: bytes, where: str) -> tuple[dict, bytes]:
     if hashlib.sha256(payload).hexdigest() != head.get("payload_sha256"):
         raise CheckpointError(f"{where}: found a state whose SHA-256 differs from its header's (a damaged file)")
     return head, payload
+
+
+def pack(arrays: list[tuple[str, np.ndarray]], extra: dict | None = None) -> bytes:
+    """A framework's training state as a checkpoint's payload (pure): its named arrays in
+    order (np.savez, no pickle: a file is read as data, never run) and JSON-able extras (a
+    random generator's state, a loss scale). TensorFlow's and MindSpore's Trainer.state."""
+    buf = io.BytesIO()
+    np.savez(buf, names=np.array([n for n, _ in arrays], dtype=str),
+             extra=np.frombuffer(json.dumps(extra or {}).encode(), dtype=np.uint8),
+             **{f"a{i}": np.asarray(a) for i, (_, a) in enumerate(arrays)})
+    return buf.getvalue()
+
+
+def unpack(payload: bytes, shapes: list[tuple]) -> tuple[list[np.ndarray], dict]:
+    """pack's arrays and extras (pure), the arrays held to `shapes`, the model's in its
+    order: CheckpointError naming the first that differs (the state of another model).
+    By place and shape, not name: Keras numbers its layers' names by the models a process
+    built before (conv2d, conv2d_1), which a relaunch need not repeat."""
+    with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+        names = [str(n) for n in z["names"]]
+        arrays = [z[f"a{i}"] for i in range(len(names))]
+        extra = json.loads(bytes(z["extra"]).decode())
+    found = [tuple(a.shape) for a in arrays]
+    if found != [tuple(x) for x in shapes]:
+        odd = next((i for i, (a, b) in enumerate(zip(found, shapes)) if a != tuple(b)), min(len(found), len(shapes)))
+        at = lambda xs: f"{tuple(xs[odd])} at {odd}" if odd < len(xs) else f"none at {odd}"  # noqa: E731
+        raise CheckpointError(f"checkpoint state: found {len(found)} arrays, {at(found)}"
+                              f"{f' ({names[odd]})' if odd < len(names) else ''} (another model's), expected this"
+                              f" model's {len(shapes)}, {at(shapes)}")
+    return arrays, extra
 
 
 def save(run_dir: str, test: int, rep: int, job: int, epoch: int, header: dict, payload: bytes) -> int:

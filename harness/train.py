@@ -220,10 +220,11 @@ class Trainer(Protocol):
     def state(self) -> bytes:
         """This rank's whole training state, as bytes (a checkpoint's: harness/checkpoint.py):
         the weights, the optimizer's slots, the loss scale, the step number, the random
-        streams; restore() of them goes on exactly where training was. So far PyTorch's, of
-        a model in data parallelism (every rank's state the root's): a Trainer without it
-        (TensorFlow's, MindSpore's) writes no checkpoint (_no_state); one that cannot take it
-        (a split model) raises NotImplementedError."""
+        streams; restore() of them goes on exactly where training was. A model in data
+        parallelism: every rank's state is the root's (a checkpoint follows an evaluation,
+        whose sync put the root's batch-norm statistics on every rank). One that cannot be
+        taken yet (PyTorch's split model: each stage's on its own ranks) raises
+        NotImplementedError."""
 
     def restore(self, state: bytes) -> None:
         """state()'s bytes back in place (after the undone warm-up)."""
@@ -276,7 +277,7 @@ def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job
         trainer.sync()
         stop = evaluate(epoch)
         if checkpoint and not stop and epoch < recipe.epochs:   # the state training goes on from
-            checkpoint(epoch, getattr(trainer, "state", _no_state))
+            checkpoint(epoch, trainer.state)
         return stop
     loop = epochs_loop(step, feed, steps, recipe.epochs, job, hooks, on_step, evaluate and evaluation, eval_every,
                        trainer.mean_of, done)
@@ -286,11 +287,6 @@ def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job
         trainer.sync()
     return TrainResult(loop.seconds, steps, steps * (loop.trained - done) * recipe.batch * trainer.size,
                        loop.mean_loss, diff, digest, loop.clock, loop.trained, trainer.stage())
-
-
-def _no_state() -> bytes:
-    """The state of a Trainer that cannot take its own yet (TensorFlow's, MindSpore's)."""
-    raise NotImplementedError("a checkpoint of its training state is not built yet")
 
 
 def replica_check(mine: np.ndarray, root: np.ndarray) -> tuple[float, str]:

@@ -154,3 +154,20 @@ def test_the_report_says_what_an_interruption_cost_a_test_gone_on_from_its_check
         " 12.50 s trained before them (an earlier interruption's cost with it) and 30.25 s from the last one written"
         " to training again (work lost, the fault, the relaunch: in no FLOPs)")
     assert report.resumed_line(t) in report.row(t)
+
+
+def test_a_frameworks_arrays_and_extras_round_trip_and_another_models_are_refused():
+    import numpy as np
+    payload = checkpoint.pack([("dense/kernel:0", np.arange(6.0).reshape(2, 3)), ("step", np.int64(7))],
+                              {"loss_scale": 32768.0})
+    arrays, extra = checkpoint.unpack(payload, [(2, 3), ()])
+    assert arrays[0].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and int(arrays[1]) == 7
+    assert extra == {"loss_scale": 32768.0}
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.unpack(payload, [(2, 3), (4,)])
+    assert str(e.value) == ("checkpoint state: found 2 arrays, () at 1 (step) (another model's), expected this"
+                            " model's 2, (4,) at 1")
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.unpack(payload, [(2, 3)])
+    assert str(e.value) == ("checkpoint state: found 2 arrays, () at 1 (step) (another model's), expected this"
+                            " model's 1, none at 1")

@@ -331,6 +331,19 @@ def test_stream_feeds_every_epoch_from_one_pipeline(synthetic):
     assert np.array_equal(x, again)
 
 
+def test_a_stream_started_at_a_later_epoch_draws_as_the_whole_stream_did(synthetic):
+    """A model going on from its checkpoint streams epochs 1.. with seed + 1 (train.run): the
+    same augmented batches as those epochs of the whole stream; the undone warm-up's batches
+    (seed, epoch 0's rows) are the whole stream's first."""
+    data, _ = synthetic
+    epochs = {0: np.array([5, 1, 5, 7]), 1: np.array([2, 2, 9, 0]), 2: np.array([4, 6, 3, 3])}
+    whole = np.concatenate([x for x, _ in tf_ic.stream(data, lambda e: epochs[e], 3, 2, seed=11)])
+    later = np.concatenate([x for x, _ in tf_ic.stream(data, lambda e: epochs[e + 1], 2, 2, seed=12)])
+    assert whole.shape[0] == 12 and np.array_equal(whole[4:], later)
+    first = np.concatenate([x for x, _ in tf_ic.batches(data, epochs[0], 2, training=True, seed=11)])
+    assert np.array_equal(whole[:4], first)
+
+
 def test_stage_copies_exactly_the_rows(synthetic, tmp_path):
     data, _ = synthetic
     rows = np.unique(np.random.default_rng(0).integers(0, data.n_train, data.n_train))

@@ -272,6 +272,16 @@ step(x, y)
 out["lr"] += [at(), step.scale.value]
 step.undone_warm_up(iter([(nan, y), (x, y)]), 2)
 out["lr"] += [at(), step.scale.value]
+# a checkpoint's state (Trainer.state: Step.snapshot, packed) put back after a step that moved it
+from harness import checkpoint
+before = step.snapshot()
+blob = checkpoint.pack(*before)
+same = lambda: all(np.array_equal(a, b) for (_, a), (_, b) in zip(before[0], step.snapshot()[0]))  # noqa: E731
+step(x, y)
+out["restored"] = [at(), same()]
+arrays, extra = checkpoint.unpack(blob, [tuple(p.shape) for p in step.parameters()])
+step.restore((list(zip([p.name for p in step.parameters()], arrays)), extra))
+out["restored"] += [at(), step.scale.value, same(), step.snapshot()[1] == before[1]]
 # rank r's two gradients: [r + 1, -(r + 1) / 4] and [[2 r + 0.5]]; the job's mean in FP32 and over FP16
 mine = [np.array([world.rank + 1, -(world.rank + 1) / 4], np.float32), np.array([[2 * world.rank + 0.5]], np.float32)]
 for precision in ("fp32", "fp16"):
@@ -313,7 +323,8 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
     The Step's LR schedule (peak 0.5, 1 warm-up step, 3 steps) read from its optimizer's
     global_step: lr_at gives 0.5, 0.5, 0.25; a NaN batch in fp16 is skipped and still counts
     (step 1, the scale halved), a finite step then takes it to step 2 (0.25); the undone
-    warm-up puts both back."""
+    warm-up puts both back, and so does a checkpoint's state (Trainer.state) after one more
+    step (to 3: LR 0)."""
     (tmp_path / "checks.py").write_text(f"ROOT = {str(ROOT)!r}\n" + _CHECKS)
     p = _ms_mpirun(ms_python, 2, [tmp_path / "checks.py"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -328,6 +339,8 @@ def test_digits_count_and_the_mpi_exchange_in_mindspore(ms_python, tmp_path):
         assert out["scale"] == [False, 16384.0, True, 16384.0, True, 32768.0, 0]
         # lr_at: 0.5 (1 / 1 of the warm-up), 0.5 (cos 0), 0.25 (cos pi/2), 0 at the end
         assert out["lr"] == [[0, 0.5], [1, 0.5], [2, 0.25], 16384.0, [2, 0.25], 16384.0]
+        # a step to 3 (lr_at 0 at the end) moved the weights; the checkpoint's state put step 2 back, every array
+        assert out["restored"] == [[3, 0.0], False, [2, 0.25], 16384.0, True, True]
     # ResNet-50 v1.5 at 224 px: Keras' and PyTorch's count and weights (tests/test_ic.py), the
     # bottlenecks' adds and ReLUs from their records()
     assert found[0]["resnet50"] == [8_204_912_616, {"convolution": 8_174_272_512, "depthwise": 0, "dense": 4_096_000,

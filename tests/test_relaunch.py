@@ -158,13 +158,14 @@ def _when(p, err: Path, said, times: int = 1) -> None:
         time.sleep(0.2)
 
 
-def _launcher(name: str, net: int, folder: Path, times: int, faults, settings: dict | None = None):
+def _launcher(name: str, net: int, folder: Path, times: int, faults, settings: dict | None = None,
+              dat: dict | None = None):
     """3 simulated nodes x 1 rank under `--relaunch TIMES`; `faults(p, err, cluster)` kills
     nodes as the run goes. Returns (folder, the launcher's exit status, its stderr, the first
     kill's time.time())."""
     c = simulated_cluster(name, 3, net)
     try:
-        (folder / "x.dat").write_text(dat_text(l5=folder / "runs", **RELAUNCH_DAT))
+        (folder / "x.dat").write_text(dat_text(l5=folder / "runs", **(dat or RELAUNCH_DAT)))
         env = mpi_env(True, {"HPCAI500_HEARTBEAT": "0.5", **(settings or {})})
         options = " ".join([*MPIRUN_STDIN, *c.mpirun_args(None, env)])
         err = folder / "err.txt"
@@ -216,6 +217,40 @@ def test_a_node_killed_mid_test_is_left_out_and_the_run_completes_through_the_la
     status = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--status", str(run)], capture_output=True,
                             text=True, timeout=60)
     assert status.returncode == 0 and "; relaunched 1 time(s) after host(s) n3 lost" in status.stdout, status.stdout
+    verified = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run)], capture_output=True,
+                              text=True, timeout=120)
+    assert verified.returncode == 0, [x for x in verified.stdout.splitlines() if "FAILED" in x]
+
+
+@pytest.mark.mpi
+def test_a_node_killed_mid_test_costs_the_work_since_the_checkpoints_and_the_relaunch_goes_on_from_them(tmp_path):
+    """One test of M = 2 base models of P = 1 on 3 nodes (n3's rank idle), 12 epochs each
+    evaluated; n2, job 1's node, killed whole once the evaluation after epoch 3 is said (both
+    models have written their checkpoints after epoch 2 by then). The launcher relaunches on
+    n1 and n3, where M = 2 still fits: the test goes on from the newest epoch both models
+    have a checkpoint at, those epochs not trained again (each model's MLLOG has every epoch
+    once), the span from the checkpoint to training again in its Time; --verify passes."""
+    dat = dict(l9=1, l10="2", l11=1, l13=1, l14="8", l15=12, l30=0, l31=1, l35="pytorch")
+
+    def kill(p, err, c):
+        _when(p, err, "evaluation after epoch 3")
+        killed = time.time()
+        c.kill("n2")
+        return killed
+    folder, code, err, killed = _launcher("ckpt", 242, tmp_path, 1, kill, dat=dat)
+    (run,) = [p for p in (folder / "runs").iterdir() if not p.name.startswith(".")]
+    res = read_results(folder / "runs")
+    assert res["status"] == "complete" and code == 0, err[-3000:]
+    (t,) = res["tests"]
+    assert 2 <= t["resumed"]["epoch"] <= 11 and t["resumed"]["lost_seconds"] > 0, t["resumed"]
+    assert f"going on from its 2 base models' checkpoints after epoch {t['resumed']['epoch']}" in err
+    assert [x["epoch"] for x in t["evaluations"]] == list(range(1, 13)) and t["train_seconds"] > (
+        t["resumed"]["seconds_before"] + t["resumed"]["lost_seconds"])
+    for job in (0, 1):
+        lines = (run / "mllog" / f"test001_rep00_model{job:04d}.log").read_text().splitlines()
+        events = [json.loads(x.split(":::MLLOG", 1)[1]) for x in lines if ":::MLLOG" in x]
+        assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"] == list(range(1, 13))
+    assert not (run / "checkpoints" / "test-1-rep-0").exists()
     verified = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run)], capture_output=True,
                               text=True, timeout=120)
     assert verified.returncode == 0, [x for x in verified.stdout.splitlines() if "FAILED" in x]

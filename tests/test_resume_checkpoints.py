@@ -1,10 +1,10 @@
 """An interrupted test goes on from its base models' checkpoints (issue 70), for real: PyTorch
-under mpirun, 2 ranks, M = 2 base models of P = 1 on digits, 16 epochs evaluated after each.
+and TensorFlow under mpirun, 2 ranks, M = 2 base models of P = 1 on digits, 16 epochs evaluated after each.
 The run writes a checkpoint of each model after every evaluation but the last, says what they
 cost, and removes them once the test's result is written; SIGUSR1 to mpirun once both models
 have written theirs after epoch 2 interrupts the run; `--resume` goes on from the newest
 epoch both have, trains the epochs after it alone and ends with the weights an uninterrupted
-run has (P = 1 on a CPU: deterministic), every sample counted once, each model's MLLOG one
+run has (P = 1 on a CPU, one thread a rank: deterministic), every sample counted once, each model's MLLOG one
 log with each epoch once, and --verify passes."""
 import io
 import json
@@ -16,10 +16,8 @@ import pytest
 from harness import checkpoint, verify
 from tests.conftest import HANG, dat_text, mpirun, mpirun_ended, mpirun_says, mpirun_started, results, run_dir
 
-pytest.importorskip("torch")
-
 # M = 2 of P = 1, 16 epochs: the signal after epoch 2 comes with 14 left (a digits epoch: ~0.3 s here)
-LINES = dict(l9=1, l10="2", l11="1", l15=16, l30=0, l31=1, l35="pytorch")
+LINES = dict(l9=1, l10="2", l11="1", l15=16, l30=0, l31=1)
 
 
 def _epochs_logged(run, job: int) -> list[int]:
@@ -35,10 +33,13 @@ def _verified(run) -> None:
 
 
 @pytest.mark.slow
-def test_an_interrupted_test_goes_on_from_its_checkpoints_to_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_an_interrupted_test_goes_on_from_its_checkpoints_to_the_uninterrupted_weights(tmp_path, framework):
+    pytest.importorskip({"pytorch": "torch", "tensorflow": "tensorflow"}[framework])
+    lines = {**LINES, "l35": framework}
     whole = tmp_path / "whole"
     whole.mkdir()
-    (whole / "t.dat").write_text(dat_text(l5=whole / "runs", **LINES))
+    (whole / "t.dat").write_text(dat_text(l5=whole / "runs", **lines))
     p = mpirun(2, [whole / "t.dat"], whole)
     assert p.returncode == 0, p.stderr[-3000:]
     plain = results(whole / "runs")["tests"][0]
@@ -48,7 +49,7 @@ def test_an_interrupted_test_goes_on_from_its_checkpoints_to_the_uninterrupted_w
     assert not (run_dir(whole / "runs") / checkpoint.FOLDER / "test-1-rep-0").exists()   # gone with the result
     assert "Checkpoints : 30 written" in (run_dir(whole / "runs") / "report.txt").read_text()
 
-    p = mpirun_started(tmp_path, 2, [], **LINES)
+    p = mpirun_started(tmp_path, 2, [], **lines)
     mpirun_says(p, tmp_path, "evaluation after epoch 2")
     run = run_dir(tmp_path / "runs")
     where = checkpoint.folder(str(run), 1, 0)

@@ -218,7 +218,7 @@ def test_sbatch_across_two_simulated_nodes(tmp_path):
     task to core 0, as Open MPI's daemons do: the harness widens both. The report and
     results.json name both nodes and say they share a machine, stderr holds the
     harness's lines only, and the cluster's `down` takes Slurm's daemons with it."""
-    dat, report, stderr, daemons = _two_node_job(tmp_path, "slurm", 245, dict(l9=1, l10=1, l11=2, l15=1, l30=0, l31=0))
+    dat, report, stderr, daemons = _two_node_job(tmp_path, "slurm", 240, dict(l9=1, l10=1, l11=2, l15=1, l30=0, l31=0))
     assert report.startswith(f"{dat}: valid. 1 test(s) on 2 rank(s), 2 node(s):"), report[:2000]   # --check
     assert "job    0 : ranks 0-1 on 2 node(s) n1,n2" in report, report[:2000]
     assert report.count("...... PASSED") == 1 and "1 tests completed and passed consistency checks" in report
@@ -237,7 +237,7 @@ def test_sbatch_tunes_across_two_simulated_nodes(tmp_path):
     """The sbatch script with TUNE=MINUTES (issue 69): a tuning run under srun on two
     simulated nodes, a task a node: layouts 2x1 and 1x2, the ring or hierarchical all-reduce;
     --check --tune prints the plan first, the run writes the tuned file, --status exits 0."""
-    dat, report, stderr, _ = _two_node_job(tmp_path, "slurmtune", 244, dict(l9=2, l10="2 1", l11="1 2", l15=2,
+    dat, report, stderr, _ = _two_node_job(tmp_path, "slurmtune", 239, dict(l9=2, l10="2 1", l11="1 2", l15=2,
                                                                           l22="ring hierarchical", l30=0, l31=0),
                                            ",TUNE=10")
     assert report.startswith(f"{dat}: valid. a --tune search space on 2 rank(s), 2 node(s):"), report[:2000]
@@ -265,7 +265,7 @@ def test_sbatch_with_relaunch_outlives_a_node_killed_mid_test(tmp_path):
             time.sleep(0.2)
         c.kill("n2")    # at its first epoch's line, 5 to go: 2 s later, test 2 had ended on a quiet machine
     lines = dict(l9=1, l10=0, l11=1, l13=2, l14="32 4", l15=6, l30=0, l31=0, l35="pytorch")   # test 2 the long one
-    dat, report, stderr, _ = _two_node_job(tmp_path, "slurmlost", 243, lines, ",RELAUNCH=1,MPIRUN_OPTIONS=--stdin none",
+    dat, report, stderr, _ = _two_node_job(tmp_path, "slurmlost", 238, lines, ",RELAUNCH=1,MPIRUN_OPTIONS=--stdin none",
                                            mpi_env(True, {}), kill_n2)
     (run,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
     assert [(x["hosts"], x["lost"]) for x in launches(str(run))] == [(["n1:1", "n2:1"], ["n2"]), (["n1:1"], [])], \

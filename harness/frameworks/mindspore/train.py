@@ -20,7 +20,7 @@ import mindspore as ms
 from mindspore import log as ms_log
 from mindspore import nn, ops
 
-from harness import train, workloads
+from harness import checkpoint, train, workloads
 from harness.frameworks.mindspore import communication, kernels, models, optimizers
 
 
@@ -147,6 +147,17 @@ class Trainer:
     def stage(self) -> None:
         return None
 
+    def state(self) -> bytes:
+        """Step.snapshot's state (checkpoint.pack). A checkpoint follows an evaluation, whose
+        sync put the root's batch-norm statistics on every rank: every rank's state is the root's."""
+        arrays, extra = self.s.snapshot()
+        return checkpoint.pack(arrays, extra)
+
+    def restore(self, state: bytes) -> None:
+        params = self.s.parameters()
+        arrays, extra = checkpoint.unpack(state, [tuple(p.shape) for p in params])
+        self.s.restore((list(zip([p.name for p in params], arrays)), extra))
+
 
 def flat_weights(model: nn.Cell) -> np.ndarray:
     """The trainable weights in order, flat float64 (the replica check's and the digest's)."""
@@ -247,24 +258,38 @@ class Step:
     def undone_warm_up(self, batches, steps: int) -> None:
         """Set-up before the clock, like MLPerf's init phase: `steps` real steps (the jit
         graph's compilation, the first exchange), then every state the step writes put back
-        (the model's weights and batch-norm statistics, the optimizer's slots and steps,
-        the global random generator, a model's own numpy generator `host_rng`:
-        ewa's draws). Dropout's masks inside the jit graph come from its operator's own
+        (snapshot). Dropout's masks inside the jit graph come from its operator's own
         generator, which MindSpore does not expose: the timed epochs draw other masks than a
-        run without warm-up would."""
-        params = [*self.model.get_parameters(), *self.opt.get_parameters()]
-        saved = {id(p): p.asnumpy().copy() for p in params}
-        rng, scale = ms.get_rng_state(), dataclasses.replace(self.scale) if self.scale else None
-        host = getattr(self.model, "host_rng", None)
-        host_state = host.bit_generator.state if host is not None else None
+        run without warm-up would (and a model gone on from a checkpoint other than an
+        uninterrupted one would)."""
+        saved = self.snapshot()
         for _, (x, y) in zip(range(steps), batches):
             float(self(x, y).asnumpy())   # waits for the step
-        for p in params:
-            put(p, saved[id(p)])
-        ms.set_rng_state(rng)
-        if host is not None:
-            host.bit_generator.state = host_state
-        self.scale = scale
+        self.restore(saved)
+
+    def parameters(self) -> list:
+        """What the step writes of the model's and the optimizer's: their parameters."""
+        return [*self.model.get_parameters(), *self.opt.get_parameters()]
+
+    def snapshot(self) -> tuple[list, dict]:
+        """Every state the step writes, copied: (the model's weights and batch-norm
+        statistics and the optimizer's slots and steps, by name; the global random
+        generator, a model's own numpy generator `host_rng` (ewa's draws), the fp16 loss
+        scale); checkpoint.pack's arrays and extras (Trainer.state)."""
+        host = getattr(self.model, "host_rng", None)
+        return ([(p.name, p.asnumpy().copy()) for p in self.parameters()],
+                {"rng": ms.get_rng_state().asnumpy().tolist(), "host_rng": host.bit_generator.state if host else None,
+                 "scale": dataclasses.asdict(self.scale) if self.scale else None})
+
+    def restore(self, saved: tuple[list, dict]) -> None:
+        """snapshot()'s state back in place."""
+        arrays, extra = saved
+        for p, (_, value) in zip(self.parameters(), arrays):
+            put(p, value)
+        ms.set_rng_state(ms.Tensor(np.array(extra["rng"], np.uint8)))
+        if extra["host_rng"] is not None:
+            self.model.host_rng.bit_generator.state = extra["host_rng"]
+        self.scale = LossScale(**extra["scale"]) if extra["scale"] else None
 
 
 @dataclass

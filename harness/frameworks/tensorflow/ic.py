@@ -40,20 +40,23 @@ def input_signature(data: ICData, batch: int):
 
 def _records(index: tfrecord.Index, parts):
     """tf.data of the raw records of each row array `parts()` yields, in turn and in
-    order, each with its shard number: preads in a generator, CHUNK at a time (one
-    Python step per chunk, not per record). `parts` is called when the pipeline starts,
-    so a later epoch's rows are drawn only when the reader reaches them."""
+    order, each with its shard number, its part's number and its place in the part:
+    preads in a generator, CHUNK at a time (one Python step per chunk, not per record).
+    `parts` is called when the pipeline starts, so a later epoch's rows are drawn only
+    when the reader reaches them."""
     import tensorflow as tf
 
     def gen():
         with tfrecord.Reader(index) as r:
-            for rows in parts():
+            for e, rows in enumerate(parts()):
                 for a in range(0, len(rows), CHUNK):
-                    yield (np.array(r.records(rows[a:a + CHUNK]), dtype=object),
-                           index.shard[rows[a:a + CHUNK]].astype(np.int32))
+                    chunk = rows[a:a + CHUNK]
+                    yield (np.array(r.records(chunk), dtype=object), index.shard[chunk].astype(np.int32),
+                           np.full(len(chunk), e, np.int64), np.arange(a, a + len(chunk), dtype=np.int64))
 
-    return tf.data.Dataset.from_generator(
-        gen, output_signature=(tf.TensorSpec((None,), tf.string), tf.TensorSpec((None,), tf.int32))).unbatch()
+    return tf.data.Dataset.from_generator(gen, output_signature=(
+        tf.TensorSpec((None,), tf.string), tf.TensorSpec((None,), tf.int32), tf.TensorSpec((None,), tf.int64),
+        tf.TensorSpec((None,), tf.int64))).unbatch()
 
 
 def _parse(record, shard, offset: int, classes: int, files):
@@ -114,20 +117,21 @@ def dataset(data: ICData, index: tfrecord.Index, rows, batch: int, *, augment: b
 def _pipeline(data: ICData, index: tfrecord.Index, parts, batch: int, *, augment: bool, seed: int,
               drop_remainder: bool):
     """Records of the row arrays `parts()` yields, parsed, transformed, batched and
-    prefetched. Training sample i of the pipeline (counted across all parts) is
-    augmented from the stateless seed (seed, i): deterministic, and different in every
-    epoch of a stream."""
+    prefetched. Training sample j of part e (a stream's epoch e) is augmented from the
+    stateless seed (seed + e, j): deterministic, different in every epoch of a stream, the
+    same where one part is that epoch's with seed + e (the undone warm-up's batches), or
+    a stream starts at a later epoch with seed + that epoch (a model going on from its
+    checkpoint: train.run)."""
     import tensorflow as tf
     side, offset, classes = data.side, data.label_offset, data.num_classes
     files = tf.constant([str(f) for f in index.files])
-    ds = _records(index, parts).map(lambda r, s: _parse(r, s, offset, classes, files))
+    ds = _records(index, parts).map(lambda r, s, e, j: (*_parse(r, s, offset, classes, files), e, j))
     if augment:
         base = tf.constant(seed % 2**63, tf.int64)
-        ds = ds.enumerate().map(
-            lambda i, jl: (train_image(jl[0], side, tf.stack([base, i])), jl[1]),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.map(lambda jpeg, label, e, j: (train_image(jpeg, side, tf.stack([base + e, j])), label),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     else:
-        ds = ds.map(lambda j, l: (val_image(j, side), l),
+        ds = ds.map(lambda jpeg, label, e, j: (val_image(jpeg, side), label),
                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.batch(batch, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from harness import gpus as harness_gpus, workloads
+from harness import checkpoint, gpus as harness_gpus, workloads
 from harness.frameworks.tensorflow import communication, models
 from harness.train import Recipe, Schedule, TrainResult, lr_scale, replica_check, run, threads
 
@@ -140,6 +140,36 @@ class Trainer:
 
     def stage(self) -> None:
         return None
+
+    def state(self) -> bytes:
+        """Every variable the step writes (the undone warm-up's: weights, optimizer slots,
+        step counters, loss scale, batch-norm statistics, random generators' states) in the
+        order they were made (checkpoint.pack). A checkpoint follows an evaluation, whose
+        sync put the root's batch-norm statistics on every rank: every rank's state is the root's."""
+        return checkpoint.pack([(v.name, v.numpy()) for v in _in_creation_order(self.concrete.variables)])
+
+    def restore(self, state: bytes) -> None:
+        variables = _in_creation_order(self.concrete.variables)
+        values, _ = checkpoint.unpack(state, [tuple(v.shape) for v in variables])
+        for v, value in zip(variables, values):
+            v.assign(value)
+
+
+def _in_creation_order(variables) -> list:
+    """`variables` in the order they were made: the same in every process that builds the
+    same model and step, where a traced function's list of them is not (two processes
+    listed one model's in two orders here) and their names are not either (Keras numbers
+    a layer's by the models the process built before: conv2d, conv2d_1). The order is
+    TensorFlow's creation number, the end of each variable's `_unique_id` (its handle's
+    shared name, `name_N`); NotImplementedError where a TensorFlow gives none (the
+    checkpoint is then not written, and says why)."""
+    def made(v) -> int:
+        tail = str(getattr(v, "_unique_id", "")).rpartition("_")[2]
+        if not tail.isdigit():
+            raise NotImplementedError(f"TensorFlow {v.name}'s creation number (_unique_id) is not"
+                                      " readable: its training state cannot be ordered")
+        return int(tail)
+    return sorted(variables, key=made)
 
 
 def _make_step(workload, module, model, recipe: Recipe, size: int, schedule, torus=None):
