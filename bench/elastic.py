@@ -16,7 +16,11 @@ every epoch, no roofline). Per layout and round, alternated:
 * `node`: the last node killed whole (its init: the Open MPI daemon and its ranks) once
   training has reached the same epoch;
 * `relaunch` (issue 70): the same node killed under the launcher (`--relaunch 1`), which
-  relaunches `--resume` on the nodes left.
+  relaunches `--resume` on the nodes left;
+* `checkpoint` (issue 70): M = 2 base models laid out round-robin (line 12: 1), so that job 1
+  is on n2 in both layouts, and n2 killed whole under the launcher at the same epoch: the
+  world left still holds M = 2, so the test goes on from its models' checkpoints (one after
+  every evaluation, every epoch here).
 
 Figures: mpirun's exit and the run's --status, time to solution, the ensemble's quality,
 base models kept; for `rank`, from the fault (the injector's own clock) to the survivors'
@@ -25,8 +29,10 @@ surviving job's work was kept (its samples equal to the fault-free run's for tha
 for `retrain`, from the fault to the survivors' retraining wave (its progress line's
 arrival here), and the quality against the fault-free run's; for `relaunch`, from the fault
 to the relaunched run's first epoch (its progress line's arrival here), and the epochs of
-the test under way lost (no checkpoint inside a test yet: every epoch trained before the
-fault is trained again).
+the test under way lost (M = 0 lays out fewer models on the nodes left, so the test runs
+again from its start: every epoch trained before the fault is trained again); for
+`checkpoint`, the same, where the epochs trained again are those between the checkpoints it
+went on from and the fault (goal: at most one checkpoint interval, an epoch here).
 
 `--cases` picks the faulted cases (`none` always runs: the others' reference).
 """
@@ -50,7 +56,7 @@ EPOCHS, B, M = 8, 32, 4
 LAYOUTS = {"4x1": ("n1:1,n2:1,n3:1,n4:1", "n4", 3), "2x2": ("n1:2,n2:2", "n2", 3)}   # hosts, last node, its rank
 GOAL_RECOVERY = 10.0   # s, fault to the survivors' shrink (issue 46)
 GOAL_AGAIN = 60.0      # s, a node's loss to training again under the launcher (issue 70)
-CASES = ("rank", "retrain", "node", "relaunch")
+CASES = ("rank", "retrain", "node", "relaunch", "checkpoint")
 FIRES = re.compile(r"HPCAI500_FAULT fires: kill at step (\d+) \(t=([0-9.]+)\)")
 
 
@@ -74,7 +80,7 @@ def run(c, dat: str, hosts: str, env: dict, kill_node: str | None = None, at_epo
         if wave is None and "retraining wave 1:" in line:
             wave = time.time()
         relaunched = relaunched or ": relaunch 1 of 1 on " in line
-        if wave is None and relaunched and ": epoch 1/" in line:
+        if wave is None and relaunched and re.search(r": epoch \d+/", line):
             wave = time.time()
         if kill_node and killed is None and f": epoch {at_epoch}/" in line:
             killed = time.time()
@@ -103,11 +109,14 @@ def figures(case: str, out: dict, clean: dict | None) -> list:
             again = f"{out['wave'] - float(fired.group(2)):.2f}" if fired and out["wave"] else "?"
     if case == "node" and out["killed"]:
         recovery = f"job ended {out['ended'] - out['killed']:.1f} s after"
-    if case == "relaunch" and out["killed"]:
+    if case in ("relaunch", "checkpoint") and out["killed"]:
         again = f"{out['wave'] - out['killed']:.2f}" if out["wave"] else "never"
     work = "-"
     if t and case == "relaunch":   # the test under way ran again from its start
         work = f"{out['at_epoch'] - 1} epoch(s) lost, trained again"
+    if t and case == "checkpoint":   # from the checkpoints after epoch E: the epochs after E finished before the fault
+        done = t["resumed"]["epoch"] if t["resumed"] else 0
+        work = f"{out['at_epoch'] - done} epoch(s) lost, trained again (from epoch {done})"
     if t and clean and case in ("rank", "node"):
         ref = {r["job"]: r["size"] for r in clean["res"]["tests"][0]["resample"]}
         same = all(r["size"] == ref[r["job"]] for r in t["resample"])
@@ -118,15 +127,15 @@ def figures(case: str, out: dict, clean: dict | None) -> list:
         work = f"quality {t['quality'] - ref['quality']:+.4f} vs none" + (
             ", same resamples" if t["resample"] == ref["resample"] else ", resamples DIFFER")
     return [case, out["rc"], out["status"], f"{t['time_to_solution']:.2f}" if t else "-",
-            f"{t['quality']:.4f}" if t else "-", f"{kept} of {M}" if t else "0 (no result)", work, recovery, again]
+            f"{t['quality']:.4f}" if t else "-", f"{kept} of {t['M']}" if t else "0 (no result)", work, recovery, again]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2, help="rounds per layout (default 2)")
     ap.add_argument("--seed", type=int, default=46, help="draws the fault's step (default 46)")
-    ap.add_argument("--cases", default="rank,retrain,node,relaunch",
-                    help="the faulted cases, comma-separated (default every one: rank,retrain,node,relaunch)")
+    ap.add_argument("--cases", default="rank,retrain,node,relaunch,checkpoint",
+                    help="the faulted cases, comma-separated (default every one: rank,retrain,node,relaunch,checkpoint)")
     args = ap.parse_args()
     cases = tuple(args.cases.split(","))
     if not set(cases) <= set(CASES):
@@ -139,6 +148,7 @@ def main() -> None:
     # M = 0: as many base models as the world holds, M on the layouts' 4 ranks; the relaunch's
     # smaller world then lays out as many as fit (a fixed M that no longer fits is skipped)
     dat = common.make_dat("elastic", l9=1, l10=0, l11=1, l14=B, l15=EPOCHS, l30=0, l31=1)
+    two = common.make_dat("elastic-checkpoint", l9=1, l10=2, l11=1, l12=1, l14=B, l15=EPOCHS, l30=0, l31=1)
     c = cl.Cluster("elastic", net=244).up(4, slots=2, tie=True)
     rows = []
     try:
@@ -154,8 +164,9 @@ def main() -> None:
                         outs[case] = run(c, dat, hosts, {"HPCAI500_FAULT": f"{rank}:{step}:kill",
                                                          "HPCAI500_ON_FAULT": "drop" if case == "rank" else case})
                     else:
-                        outs[case] = run(c, dat, hosts, {"HPCAI500_ON_FAULT": "drop"}, kill_node=last,
-                                         at_epoch=1 + step // steps, relaunch=case == "relaunch")
+                        outs[case] = run(c, two if case == "checkpoint" else dat, hosts, {"HPCAI500_ON_FAULT": "drop"},
+                                         kill_node="n2" if case == "checkpoint" else last, at_epoch=1 + step // steps,
+                                         relaunch=case in ("relaunch", "checkpoint"))
                         outs[case]["at_epoch"] = 1 + step // steps
                         c.down()
                         c = cl.Cluster("elastic", net=244).up(4, slots=2, tie=True)   # the killed node back
@@ -165,8 +176,8 @@ def main() -> None:
                 print(f"  {layout} round {r + 1} done", flush=True)
     finally:
         c.down()
-    print(f"\ndigits, M = {M} x P = 1, B {B}, {EPOCHS} epochs, an evaluation every epoch; rank and node: --on-fault"
-          f" drop; {args.rounds} round(s) a layout")
+    print(f"\ndigits, M = {M} x P = 1 (checkpoint: 2, round-robin), B {B}, {EPOCHS} epochs, an evaluation (and a"
+          f" checkpoint) every epoch; rank and node: --on-fault drop; {args.rounds} round(s) a layout")
     print(common.table(["layout", "round", "fault at", "fault", "mpirun exit", "--status", "time to solution s",
                         "quality", "base models", "surviving jobs' work", "fault to shrink s",
                         "fault to retraining (relaunch: to its first epoch) s"], rows))
@@ -191,7 +202,13 @@ def main() -> None:
         print(f"node lost under the launcher: {sum(x[5] == 'complete' for x in done)} of {len(done)} runs complete;"
               f" fault to training again, worst {max(again) if again else float('nan'):.1f} s (goal < {GOAL_AGAIN:g} s):"
               f" {'met' if again and len(again) == len(done) and max(again) < GOAL_AGAIN else 'NOT met'}; the"
-              " test under way trained again from its start (no checkpoint inside a test yet)")
+              " test under way trained again from its start (M = 0 lays out fewer models on the nodes left)")
+    kept = [x for x in rows if x[3] == "checkpoint"]
+    if kept:
+        lost = [int(str(x[-3]).split()[0]) for x in kept if str(x[-3])[:1].isdigit()]
+        print(f"node lost under the launcher, the layout still fitting: {sum(x[5] == 'complete' for x in kept)} of"
+              f" {len(kept)} runs complete; finished epochs trained again, worst {max(lost) if lost else '?'} (goal <="
+              f" 1, the checkpoint interval): {'met' if lost and len(lost) == len(kept) and max(lost) <= 1 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -66,8 +66,13 @@ def due(epoch: int, evaluations: list[int], every: int) -> bool:
 def encode(header: dict, payload: bytes) -> bytes:
     """A checkpoint's bytes (pure): FORMAT, the header as one JSON line with the payload's
     length and SHA-256 added, then the payload."""
+    return _head(header, payload) + payload
+
+
+def _head(header: dict, payload: bytes) -> bytes:
+    """encode's bytes before the payload (pure)."""
     head = {**header, "payload_bytes": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest()}
-    return f"{FORMAT}\n{json.dumps(head, sort_keys=True)}\n".encode() + payload
+    return f"{FORMAT}\n{json.dumps(head, sort_keys=True)}\n".encode()
 
 
 def decode(blob: bytes, where: str) -> tuple[dict, bytes]:
@@ -126,8 +131,8 @@ def save(run_dir: str, test: int, rep: int, job: int, epoch: int, header: dict, 
     its checkpoints older than the KEEP newest; the bytes written."""
     where = folder(run_dir, test, rep)
     os.makedirs(where, exist_ok=True)
-    blob = encode({**header, "test": test, "rep": rep, "job": job, "epoch": epoch}, payload)
-    files.atomic_write(os.path.join(where, name(job, epoch)), blob)
+    head = _head({**header, "test": test, "rep": rep, "job": job, "epoch": epoch}, payload)
+    files.atomic_write(os.path.join(where, name(job, epoch)), (head, payload))   # the state not copied behind its head
     # the checkpoints past the KEEP newest, and what a writer of this job killed mid-write left
     # (files.temporary_name's `.NAME.tmp-HOST-PID`: one writer a job, so none is under way)
     names = os.listdir(where)
@@ -138,7 +143,7 @@ def save(run_dir: str, test: int, rep: int, job: int, epoch: int, header: dict, 
             os.unlink(os.path.join(where, n))
         except FileNotFoundError:
             pass
-    return len(blob)
+    return len(head) + len(payload)
 
 
 def epochs(where: str, job: int) -> list[int]:

@@ -55,11 +55,15 @@ def atomic_path(path: str):
         raise
 
 
-def atomic_write(path: str, data: str | bytes) -> None:
-    """Write text or bytes whole or not at all (flushed to disk before the rename)."""
+def atomic_write(path: str, data: str | bytes | tuple) -> None:
+    """Write text or bytes whole or not at all (flushed to disk before the rename); a tuple
+    of bytes is written piece after piece (a checkpoint's header, then its state: not
+    copied into one first)."""
+    pieces = data if isinstance(data, tuple) else (data,)
     with atomic_path(path) as tmp:
-        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
+        with open(tmp, "w" if isinstance(pieces[0], str) else "wb") as f:
+            for piece in pieces:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
 

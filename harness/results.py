@@ -222,9 +222,11 @@ class TestResult:
     #                                 PUBLISHED states (ic: classes; ewa: images_per_file); None: a file of < 2.17
     checkpoints: dict | None = None   # the base models' checkpoints along the test (harness/checkpoint.py): every
     #                                 (HPCAI500_CHECKPOINT: evaluations between them), written (files, all
-    #                                 models), seconds (s, the slowest root's in all: outside train_seconds, as
-    #                                 evaluations, inside time_to_solution), each_seconds (s, the slowest root's
-    #                                 mean a checkpoint), bytes (a checkpoint of each model, summed), refused (why a
+    #                                 models), seconds (s training waited, the slowest root's in all: its state
+    #                                 taken, a write before waited for; outside train_seconds, as evaluations,
+    #                                 inside time_to_solution), each_seconds (s, the slowest root's mean a
+    #                                 checkpoint), write_seconds (s a write took behind training, the slowest
+    #                                 root's mean), bytes (a checkpoint of each model, summed), refused (why a
     #                                 model wrote none); None: none due (0, a tuning run, a file of < 2.23)
     resumed: dict | None = None       # the test went on from its base models' checkpoints after an interruption
     #                                 (--resume): epoch (their evaluation epoch: epochs after it trained in this
@@ -232,7 +234,8 @@ class TestResult:
     #                                 earlier interruption's cost with it),
     #                                 lost_seconds (s, from the last of them written to training again: the work
     #                                 lost, the fault, the relaunch; wall clocks of two invocations), both in
-    #                                 train_seconds, samples_before (in samples_trained, once); None: from its start
+    #                                 train_seconds, samples_before (the models kept, but one a wave trained
+    #                                 again: in samples_trained, once); None: from its start
     trial: dict | None = None         # a tuning run's trial (--tune, harness/tune.py): number, stage, epochs and the
     #                                 choice of every knob (dat.KNOBS, tune.encode's values); None: a test of a sweep
 

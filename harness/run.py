@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -306,6 +307,17 @@ def _resumed(part: Part) -> Resumed | None:
     if ctx.run_dir is None or part.wave:
         return None
     world = ctx.world
+
+    def recorded() -> bool:   # rank 0 reads the test's record first: a test never interrupted costs one bcast
+        state = checkpoint.load_test(ctx.run_dir, t.index, part.rep) if world.rank == 0 else None
+        if state is not None and state.get("M") != part.M:
+            print(f"hpcai500: {part.head}: laid out with M = {part.M} base models now, its checkpoints are of the"
+                  f" M = {state.get('M')} it began with (line 10's 0: as many as the ranks left hold): trained again"
+                  " from its start", file=sys.stderr, flush=True)
+            state = None
+        return world.bcast(state is not None, root=0)
+    if not world.step(f"{part.head}: the record of its checkpoints", recorded):
+        return None
     mine = _whole(part) if part.job is not None and part.comm.rank == 0 else {}
 
     def decide():
@@ -680,11 +692,12 @@ class Evaluation:
         return stop
 
     def _record(self) -> None:
-        """rank 0: the curve so far and the wall clock at the start of its training, beside
-        the checkpoints: what a --resume of the test goes on from (its clock on the wall's).
+        """rank 0: the curve so far, the wall clock at the start of its training and its M,
+        beside the checkpoints: what a --resume of the test goes on from (its clock on the
+        wall's; the same M: line 10's 0 lays out as many as the ranks left hold).
         A write that fails is said once; the run goes on (_Checkpoints)."""
         try:
-            checkpoint.save_test(*self.where, {"curve": self.curve,
+            checkpoint.save_test(*self.where, {"M": self.M, "curve": self.curve,
                                                "start_wall": time.time() - (time.perf_counter() - self.start)})
         except OSError as e:
             self.every = 0
@@ -800,10 +813,12 @@ def _checkpoints(roots: list[RankRecord]) -> dict | None:
     if not made:
         return None
     each = [c["seconds"] / c["written"] for c in made if c["written"]]
+    writes = [c["write_seconds"] / c["written"] for c in made if c["written"]]
     # the slowest root's: every job waits for it at the next evaluation
     return {"every": settings.value(checkpoint.SETTING), "written": sum(c["written"] for c in made),
             "seconds": max(c["seconds"] for c in made), "each_seconds": max(each, default=0.0),
-            "bytes": sum(c["bytes"] for c in made), "refused": sorted({c["refused"] for c in made if c["refused"]})}
+            "write_seconds": max(writes, default=0.0), "bytes": sum(c["bytes"] for c in made),
+            "refused": sorted({c["refused"] for c in made if c["refused"]})}
 
 
 def _other_load(first: Pass) -> list:
@@ -824,7 +839,7 @@ def _resumption(first: Pass, roots: list[RankRecord], again: set) -> tuple[dict 
         return None, 0.0, [x.samples for x in roots]
     resumed = {"epoch": r.epoch, "seconds_before": max(f["seconds"] for f in r.figures),
                "lost_seconds": first.evaluation.resumed_at - max(f["wall"] for f in r.figures),
-               "samples_before": int(sum(f["samples"] for f in r.figures))}
+               "samples_before": int(sum(r.figures[x.job]["samples"] for x in roots if x.job not in again))}
     return (resumed, resumed["seconds_before"] + resumed["lost_seconds"],
             [x.samples + (r.figures[x.job]["samples"] if x.job not in again else 0) for x in roots])
 
@@ -949,59 +964,87 @@ class _Hooks:
 
 class _Checkpoints:
     """train.run's `checkpoint` hook on one rank of a job (harness/checkpoint.py): after each
-    due evaluation the job's root writes its base model's state, whole, with the figures so
-    far in its header (the epoch, the training seconds and samples through it, its quality,
-    its resample's digest, its MLLOG). In data parallelism every rank's state is the root's,
-    so the root alone writes. Where the framework cannot take its state yet (its Trainer
-    raises NotImplementedError: the record says why) or the write fails (said on stderr
-    too), the root writes no more in the test: a checkpoint is what a relaunch goes on
-    from, not a figure, so the run goes on, and --resume starts that test again. Only the test as laid out writes (not a wave of
+    due evaluation the job's root takes its base model's state and writes it, whole, with
+    the figures so far in its header (the epoch, the training seconds and samples through
+    it, its quality, its resample's digest, its MLLOG). In data parallelism every rank's
+    state is the root's, so the root alone writes. Training waits while the state is taken;
+    a thread writes it behind training (hashing, the disk, the flush), one write at a time:
+    the next checkpoint, and the end of training, wait for the one before. Where the
+    framework cannot take its state (its Trainer raises NotImplementedError: the record
+    says why) or a write fails (said on stderr too), the root writes no more in the test: a
+    checkpoint is what a relaunch goes on from, not a figure, so the run goes on, and
+    --resume starts that test again. Only the test as laid out writes (not a wave of
     `retrain`), and only where the run has a folder for them (Context.run_dir)."""
 
     def __init__(self, part: Part, hooks: _Hooks, evaluate: _Evaluate):
         cfg = part.ctx.cfg
-        self.part, self.hooks, self.evaluate = part, hooks, evaluate
+        self.part, self.hooks, self.evaluate, self.resumed = part, hooks, evaluate, part.resumed
         on = part.ctx.run_dir is not None and not part.wave
         self.every = settings.value(checkpoint.SETTING) if on else 0   # evaluations between checkpoints
         self.due = train.evaluation_epochs(cfg.epochs, cfg.eval_every)
-        self.written, self.seconds, self.bytes, self.refused = 0, 0.0, 0, ""   # s; bytes of the last one
-        self.resumed = part.resumed
+        self.written, self.bytes, self.refused = 0, 0, ""   # bytes: the last one's
+        self.seconds, self.write_seconds = 0.0, 0.0   # s training waited; s the writes took behind it
+        self.writer = None   # the thread writing the last one
 
     def __call__(self, epoch: int, state) -> None:
         p = self.part
-        if p.comm.rank != 0 or self.refused or not checkpoint.due(epoch, self.due, self.every):
+        if p.comm.rank != 0 or not checkpoint.due(epoch, self.due, self.every):
             return
         t, t0 = p.t, time.perf_counter()
+        self._wait()
+        if not self.refused:
+            try:
+                payload = state()
+            except NotImplementedError as e:   # known before the run: the report's Checkpoints line says it
+                self.refused = f"{t.framework}: {e}"
+            else:
+                steps = train.steps_per_epoch(len(p.indices), t.P, t.batch, p.job)
+                header = {"workload": t.workload, "framework": t.framework, "M": p.M, "P": t.P, "B": t.batch,
+                          "seed": p.seed, "index_digest": sampler.digest(p.indices),
+                          "seconds": self._before() + self.hooks.elapsed, "samples": steps * epoch * t.batch * t.P,
+                          "quality": self.evaluate.quality, "wall": time.time(), "mllog": p.log.lines}
+                self.writer = threading.Thread(target=self._write, args=(epoch, header, payload), daemon=True,
+                                               name=f"hpcai500-checkpoint-{p.job}")
+                self.writer.start()
+        self.seconds += time.perf_counter() - t0
+
+    def _write(self, epoch: int, header: dict, payload: bytes) -> None:
+        """The writer thread: one checkpoint to disk, whole or not at all."""
+        p, t0 = self.part, time.perf_counter()
         try:
-            payload = state()
-            steps = train.steps_per_epoch(len(p.indices), t.P, t.batch, p.job)
-            header = {"workload": t.workload, "framework": t.framework, "M": p.M, "P": t.P, "B": t.batch,
-                      "seed": p.seed, "index_digest": sampler.digest(p.indices), "seconds": self._before() + self.hooks.elapsed,
-                      "samples": steps * epoch * t.batch * t.P, "quality": self.evaluate.quality, "wall": time.time(),
-                      "mllog": p.log.lines}
-            self.bytes = checkpoint.save(p.ctx.run_dir, t.index, p.rep, p.job, epoch, header, payload)
+            self.bytes = checkpoint.save(p.ctx.run_dir, p.t.index, p.rep, p.job, epoch, header, payload)
             self.written += 1
-        except NotImplementedError as e:   # known before the run: the report's Checkpoints line says it
-            self.refused = f"{t.framework}: {e}"
         except OSError as e:
             self.refused = f"writing it failed: {e}"
             print(f"hpcai500: rank {p.ctx.world.origin}: {p.head}: base model {p.job} writes no more checkpoints"
                   f" ({self.refused}); training goes on, and --resume would start this test again",
                   file=sys.stderr, flush=True)
-        self.seconds += time.perf_counter() - t0
+        self.write_seconds += time.perf_counter() - t0
+
+    def _wait(self) -> None:
+        if self.writer is not None:
+            self.writer.join()
+            self.writer = None
 
     def _before(self) -> float:
         """s of the test's Time before this training: where it went on from checkpoints, the
         model's own before them and the span from the last one written to its start (so a
         second interruption keeps the first one's cost: _resumption)."""
         r = self.resumed
-        return r.figures[self.part.job]["seconds"] + self.hooks.started - max(f["wall"] for f in r.figures) if r else 0.0
+        if not r:
+            return 0.0
+        return r.figures[self.part.job]["seconds"] + self.hooks.started - max(f["wall"] for f in r.figures)
 
     def record(self) -> dict | None:
-        """RankRecord.checkpoint (the job's root; None elsewhere, or where none was due)."""
+        """RankRecord.checkpoint (the job's root; None elsewhere, or where none was due), once
+        the last write has ended (training waited for it: counted)."""
         if self.part.comm.rank != 0 or not self.every:
             return None
-        return {"written": self.written, "seconds": self.seconds, "bytes": self.bytes, "refused": self.refused}
+        t0 = time.perf_counter()
+        self._wait()
+        self.seconds += time.perf_counter() - t0
+        return {"written": self.written, "seconds": self.seconds, "write_seconds": self.write_seconds,
+                "bytes": self.bytes, "refused": self.refused}
 
 
 def progress_head(t, total: int, wave: int = 0) -> str:

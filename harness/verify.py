@@ -418,7 +418,24 @@ def figure_checks(t: results.TestResult, cfg, res: results.Record, training) -> 
         _num(f"{name}: VFLOPS (FLOPS x penalty)", t.vflops, vfl),
         _num(f"{name}: time to solution (staging + wall to the end of the last evaluation)",
              t.time_to_solution, tts)]
-    return out + _device_checks(t, name, fl, vfl, res), {"flops": fl, "vflops": vfl}
+    return out + _resumed_checks(t, name) + _device_checks(t, name, fl, vfl, res), {"flops": fl, "vflops": vfl}
+
+
+def _resumed_checks(t: results.TestResult, name: str) -> list[Check]:
+    """A test gone on from its base models' checkpoints (TestResult.resumed): the samples
+    before them are the epochs through theirs, every model's kept (one a wave of retrain
+    trained again counts its wave's alone); Time holds the training before them and the
+    span lost."""
+    if not t.resumed:
+        return []
+    r, again = t.resumed, {x["job"] for x in t.retrained}
+    kept = [j for j in range(t.M) if j not in t.jobs_lost]   # steps_per_epoch's jobs, in order
+    before = sum(s * r["epoch"] * t.B * t.P for j, s in zip(kept, t.steps_per_epoch) if j not in again)
+    held = r["seconds_before"] + r["lost_seconds"]
+    return [_num(f"{name}: samples before the checkpoints (steps x their epoch x B x P, all jobs)",
+                 r["samples_before"], before),
+            Check(f"{name}: Time holds the training before the checkpoints and the span lost ({held:.2f} s)",
+                  t.train_seconds >= held >= 0, t.train_seconds, f">= {held:.2f}")]
 
 
 def _curve_checks(t: results.TestResult, name: str, target: float, higher: bool) -> list[Check]:

@@ -59,11 +59,12 @@ import sys, time
 from harness import checkpoint, files
 real = files.atomic_write
 def slow(path, data):                       # the write under way: its temporary file half there
+    head, payload = data                    # a checkpoint's header, then its state
     with files.atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(data[:len(data) // 2]); f.flush()
+        f.write(head + payload[:len(payload) // 2]); f.flush()
         print("writing", flush=True)
         time.sleep(60)
-        f.write(data[len(data) // 2:])
+        f.write(payload[len(payload) // 2:])
 files.atomic_write = slow
 checkpoint.save(sys.argv[1], 1, 0, 0, 2, {}, b"x" * (64 << 20))
 """
@@ -129,11 +130,13 @@ def test_the_tests_record_round_trips_and_goes_with_its_checkpoints(tmp_path):
 def test_the_report_says_what_the_checkpoints_cost_and_where_their_time_goes():
     from harness import report
     from tests.conftest import result
-    c = {"every": 1, "written": 6, "seconds": 0.5, "each_seconds": 0.25, "bytes": 3 * 2**20, "refused": []}
+    c = {"every": 1, "written": 6, "seconds": 0.5, "each_seconds": 0.25, "write_seconds": 0.75, "bytes": 3 * 2**20,
+         "refused": []}
     t = result(train_seconds=20.0, checkpoints=c)
     assert report.checkpoints_line(t) == (
-        "Checkpoints : 6 written (each base model's state after every evaluation but the last), 3.0 MiB a set,"
-        " 0.25 s each at most, 0.50 s in all = 2.5 % of Time, outside it as evaluations are")
+        "Checkpoints : 6 written (each base model's state after every evaluation but the last), 3.0 MiB a set ;"
+        " training waited 0.25 s each at most, 0.50 s in all = 2.5 % of Time, outside it as evaluations are ; each"
+        " written behind training in 0.75 s at most")
     block = report.row(t)
     assert "(training 20.00 s, evaluations 0.10 s, checkpoints 0.50 s)" in block and report.checkpoints_line(t) in block
     assert "(training 1.00 s, evaluations 0.10 s)\n" in report.row(result())   # none due: the line as before
@@ -171,3 +174,21 @@ def test_a_frameworks_arrays_and_extras_round_trip_and_another_models_are_refuse
         checkpoint.unpack(payload, [(2, 3)])
     assert str(e.value) == ("checkpoint state: found 2 arrays, () at 1 (step) (another model's), expected this"
                             " model's 1, none at 1")
+
+
+def test_verify_rederives_what_a_test_gone_on_from_its_checkpoints_holds():
+    """Steps 10 and 12 a epoch, checkpoints after epoch 4, B 32, P 1: (10 + 12) x 4 x 32 = 2816
+    samples before them; job 1 trained again by a wave: 10 x 4 x 32 = 1280. Time 50 s holds
+    12.5 + 30 s; 40 s cannot."""
+    from harness import verify
+    from tests.conftest import result
+    resumed = {"epoch": 4, "seconds_before": 12.5, "lost_seconds": 30.0, "samples_before": 2816}
+    t = result(M=2, jobs=[[0], [1]], steps_per_epoch=[10, 12], train_seconds=50.0, resumed=resumed)
+    assert [c.ok for c in verify._resumed_checks(t, "test 1")] == [True, True]
+    assert [c.ok for c in verify._resumed_checks(result(M=2, jobs=[[0], [1]], steps_per_epoch=[10, 12],
+                                                        train_seconds=40.0, resumed={**resumed, "samples_before": 2817}),
+                                                 "test 1")] == [False, False]
+    again = result(M=2, jobs=[[0], [1]], steps_per_epoch=[10, 12], train_seconds=50.0, retrained=[
+        {"job": 1, "wave": 1, "ranks": [0]}], resumed={**resumed, "samples_before": 1280})
+    assert [c.ok for c in verify._resumed_checks(again, "test 1")] == [True, True]
+    assert verify._resumed_checks(result(), "test 1") == []

@@ -189,7 +189,7 @@ class Trainer:
         if self.split is not None:
             raise NotImplementedError("a checkpoint of a model cut into stages (line 37) is not built yet")
         out = io.BytesIO()
-        torch.save(self.s.snapshot(), out)
+        torch.save(self.s.snapshot(copied=False), out)
         return out.getvalue()
 
     def restore(self, state: bytes) -> None:
@@ -301,15 +301,16 @@ class Step:
             self.warm_up_step = max(self.warm_up_step, time.perf_counter() - t0)
         self.restore(saved)
 
-    def snapshot(self) -> dict:
+    def snapshot(self, copied: bool = True) -> dict:
         """Every state a step writes, copied: the weights and batch-norm statistics, the
         optimizer's slots, the loss scale, the step number, the random generators dropout
-        draws from (the undone warm-up's and a checkpoint's: Trainer.state)."""
+        draws from (the undone warm-up's and a checkpoint's: Trainer.state, which
+        serialises it at once and so takes it uncopied)."""
         cuda = self.dev.type == "cuda"
-        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                              "scaler": self.scaler and self.scaler.state_dict(), "taken": self.taken,
-                              "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state(self.dev) if cuda
-                              else None})
+        state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                 "scaler": self.scaler and self.scaler.state_dict(), "taken": self.taken,
+                 "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state(self.dev) if cuda else None}
+        return copy.deepcopy(state) if copied else state
 
     def restore(self, saved: dict) -> None:
         """snapshot()'s state back in place."""
