@@ -236,9 +236,9 @@ def checkpoints_line(t: results.TestResult) -> str:
         return f"Checkpoints : none written: {why}; a --resume would train this test again from its start"
     every = "every evaluation" if c["every"] == 1 else f"every {c['every']} evaluations"
     return (f"Checkpoints : {c['written']} written (each base model's state after {every} but the last),"
-            f" {c['bytes'] / 2**20:.1f} MiB a set ; training waited {c['each_seconds']:.2f} s each at most,"
+            f" {c['bytes'] / 2**20:.1f} MiB a set ; training waited {c['each_seconds']:.3f} s each at most,"
             f" {c['seconds']:.2f} s in all = {100 * c['seconds'] / t.train_seconds:.1f} % of Time, outside it as"
-            f" evaluations are ; each written behind training in {c['write_seconds']:.2f} s at most"
+            f" evaluations are ; each written behind training in {c['write_seconds']:.3f} s at most"
             + (f" ; a model wrote none: {'; '.join(c['refused'])}" if c["refused"] else ""))
 
 

@@ -135,8 +135,8 @@ def test_the_report_says_what_the_checkpoints_cost_and_where_their_time_goes():
     t = result(train_seconds=20.0, checkpoints=c)
     assert report.checkpoints_line(t) == (
         "Checkpoints : 6 written (each base model's state after every evaluation but the last), 3.0 MiB a set ;"
-        " training waited 0.25 s each at most, 0.50 s in all = 2.5 % of Time, outside it as evaluations are ; each"
-        " written behind training in 0.75 s at most")
+        " training waited 0.250 s each at most, 0.50 s in all = 2.5 % of Time, outside it as evaluations are ; each"
+        " written behind training in 0.750 s at most")
     block = report.row(t)
     assert "(training 20.00 s, evaluations 0.10 s, checkpoints 0.50 s)" in block and report.checkpoints_line(t) in block
     assert "(training 1.00 s, evaluations 0.10 s)\n" in report.row(result())   # none due: the line as before
