@@ -15,8 +15,11 @@ payload's length and SHA-256, checked again, and a file that fails is refused, n
 the one before it read instead. The two newest of a base model are kept for that reason.
 
 The run writes them (harness/run.py): each base model's root after every HPCAI500_CHECKPOINT-th
-evaluation but the last, world rank 0 its record of the test beside them (save_test). Pure
-functions but `save`, `save_test`, `epochs`, `load` and `latest` (files); no framework imported.
+evaluation but the last, world rank 0 its record of the test beside them (save_test), and
+--resume goes on from the newest epoch every model has one at (resume_epoch). A framework's
+state is its own bytes (PyTorch's torch.save) or its arrays by pack. Pure functions but
+`save`, `save_test`, `load_test`, `epochs`, `load`, `latest` and `discard` (files); no
+framework imported.
 """
 from __future__ import annotations
 
@@ -35,10 +38,8 @@ SETTING = "HPCAI500_CHECKPOINT"      # evaluations between a base model's checkp
 FORMAT = "hpcai500-checkpoint 1"     # the first line of every checkpoint: what it is, its layout's version
 KEEP = 2                             # checkpoints kept of a base model: the newest may be torn
 FOLDER = "checkpoints"               # in the run folder
-_NAME = re.compile(r"job-(\d+)-epoch-(\d+)\.ckpt")
-
-
 TEST_STATE = "test.json"             # world rank 0's record of the test beside its checkpoints (save_test)
+_NAME = re.compile(r"job-(\d+)-epoch-(\d+)\.ckpt")
 
 
 class CheckpointError(ValueError):
@@ -183,8 +184,8 @@ def latest(run_dir: str, test: int, rep: int, job: int) -> tuple[dict | None, by
 
 def save_test(run_dir: str, test: int, rep: int, state: dict) -> None:
     """World rank 0's record of the test run beside its base models' checkpoints, rewritten
-    whole after each evaluation: the curve so far and its clock (what --resume needs of the
-    test that no base model knows)."""
+    whole at each evaluation they are due: its M, the curve so far and the wall clock of the
+    start of its training (what --resume needs of the test that no base model knows)."""
     where = folder(run_dir, test, rep)
     os.makedirs(where, exist_ok=True)
     files.write_json(os.path.join(where, TEST_STATE), state)

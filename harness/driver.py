@@ -491,6 +491,7 @@ def _sweep(ctx, plan, cell, watchdog, run_dir) -> None:
                             f" {world.origin} took over as the coordinator")
                 if cell[0]:
                     cell[0].skip(t.index, rep, why, "lost", [elastic.entry(x) for x in world.losses])
+                    checkpoint.discard(run_dir, t.index, rep)   # recorded as skipped: nothing goes on from them
     except elastic.Aborted as e:
         _aborted(ctx, cell, plan.cfg, run_dir, e)
     except RunError as e:
