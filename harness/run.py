@@ -335,8 +335,8 @@ def _whole(part: Part) -> dict:
     that is torn, or was written by another test (its workload, layout, seed or resample
     differ), is said and left out."""
     t, where = part.t, checkpoint.folder(part.ctx.run_dir, part.t.index, part.rep)
-    ours = {"workload": t.workload, "framework": t.framework, "M": part.M, "P": t.P, "B": t.batch, "seed": part.seed,
-            "index_digest": sampler.digest(part.indices)}
+    ours = {"workload": t.workload, "framework": t.framework, "mode": t.mode, "M": part.M, "P": t.P, "B": t.batch,
+            "seed": part.seed, "index_digest": sampler.digest(part.indices)}
     whole = {}
     for epoch in checkpoint.epochs(where, part.job):
         path = os.path.join(where, checkpoint.name(part.job, epoch))
@@ -966,10 +966,11 @@ class _Checkpoints:
     """train.run's `checkpoint` hook on one rank of a job (harness/checkpoint.py): after each
     due evaluation the job's root takes its base model's state and writes it, whole, with
     the figures so far in its header (the epoch, the training seconds and samples through
-    it, its quality, its resample's digest, its MLLOG). In data parallelism every rank's
-    state is the root's, so the root alone writes. Training waits while the state is taken;
-    a thread writes it behind training (hashing, the disk, the flush), one write at a time:
-    the next checkpoint, and the end of training, wait for the one before. Where the
+    it, its quality, its resample's digest, its MLLOG). Every rank of the job takes part in
+    taking the state (a split model's root gathers its stages'); the root alone writes.
+    Training waits while the state is taken; a thread writes it behind training (hashing,
+    the disk, the flush), one write at a time: the next checkpoint, and the end of
+    training, wait for the one before. Where the
     framework cannot take its state (its Trainer raises NotImplementedError: the record
     says why) or a write fails (said on stderr too), the root writes no more in the test: a
     checkpoint is what a relaunch goes on from, not a figure, so the run goes on, and
@@ -982,25 +983,26 @@ class _Checkpoints:
         on = part.ctx.run_dir is not None and not part.wave
         self.every = settings.value(checkpoint.SETTING) if on else 0   # evaluations between checkpoints
         self.due = train.evaluation_epochs(cfg.epochs, cfg.eval_every)
-        self.written, self.bytes, self.refused = 0, 0, ""   # bytes: the last one's
+        self.written, self.bytes, self.refused = 0, 0, ""   # bytes: the last one's; refused: why no more are
+        self.unable = False   # the state cannot be taken: every rank of the job alike
         self.seconds, self.write_seconds = 0.0, 0.0   # s training waited; s the writes took behind it
         self.writer = None   # the thread writing the last one
 
     def __call__(self, epoch: int, state) -> None:
         p = self.part
-        if p.comm.rank != 0 or not checkpoint.due(epoch, self.due, self.every):
+        if self.unable or not checkpoint.due(epoch, self.due, self.every):
             return
-        t, t0 = p.t, time.perf_counter()
+        t, t0, root = p.t, time.perf_counter(), p.comm.rank == 0
         self._wait()
-        if not self.refused:
-            try:
-                payload = state()
-            except NotImplementedError as e:   # known before the run: the report's Checkpoints line says it
-                self.refused = f"{t.framework}: {e}"
-            else:
+        try:
+            payload = state()   # on every rank of the job, a root whose writes failed too: it may be collective
+        except NotImplementedError as e:   # known before the run: the report's Checkpoints line says it
+            self.unable, self.refused = True, f"{t.framework}: {e}"
+        else:
+            if root and not self.refused:
                 steps = train.steps_per_epoch(len(p.indices), t.P, t.batch, p.job)
-                header = {"workload": t.workload, "framework": t.framework, "M": p.M, "P": t.P, "B": t.batch,
-                          "seed": p.seed, "index_digest": sampler.digest(p.indices),
+                header = {"workload": t.workload, "framework": t.framework, "mode": t.mode, "M": p.M, "P": t.P,
+                          "B": t.batch, "seed": p.seed, "index_digest": sampler.digest(p.indices),
                           "seconds": self._before() + self.hooks.elapsed, "samples": steps * epoch * t.batch * t.P,
                           "quality": self.evaluate.quality, "wall": time.time(), "mllog": p.log.lines}
                 self.writer = threading.Thread(target=self._write, args=(epoch, header, payload), daemon=True,

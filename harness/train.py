@@ -217,14 +217,15 @@ class Trainer(Protocol):
     def stage(self) -> dict | None:
         """TrainResult.stage: a split model's record of this rank, else None."""
 
-    def state(self) -> bytes:
-        """This rank's whole training state, as bytes (a checkpoint's: harness/checkpoint.py):
-        the weights, the optimizer's slots, the loss scale, the step number, the random
-        streams; restore() of them goes on exactly where training was. A model in data
-        parallelism: every rank's state is the root's (a checkpoint follows an evaluation,
-        whose sync put the root's batch-norm statistics on every rank). One that cannot be
-        taken yet (PyTorch's split model: each stage's on its own ranks) raises
-        NotImplementedError."""
+    def state(self) -> bytes | None:
+        """COLLECTIVE over the job: the base model's whole training state as bytes on the
+        job's root (a checkpoint's: harness/checkpoint.py), None on its other ranks: the
+        weights, the optimizer's slots, the loss scale, the step number, the random streams;
+        restore() of them on every rank goes on exactly where training was. In data
+        parallelism every rank's state is the root's (a checkpoint follows an evaluation,
+        whose sync put the root's batch-norm statistics on every rank); a split model's
+        stages each hold their own, which the root gathers. A state that cannot be taken
+        raises NotImplementedError, on every rank alike."""
 
     def restore(self, state: bytes) -> None:
         """state()'s bytes back in place (after the undone warm-up)."""
@@ -252,7 +253,8 @@ def run(trainer: Trainer, indices: np.ndarray, recipe: Recipe, *, seed: int, job
     rows and augmentation depend on the epoch alone: sampler.epoch_shard, each_epoch's seed +
     e); TrainResult's samples are then this training's alone. `checkpoint(epoch, state)`
     (optional) runs after each evaluation that does not stop training, on every rank of the
-    job, with trainer.state (a function: only the ranks that write need call it)."""
+    job, with trainer.state (a function every rank of the job calls: COLLECTIVE for a split
+    model)."""
     steps = steps_per_epoch(len(indices), trainer.shares, trainer.step_batch, job)   # P x B samples a step in every mode
     schedule = Schedule(recipe.base_lr * trainer.lr_factor, int(round(recipe.warmup_epochs * steps)),
                         steps * recipe.epochs)

@@ -147,9 +147,12 @@ class Trainer:
     def stage(self) -> None:
         return None
 
-    def state(self) -> bytes:
-        """Step.snapshot's state (checkpoint.pack). A checkpoint follows an evaluation, whose
-        sync put the root's batch-norm statistics on every rank: every rank's state is the root's."""
+    def state(self) -> bytes | None:
+        """The job root's Step.snapshot (checkpoint.pack); None on the other ranks. A
+        checkpoint follows an evaluation, whose sync put the root's batch-norm statistics on
+        every rank: every rank's state is the root's."""
+        if self.comm.rank != 0:
+            return None
         arrays, extra = self.s.snapshot()
         return checkpoint.pack(arrays, extra)
 

@@ -182,21 +182,43 @@ class Trainer:
     def stage(self) -> dict | None:
         return self.split and _stage_record(self.split, self.s, self.comm.rank == 0)
 
-    def state(self) -> bytes:
-        """Step.snapshot's state in torch.save's bytes: in data parallelism every rank's is
-        the root's (DDP keeps the replicas equal). A split model's is each stage's optimizer
-        on its own rank: not built yet."""
-        if self.split is not None:
-            raise NotImplementedError("a checkpoint of a model cut into stages (line 37) is not built yet")
-        out = io.BytesIO()
-        torch.save(self.s.snapshot(copied=False), out)
-        return out.getvalue()
+    def state(self) -> bytes | None:
+        """The job root's bytes of Step.snapshot's state (torch.save), None on the other
+        ranks. In data parallelism every rank's is the root's (DDP keeps the replicas equal).
+        A split model (COLLECTIVE over the job): the whole model, as the evaluation's sync
+        assembled it on every rank, and each stage's own state (its optimizer's slots, the
+        step number, the random generators), its first replica's, gathered to the root."""
+        mine = self.s.snapshot(copied=False) if self.split is not None or self.comm.rank == 0 else None
+        if self.split is None:
+            return mine and _saved(mine)
+        groups = self.split.groups
+        own = _saved({k: v for k, v in mine.items() if k != "model"}) if groups.replica == 0 else None
+        stages = self.comm.gather((groups.stage, own) if own else None, root=0)
+        if self.comm.rank != 0:
+            return None
+        return _saved({"model": mine["model"], "stages": [b for _, b in sorted(x for x in stages if x)]})
 
     def restore(self, state: bytes) -> None:
-        # onto the CPU: load_state_dict moves each tensor to its parameter's device, but an
-        # optimizer's step counts, which must stay on the CPU (Adam's unless capturable);
-        # weights_only: tensors, numbers and containers alone, no code, whoever wrote the file
-        self.s.restore(torch.load(io.BytesIO(state), map_location="cpu", weights_only=True))
+        """state()'s bytes back in place; a split model's rank takes the model and its own
+        stage's state (a stage's replicas, its first replica's)."""
+        saved = _loaded(state)
+        if self.split is not None:
+            saved = {"model": saved["model"], **_loaded(saved["stages"][self.split.groups.stage])}
+        self.s.restore(saved)
+
+
+def _saved(obj) -> bytes:
+    out = io.BytesIO()
+    torch.save(obj, out)
+    return out.getvalue()
+
+
+def _loaded(blob: bytes):
+    """_saved's object. Onto the CPU: load_state_dict moves each tensor to its parameter's
+    device, but an optimizer's step counts, which must stay on the CPU (Adam's unless
+    capturable); weights_only: tensors, numbers, bytes and containers alone, no code,
+    whoever wrote the file."""
+    return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
 
 
 def _stage_record(split, s, root: bool) -> dict:

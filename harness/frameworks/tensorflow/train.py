@@ -141,11 +141,14 @@ class Trainer:
     def stage(self) -> None:
         return None
 
-    def state(self) -> bytes:
-        """Every variable the step writes (the undone warm-up's: weights, optimizer slots,
-        step counters, loss scale, batch-norm statistics, random generators' states) in the
-        order they were made (checkpoint.pack). A checkpoint follows an evaluation, whose
-        sync put the root's batch-norm statistics on every rank: every rank's state is the root's."""
+    def state(self) -> bytes | None:
+        """The job root's: every variable the step writes (the undone warm-up's: weights,
+        optimizer slots, step counters, loss scale, batch-norm statistics, random generators'
+        states) in the order they were made (checkpoint.pack); None on the other ranks. A
+        checkpoint follows an evaluation, whose sync put the root's batch-norm statistics on
+        every rank: every rank's state is the root's."""
+        if self.share != 0:
+            return None
         return checkpoint.pack([(v.name, v.numpy()) for v in _in_creation_order(self.concrete.variables)])
 
     def restore(self, state: bytes) -> None:
