@@ -301,8 +301,10 @@ def _resumed(part: Part) -> Resumed | None:
     the same on every rank: each job's root reads its checkpoints through (a torn or foreign
     one is refused, named), world rank 0 picks the epoch every model has one at and the
     test's record has the evaluation of (checkpoint.resume_epoch) and tells every rank.
-    None, from the start: a test never interrupted, one whose models wrote none, a wave of
-    retrain, a tuning run's trial (Context.run_dir)."""
+    None, from the start: a test never interrupted, one whose models wrote none, one laid
+    out now with another M than it began with, one a model of which has no checkpoint at
+    any epoch the others have (a job lost before training included), a wave of retrain, a
+    tuning run's trial (Context.run_dir)."""
     ctx, t = part.ctx, part.t
     if ctx.run_dir is None or part.wave:
         return None
