@@ -226,7 +226,8 @@ def test_a_node_killed_mid_test_is_left_out_and_the_run_completes_through_the_la
 def test_a_node_killed_mid_test_costs_the_work_since_the_checkpoints_and_the_relaunch_goes_on_from_them(tmp_path):
     """One test of M = 2 base models of P = 1 on 3 nodes (n3's rank idle), 12 epochs each
     evaluated; n2, job 1's node, killed whole once the evaluation after epoch 3 is said (both
-    models have written their checkpoints after epoch 2 by then). The launcher relaunches on
+    models have written their checkpoints after epoch 1 by then: the one after epoch 2 may
+    still be on its way to disk, behind training). The launcher relaunches on
     n1 and n3, where M = 2 still fits: the test goes on from the newest epoch both models
     have a checkpoint at, those epochs not trained again (each model's MLLOG has every epoch
     once), the span from the checkpoint to training again in its Time; --verify passes."""
@@ -242,7 +243,7 @@ def test_a_node_killed_mid_test_costs_the_work_since_the_checkpoints_and_the_rel
     res = read_results(folder / "runs")
     assert res["status"] == "complete" and code == 0, err[-3000:]
     (t,) = res["tests"]
-    assert 2 <= t["resumed"]["epoch"] <= 11 and t["resumed"]["lost_seconds"] > 0, t["resumed"]
+    assert 1 <= t["resumed"]["epoch"] <= 11 and t["resumed"]["lost_seconds"] > 0, t["resumed"]
     assert f"going on from its 2 base models' checkpoints after epoch {t['resumed']['epoch']}" in err
     assert [x["epoch"] for x in t["evaluations"]] == list(range(1, 13)) and t["train_seconds"] > (
         t["resumed"]["seconds_before"] + t["resumed"]["lost_seconds"])
