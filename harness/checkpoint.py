@@ -18,7 +18,7 @@ The run writes them (harness/run.py): each base model's root after every HPCAI50
 evaluation but the last, world rank 0 its record of the test beside them (save_test), and
 --resume goes on from the newest epoch every model has one at (resume_epoch). A framework's
 state is its own bytes (PyTorch's torch.save) or its arrays by pack. Pure functions but
-`save`, `save_test`, `load_test`, `epochs`, `load`, `latest` and `discard` (files); no
+`save`, `save_test`, `load_test`, `epochs`, `load`, `readable`, `latest` and `discard` (files); no
 framework imported.
 """
 from __future__ import annotations
@@ -168,17 +168,28 @@ def load(path: str) -> tuple[dict, bytes]:
         return decode(f.read(), path)
 
 
-def latest(run_dir: str, test: int, rep: int, job: int) -> tuple[dict | None, bytes | None, list[str]]:
-    """Base model `job`'s newest whole checkpoint: (its header, its payload, the newer ones
-    refused, each CheckpointError's message); (None, None, refused) where it has none."""
-    where, refused = folder(run_dir, test, rep), []
+def readable(run_dir: str, test: int, rep: int, job: int):
+    """Base model `job`'s checkpoints, newest first, each read through: (its epoch, its
+    header, its payload, None) where it is whole, (its epoch, None, None, the
+    CheckpointError's message) where it is not. A generator: one payload held at a time."""
+    where = folder(run_dir, test, rep)
     for epoch in epochs(where, job):
         try:
             head, payload = load(os.path.join(where, name(job, epoch)))
         except (CheckpointError, OSError) as e:
-            refused.append(str(e))
+            yield epoch, None, None, str(e)
             continue
-        return head, payload, refused
+        yield epoch, head, payload, None
+
+
+def latest(run_dir: str, test: int, rep: int, job: int) -> tuple[dict | None, bytes | None, list[str]]:
+    """Base model `job`'s newest whole checkpoint: (its header, its payload, the newer ones
+    refused, each CheckpointError's message); (None, None, refused) where it has none."""
+    refused = []
+    for _, head, payload, why in readable(run_dir, test, rep, job):
+        if why is None:
+            return head, payload, refused
+        refused.append(why)
     return None, None, refused
 
 

@@ -96,6 +96,11 @@ class Resumed:
     curve: tuple = ()       # world rank 0: the test's evaluations through the epoch
     header: dict | None = None   # a job's root: its own checkpoint's header (its MLLOG so far)
 
+    def lost(self, started: float) -> float:
+        """s from the last of the checkpoints written to training again at `started`
+        (time.time()): the work lost, the fault, the relaunch."""
+        return started - max(f["wall"] for f in self.figures)
+
 
 @dataclass(frozen=True)
 class RankRecord:
@@ -308,9 +313,10 @@ def _resumed(part: Part) -> Resumed | None:
     ctx, t = part.ctx, part.t
     if ctx.run_dir is None or part.wave:
         return None
-    world = ctx.world
+    world, state = ctx.world, None   # state: rank 0's record of the test (checkpoint.load_test)
 
     def recorded() -> bool:   # rank 0 reads the test's record first: a test never interrupted costs one bcast
+        nonlocal state
         state = checkpoint.load_test(ctx.run_dir, t.index, part.rep) if world.rank == 0 else None
         if state is not None and state.get("M") != part.M:
             print(f"hpcai500: {part.head}: laid out with M = {part.M} base models now, its checkpoints are of the"
@@ -325,7 +331,7 @@ def _resumed(part: Part) -> Resumed | None:
     def decide():
         found = world.gather((part.job, {e: {k: h[k] for k in ("seconds", "samples", "wall")}
                                          for e, h in mine.items()}) if mine else None, root=0)
-        return world.bcast(_choose(part, found) if world.rank == 0 else None, root=0)
+        return world.bcast(_choose(part, found, state) if world.rank == 0 else None, root=0)
     chosen = world.step(f"{part.head}: the checkpoints to go on from", decide)
     if chosen is None:
         return None
@@ -340,30 +346,27 @@ def _whole(part: Part) -> dict:
     ours = {"workload": t.workload, "framework": t.framework, "mode": t.mode, "M": part.M, "P": t.P, "B": t.batch,
             "seed": part.seed, "index_digest": sampler.digest(part.indices)}
     whole = {}
-    for epoch in checkpoint.epochs(where, part.job):
-        path = os.path.join(where, checkpoint.name(part.job, epoch))
-        try:
-            head, _ = checkpoint.load(path)
-            differ = [f"{k} {head.get(k)!r}" for k, v in ours.items() if head.get(k) != v]
-            if differ:
-                raise checkpoint.CheckpointError(f"{path}: found {', '.join(differ)}, expected this test's"
-                                                 f" {', '.join(f'{k} {ours[k]!r}' for k, v in ours.items())}")
-        except (checkpoint.CheckpointError, OSError) as e:
-            print(f"hpcai500: {part.head}: base model {part.job}'s checkpoint refused: {e}", file=sys.stderr,
+    for epoch, head, _, why in checkpoint.readable(part.ctx.run_dir, t.index, part.rep, part.job):
+        differ = [f"{k} {head.get(k)!r}" for k in ours if head.get(k) != ours[k]] if why is None else []
+        if differ:
+            why = (f"{os.path.join(where, checkpoint.name(part.job, epoch))}: found {', '.join(differ)}, expected this"
+                   f" test's {', '.join(f'{k} {v!r}' for k, v in ours.items())}")
+        if why is not None:
+            print(f"hpcai500: {part.head}: base model {part.job}'s checkpoint refused: {why}", file=sys.stderr,
                   flush=True)
             continue
         whole[epoch] = head
     return whole
 
 
-def _choose(part: Part, found: list) -> Resumed | None:
+def _choose(part: Part, found: list, state: dict) -> Resumed | None:
     """World rank 0: the Resumed every rank gets, from each job root's whole checkpoints
-    (`found`: (job, {epoch: its figures}) or None) and the test's record (checkpoint.load_test)."""
+    (`found`: (job, {epoch: its figures}) or None) and the test's record `state`
+    (checkpoint.load_test)."""
     t, by_job = part.t, dict(x for x in found if x is not None)
     if not by_job:
         return None
-    state = checkpoint.load_test(part.ctx.run_dir, t.index, part.rep)
-    curve = state["curve"] if state else []
+    curve = state["curve"]
     epoch = checkpoint.resume_epoch({j: list(e) for j, e in by_job.items()}, part.M, [p["epoch"] for p in curve])
     if not epoch:
         print(f"hpcai500: {part.head}: its base models' checkpoints have no evaluation in common with the test's"
@@ -626,9 +629,8 @@ class Evaluation:
         self.kept_models = after.models if after else 0
         self.kept_bases = after.bases() if after else {}
         self.saved, self.models = None, 0   # the same of this pass's last evaluation, for the next wave
-        # rank 0: its record of the test beside the base models' checkpoints, at the evaluations they are due
-        on = self.ctx.run_dir is not None and not part.wave and self.ctx.world.rank == 0
-        self.every = settings.value(checkpoint.SETTING) if on else 0
+        # its record of the test beside the base models' checkpoints (rank 0), at the evaluations they are due
+        self.every = _checkpoint_every(part)
         self.where = (self.ctx.run_dir, self.t.index, part.rep)
 
     def bases(self) -> dict:
@@ -685,7 +687,7 @@ class Evaluation:
             self.curve.append({"epoch": epoch, "seconds": time.perf_counter() - self.start, "quality": q,
                                "base_quality": [by_job.get(j) for j in range(self.M)],
                                **({"wave": self.wave} if self.wave else {})})
-            if checkpoint.due(epoch, self.due, self.every):
+            if checkpoint.due(epoch, self.due, self.every):   # rank 0's record of the test
                 self._record()
             print(f"hpcai500: {progress_head(t, self.ctx.n_tests, self.wave)} :"
                   f" evaluation after epoch {epoch}: ensemble {self.wl.QUALITY} {q:.4f} (target {self.target:.4f})"
@@ -840,10 +842,11 @@ def _resumption(first: Pass, roots: list[RankRecord], again: set) -> tuple[dict 
     if not r:
         return None, 0.0, [x.samples for x in roots]
     resumed = {"epoch": r.epoch, "seconds_before": max(f["seconds"] for f in r.figures),
-               "lost_seconds": first.evaluation.resumed_at - max(f["wall"] for f in r.figures),
-               "samples_before": int(sum(r.figures[x.job]["samples"] for x in roots if x.job not in again))}
+               "lost_seconds": r.lost(first.evaluation.resumed_at)}
+    before = {x.job: r.figures[x.job]["samples"] for x in roots if x.job not in again}
+    resumed["samples_before"] = int(sum(before.values()))
     return (resumed, resumed["seconds_before"] + resumed["lost_seconds"],
-            [x.samples + (r.figures[x.job]["samples"] if x.job not in again else 0) for x in roots])
+            [x.samples + before.get(x.job, 0) for x in roots])
 
 
 def _timed(cfg, passes: list[Pass], curve: list[dict], before: float) -> dict:
@@ -936,7 +939,6 @@ class _Hooks:
     def __init__(self, part: Part, progress: bool, evaluation: Evaluation):
         self.part, self.log, self.progress, self.evaluation = part, part.log, progress, evaluation
         self.elapsed = 0.0   # s of training (the loop's clock) through the last epoch: a checkpoint's figures
-        self.started = 0.0   # time.time() at the start of training
 
     def recipe(self, name, config, peak_lr, warmup_steps, total_steps):
         """`config`: the optimizer's settings under Keras' names (get_config(); mllog.recipe).
@@ -945,7 +947,6 @@ class _Hooks:
             self.log.recipe(mllog.recipe(name, config, peak_lr, warmup_steps, total_steps))
 
     def run_start(self):
-        self.started = time.time()
         self.evaluation.begin()
         if self.log and not self.part.resumed:
             self.log.run_start()
@@ -964,6 +965,12 @@ class _Hooks:
                   f" loss {loss:.4f}  elapsed {elapsed:.1f} s", file=sys.stderr, flush=True)
 
 
+def _checkpoint_every(part: Part) -> int:
+    """Evaluations between a base model's checkpoints in this pass (HPCAI500_CHECKPOINT);
+    0, none: a wave of retrain, a run without a folder for them (a tuning run's trials)."""
+    return settings.value(checkpoint.SETTING) if part.ctx.run_dir is not None and not part.wave else 0
+
+
 class _Checkpoints:
     """train.run's `checkpoint` hook on one rank of a job (harness/checkpoint.py): after each
     due evaluation the job's root takes its base model's state and writes it, whole, with
@@ -980,11 +987,9 @@ class _Checkpoints:
     `retrain`), and only where the run has a folder for them (Context.run_dir)."""
 
     def __init__(self, part: Part, hooks: _Hooks, evaluate: _Evaluate):
-        cfg = part.ctx.cfg
         self.part, self.hooks, self.evaluate, self.resumed = part, hooks, evaluate, part.resumed
-        on = part.ctx.run_dir is not None and not part.wave
-        self.every = settings.value(checkpoint.SETTING) if on else 0   # evaluations between checkpoints
-        self.due = train.evaluation_epochs(cfg.epochs, cfg.eval_every)
+        self.every = _checkpoint_every(part)   # evaluations between checkpoints
+        self.due = evaluate.evaluation.due
         self.written, self.bytes, self.refused = 0, 0, ""   # bytes: the last one's; refused: why no more are
         self.unable = False   # the state cannot be taken: every rank of the job alike
         self.seconds, self.write_seconds = 0.0, 0.0   # s training waited; s the writes took behind it
@@ -1037,7 +1042,7 @@ class _Checkpoints:
         r = self.resumed
         if not r:
             return 0.0
-        return r.figures[self.part.job]["seconds"] + self.hooks.started - max(f["wall"] for f in r.figures)
+        return r.figures[self.part.job]["seconds"] + r.lost(self.evaluate.evaluation.resumed_at)
 
     def record(self) -> dict | None:
         """RankRecord.checkpoint (the job's root; None elsewhere, or where none was due), once

@@ -193,6 +193,11 @@ def run_dir(results_dir: Path) -> Path:
     return runs[0]
 
 
+def mllog_events(path: Path) -> list[dict]:
+    """The MLLOG events of a log file that the run wrote (mllog/testTTT_repRR_modelJJJJ.log)."""
+    return [json.loads(x.split(":::MLLOG", 1)[1]) for x in path.read_text().splitlines() if ":::MLLOG" in x]
+
+
 def results(results_dir: Path) -> dict:
     return json.loads((run_dir(results_dir) / "results.json").read_text())
 

@@ -13,7 +13,7 @@ import pytest
 
 from harness import heartbeat, hosts, relaunch, results
 from harness.hosts import Host
-from tests.conftest import MPIRUN_STDIN, ROOT, dat_text, mpi_env, record, simulated_cluster
+from tests.conftest import MPIRUN_STDIN, ROOT, dat_text, mllog_events, mpi_env, record, simulated_cluster
 from tests.conftest import results as read_results
 
 
@@ -248,8 +248,7 @@ def test_a_node_killed_mid_test_costs_the_work_since_the_checkpoints_and_the_rel
     assert [x["epoch"] for x in t["evaluations"]] == list(range(1, 13)) and t["train_seconds"] > (
         t["resumed"]["seconds_before"] + t["resumed"]["lost_seconds"])
     for job in (0, 1):
-        lines = (run / "mllog" / f"test001_rep00_model{job:04d}.log").read_text().splitlines()
-        events = [json.loads(x.split(":::MLLOG", 1)[1]) for x in lines if ":::MLLOG" in x]
+        events = mllog_events(run / "mllog" / f"test001_rep00_model{job:04d}.log")
         assert [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"] == list(range(1, 13))
     assert not (run / "checkpoints" / "test-1-rep-0").exists()
     verified = subprocess.run([sys.executable, str(ROOT / "hpcai500.py"), "--verify", str(run)], capture_output=True,

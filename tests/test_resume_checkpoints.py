@@ -15,7 +15,8 @@ import time
 import pytest
 
 from harness import checkpoint, verify
-from tests.conftest import HANG, dat_text, mpirun, mpirun_ended, mpirun_says, mpirun_started, results, run_dir
+from tests.conftest import (HANG, dat_text, mllog_events, mpirun, mpirun_ended, mpirun_says, mpirun_started,
+                            results, run_dir)
 
 # M = 2 of P = 1, 16 epochs: the signal after epoch 2 comes with 14 left (a digits epoch: ~0.3 s here)
 LINES = dict(l9=1, l10="2", l11="1", l15=16, l30=0, l31=1)
@@ -23,8 +24,7 @@ LINES = dict(l9=1, l10="2", l11="1", l15=16, l30=0, l31=1)
 
 def _epochs_logged(run, job: int) -> list[int]:
     """The epoch_start epochs of base model `job`'s MLLOG in test 1."""
-    lines = (run / "mllog" / f"test001_rep00_model{job:04d}.log").read_text().splitlines()
-    events = [json.loads(x.split(":::MLLOG", 1)[1]) for x in lines if ":::MLLOG" in x]
+    events = mllog_events(run / "mllog" / f"test001_rep00_model{job:04d}.log")
     return [e["metadata"]["epoch_num"] for e in events if e["key"] == "epoch_start"]
 
 

@@ -188,10 +188,9 @@ class Trainer:
         A split model (COLLECTIVE over the job): the whole model, as the evaluation's sync
         assembled it on every rank, and each stage's own state (its optimizer's slots, the
         step number, the random generators), its first replica's, gathered to the root."""
-        mine = self.s.snapshot(copied=False) if self.split is not None or self.comm.rank == 0 else None
         if self.split is None:
-            return mine and _saved(mine)
-        groups = self.split.groups
+            return _saved(self.s.snapshot(copied=False)) if self.comm.rank == 0 else None
+        mine, groups = self.s.snapshot(copied=False), self.split.groups
         own = _saved({k: v for k, v in mine.items() if k != "model"}) if groups.replica == 0 else None
         stages = self.comm.gather((groups.stage, own) if own else None, root=0)
         if self.comm.rank != 0:
